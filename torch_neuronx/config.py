@@ -333,6 +333,11 @@ _register(
     Var("TORCH_NEURONX_COMPILER_FLAGS", "str", "",
         "Extra flags appended to every compiler invocation (space separated). Part of the cache key.",
         _OURS, parse_str, readers=("compiler.options",), ours=True),
+    Var("TORCH_NEURONX_IREE_COMPILE", "path", "",
+        "Path of the iree-compile executable. Empty (the default): the one shipped with "
+        "iree-base-compiler.",
+        _OURS, parse_path, default_doc="(from iree-base-compiler)", readers=("compiler.driver",),
+        ours=True),
 )
 
 # -- lookup -----------------------------------------------------------------

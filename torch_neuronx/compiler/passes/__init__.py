@@ -1,0 +1,32 @@
+"""FX passes that legalize aot_autograd graphs for torch-mlir, one pass per module.
+
+Each pass is a function ``GraphModule -> GraphModule`` whose docstring says
+what it legalizes and why. :data:`PIPELINE` is the order the compile path runs
+them in; a new lowering problem becomes a new pass here, not a special case in
+the importer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from torch_neuronx.compiler.passes.scalar_inputs import inline_scalar_inputs
+from torch_neuronx.compiler.passes.squeeze_dims import squeeze_dims_to_view
+
+Pass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
+
+PIPELINE: list[Pass] = [
+    inline_scalar_inputs,
+    squeeze_dims_to_view,
+]
+
+
+def run(gm: torch.fx.GraphModule, pipeline: list[Pass] | None = None) -> torch.fx.GraphModule:
+    """Apply every pass of ``pipeline`` (default :data:`PIPELINE`) in order."""
+    for p in PIPELINE if pipeline is None else pipeline:
+        gm = p(gm)
+    gm.graph.lint()
+    gm.recompile()
+    return gm

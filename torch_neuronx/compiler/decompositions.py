@@ -1,0 +1,204 @@
+"""The decomposition table the compile path traces with.
+
+PyTorch's core ATen decompositions, plus math decompositions of the fused
+"fast path" inference ops (``nn.TransformerEncoderLayer`` / ``nn.MultiheadAttention``
+in eval mode) that have no lowering anywhere: they become plain matmuls,
+softmax and layer norms that torch-mlir imports.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch._decomp import core_aten_decompositions
+
+aten = torch.ops.aten
+
+
+def _additive_mask(mask: torch.Tensor | None, mask_type: int | None, batch: int, heads: int,
+                   length: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """The fast-path mask as an additive (B, H, L, S) bias; True in a bool mask means "masked out"."""
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
+    else:
+        mask = mask.to(dtype)
+    if mask_type == 1:  # key padding mask (B, S)
+        return mask.view(batch, 1, 1, -1)
+    return mask  # (L, S) or (B, H, L, S): broadcasts
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
+               bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, length, embed = q.shape
+    head_dim = embed // heads
+
+    def split(t: torch.Tensor) -> torch.Tensor:
+        return t.view(batch, -1, heads, head_dim).transpose(1, 2)
+
+    scores = split(q) @ split(k).transpose(-2, -1) * (head_dim ** -0.5)
+    if bias is not None:
+        scores = scores + bias
+    weights = torch.softmax(scores, dim=-1)
+    out = (weights @ split(v)).transpose(1, 2).reshape(batch, length, embed)
+    return out, weights
+
+
+def transformer_encoder_layer_fwd(
+    src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu, norm_first,
+    eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1, ffn_bias_1,
+    ffn_weight_2, ffn_bias_2, mask=None, mask_type=None,
+):
+    """``aten._transformer_encoder_layer_fwd`` as the math ``nn.TransformerEncoderLayer`` does."""
+    batch, length, _ = src.shape
+    bias = _additive_mask(mask, mask_type, batch, num_heads, length, src.dtype)
+
+    def self_attention(x: torch.Tensor) -> torch.Tensor:
+        q, k, v = F.linear(x, qkv_weight, qkv_bias).chunk(3, dim=-1)
+        return F.linear(_attention(q, k, v, num_heads, bias)[0], proj_weight, proj_bias)
+
+    def feed_forward(x: torch.Tensor) -> torch.Tensor:
+        hidden = F.linear(x, ffn_weight_1, ffn_bias_1)
+        hidden = F.gelu(hidden) if use_gelu else F.relu(hidden)
+        return F.linear(hidden, ffn_weight_2, ffn_bias_2)
+
+    def norm1(x):
+        return F.layer_norm(x, (embed_dim,), norm_weight_1, norm_bias_1, eps)
+
+    def norm2(x):
+        return F.layer_norm(x, (embed_dim,), norm_weight_2, norm_bias_2, eps)
+
+    if norm_first:
+        x = src + self_attention(norm1(src))
+        return x + feed_forward(norm2(x))
+    x = norm1(src + self_attention(src))
+    return norm2(x + feed_forward(x))
+
+
+def native_multi_head_attention(
+    query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias,
+    mask=None, need_weights=True, average_attn_weights=True, mask_type=None,
+):
+    """``aten._native_multi_head_attention`` (batch-first fast path of nn.MultiheadAttention)."""
+    w_q, w_k, w_v = qkv_weight.chunk(3)
+    b_q, b_k, b_v = qkv_bias.chunk(3)
+    q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
+    bias = _additive_mask(mask, mask_type, query.shape[0], num_head, query.shape[1], query.dtype)
+    out, weights = _attention(q, k, v, num_head, bias)
+    out = F.linear(out, proj_weight, proj_bias)
+    if not need_weights:
+        return out, torch.empty(0, dtype=out.dtype, device=out.device)
+    return out, weights.mean(dim=1) if average_attn_weights else weights
+
+
+def _attention_bias(query: torch.Tensor, key: torch.Tensor, is_causal: bool,
+                    attn_mask: torch.Tensor | None) -> torch.Tensor | None:
+    length, source = query.shape[-2], key.shape[-2]
+    bias = None
+    if is_causal:
+        keep = torch.ones(length, source, dtype=torch.bool, device=query.device).tril()
+        bias = torch.zeros(length, source, dtype=query.dtype, device=query.device).masked_fill(
+            keep.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        extra = (torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(attn_mask.logical_not(), float("-inf"))
+                 if attn_mask.dtype == torch.bool else attn_mask)
+        bias = extra if bias is None else bias + extra
+    return bias
+
+
+def flash_attention_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
+                            scale=None):
+    """The CPU flash-attention forward as math: ``(output, logsumexp)``."""
+    if dropout_p != 0.0:
+        raise NotImplementedError("scaled_dot_product_attention with dropout_p > 0 in a compiled graph")
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    scores = query @ key.transpose(-2, -1) * scale
+    bias = _attention_bias(query, key, is_causal, attn_mask)
+    if bias is not None:
+        scores = scores + bias
+    logsumexp = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - logsumexp.unsqueeze(-1))
+    return probs @ value, logsumexp
+
+
+def flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
+                                     *, attn_mask=None, scale=None):
+    """Gradients of :func:`flash_attention_for_cpu`, recomputing the probabilities from logsumexp.
+
+    Nothing lowers ``_scaled_dot_product_flash_attention_for_cpu_backward``; this is
+    the textbook attention backward: dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)).
+    """
+    scale = query.shape[-1] ** -0.5 if scale is None else scale
+    scores = query @ key.transpose(-2, -1) * scale
+    bias = _attention_bias(query, key, is_causal, attn_mask)
+    if bias is not None:
+        scores = scores + bias
+    probs = torch.exp(scores - logsumexp.unsqueeze(-1))
+    grad_value = probs.transpose(-2, -1) @ grad_out
+    grad_probs = grad_out @ value.transpose(-2, -1)
+    delta = (grad_out * out).sum(dim=-1, keepdim=True)
+    grad_scores = probs * (grad_probs - delta) * scale
+    return grad_scores @ key, grad_scores.transpose(-2, -1) @ query, grad_value
+
+
+def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                         output_padding, groups, output_mask):
+    """``aten.convolution_backward`` as forward convolutions, which torch-mlir lowers.
+
+    grad_input is the transposed convolution of grad_output with the weight;
+    grad_weight is the convolution of the input with grad_output as the kernel
+    (stride and dilation swap roles), per group; grad_bias sums grad_output.
+    """
+    if transposed:
+        raise NotImplementedError("convolution_backward of a transposed convolution")
+    spatial = list(range(2, grad_output.dim()))
+    grad_input = grad_weight = grad_bias = None
+    if output_mask[0]:
+        extra = [i - ((g - 1) * s - 2 * p + d * (k - 1) + 1) for i, g, s, p, d, k in zip(
+            input.shape[2:], grad_output.shape[2:], stride, padding, dilation, weight.shape[2:])]
+        grad_input = aten.convolution(grad_output, weight, None, stride, padding, dilation, True,
+                                      extra, groups)
+    if output_mask[1]:
+        in_per_group, out_per_group = input.shape[1] // groups, grad_output.shape[1] // groups
+        parts = []
+        for g in range(groups):
+            x = input[:, g * in_per_group:(g + 1) * in_per_group].transpose(0, 1)
+            k = grad_output[:, g * out_per_group:(g + 1) * out_per_group].transpose(0, 1)
+            w = aten.convolution(x, k, None, dilation, padding, stride, False, [0] * len(spatial), 1)
+            slices = tuple(slice(0, n) for n in weight.shape[2:])
+            parts.append(w.transpose(0, 1)[(slice(None), slice(None), *slices)])
+        grad_weight = parts[0] if groups == 1 else torch.cat(parts, dim=0)
+    if output_mask[2]:
+        grad_bias = grad_output.sum(dim=[0, *spatial])
+    return grad_input, grad_weight, grad_bias
+
+
+# Decompositions PyTorch has but does not count as "core"; torch-mlir lowers none of these ops.
+_FROM_TORCH = (
+    aten._native_batch_norm_legit_functional.default,
+    aten._native_batch_norm_legit.default,
+    aten._native_batch_norm_legit.no_stats,
+    aten._native_batch_norm_legit_no_training.default,
+    aten.native_batch_norm_backward.default,
+    aten.max_pool2d_with_indices_backward.default,
+)
+
+_EXTRA: dict[torch._ops.OpOverload, Callable] = {
+    aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
+    aten._native_multi_head_attention.default: native_multi_head_attention,
+    aten.convolution_backward.default: convolution_backward,
+    aten._scaled_dot_product_flash_attention_for_cpu.default: flash_attention_for_cpu,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_attention_for_cpu_backward,
+}
+
+
+@functools.cache
+def table() -> dict:
+    """The decomposition table every compilation traces with."""
+    from torch._decomp import get_decompositions
+
+    return {**core_aten_decompositions(), **get_decompositions(list(_FROM_TORCH)), **_EXTRA}

@@ -1,0 +1,152 @@
+"""The compiler driver: our neuronx-cc. Runs the compiler as a subprocess in a work dir.
+
+Each compilation runs in ``{TORCH_NEURONX_DEBUG_DIR}/neuronx-cc/{hash}/`` (the
+hash is the NEFF cache key, which covers the HLO, the target and the flags) and
+leaves there, as neuronx-cc does:
+
+    module.mlir        the StableHLO input
+    compiler_args.txt  the full command line
+    log-neuron-cc.txt  the compiler's stdout and stderr
+    metadata.txt       target, compiler version, key, graph, timing
+    module.neff        the NEFF container (header + compiled payload)
+
+The directory is removed after a successful compile unless
+TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS=1; after a failure it is kept and
+the error gives its path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from typing import Any
+
+from torch_neuronx import config
+from torch_neuronx.compiler import neff
+from torch_neuronx.compiler.errors import CompilerNotFoundError, NeuronCompileError
+from torch_neuronx.compiler.lower import op_from_message
+from torch_neuronx.compiler.targets import Target
+
+_log = logging.getLogger("torch_neuronx.compiler.driver")
+
+#: Counts real compiler invocations in this process (the cache's tests and benches read it).
+invocations = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileJob:
+    """Everything the driver needs to produce one NEFF."""
+
+    stablehlo: str
+    target: Target
+    flags: tuple[str, ...]
+    key: str
+    graph_name: str = "main"
+    signature: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def iree_compile_path() -> str:
+    """The iree-compile executable: TORCH_NEURONX_IREE_COMPILE, else the one shipped with iree-base-compiler."""
+    explicit = config.get("TORCH_NEURONX_IREE_COMPILE")
+    if explicit:
+        if not (os.path.isfile(explicit) and os.access(explicit, os.X_OK)):
+            raise CompilerNotFoundError(explicit)
+        return explicit
+    try:
+        from iree.compiler.tools.binaries import find_tool
+
+        return find_tool("iree-compile")
+    except Exception:
+        found = shutil.which("iree-compile")
+        if found is None:
+            raise CompilerNotFoundError("iree-compile") from None
+        return found
+
+
+@functools.cache
+def _iree_version() -> str:
+    from iree.compiler import version
+
+    revision = getattr(version, "REVISIONS", {}).get("IREE", "")
+    return f"iree-compile {version.VERSION} {revision}".strip()
+
+
+@functools.cache
+def _neuronx_cc_version() -> str:
+    out = subprocess.run(["neuronx-cc", "--version"], capture_output=True, text=True, timeout=120)
+    return f"neuronx-cc {(out.stdout or out.stderr).strip()}"
+
+
+def compiler_version(target: Target) -> str:
+    """The version string of the compiler that builds ``target`` (part of the cache key)."""
+    return _iree_version() if target.compiler == "iree" else _neuronx_cc_version()
+
+
+def work_dir(key: str) -> str:
+    """The compiler work directory for a cache key."""
+    return os.path.join(config.get("TORCH_NEURONX_DEBUG_DIR"), "neuronx-cc", key[:32])
+
+
+def _command(job: CompileJob, workdir: str) -> list[str]:
+    if job.target.compiler == "iree":
+        return [iree_compile_path(), *job.flags, "module.mlir", "-o", "payload.vmfb"]
+    return ["neuronx-cc", "compile", "--framework=XLA", "module.mlir", "--output", "payload.vmfb",
+            *job.flags]
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def compile_neff(job: CompileJob) -> bytes:
+    """Compile ``job`` to a NEFF container and return its bytes; raise NeuronCompileError on failure."""
+    global invocations
+    workdir = work_dir(job.key)
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir, exist_ok=True)
+    _write(os.path.join(workdir, "module.mlir"), job.stablehlo)
+    try:
+        cmd = _command(job, workdir)
+    except CompilerNotFoundError as err:
+        err.artifacts = workdir
+        raise
+    _write(os.path.join(workdir, "compiler_args.txt"), " ".join(cmd) + "\n")
+    version = compiler_version(job.target)
+    started = time.perf_counter()
+    invocations += 1
+    _log.info("compiling %s for %s in %s", job.graph_name, job.target.name, workdir)
+    try:
+        proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+    except OSError as exc:
+        raise NeuronCompileError("compile", f"could not run {cmd[0]}: {exc}", artifacts=workdir,
+                                 graph=job.graph_name) from exc
+    elapsed = time.perf_counter() - started
+    _write(os.path.join(workdir, "log-neuron-cc.txt"), proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        log = (proc.stderr or proc.stdout).strip()
+        first = "\n".join(log.splitlines()[:12])
+        raise NeuronCompileError(
+            "compile", f"{job.target.compiler} exited with status {proc.returncode}:\n{first}",
+            op=op_from_message(log), artifacts=workdir, graph=job.graph_name)
+    with open(os.path.join(workdir, "payload.vmfb"), "rb") as f:
+        payload = f.read()
+    os.unlink(os.path.join(workdir, "payload.vmfb"))
+    metadata = {"graph": job.graph_name, "compile_seconds": round(elapsed, 3), "flags": list(job.flags)}
+    data = neff.encode(payload, target=job.target.name, compiler_version=version, key=job.key,
+                       signature=job.signature, metadata=metadata)
+    with open(os.path.join(workdir, "module.neff"), "wb") as f:
+        f.write(data)
+    _write(os.path.join(workdir, "metadata.txt"), json.dumps(
+        {"target": job.target.name, "compiler_version": version, "key": job.key, **metadata},
+        indent=2) + "\n")
+    _log.info("compiled %s in %.2f s (%d bytes)", job.graph_name, elapsed, len(data))
+    if not config.get("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS"):
+        shutil.rmtree(workdir, ignore_errors=True)
+    return data

@@ -1,0 +1,52 @@
+"""Errors of the compile path, each naming the stage that failed and where its artifacts are."""
+
+from __future__ import annotations
+
+STAGES = ("trace", "import", "lowering", "compile", "load", "execute")
+
+
+class NeuronCompileError(RuntimeError):
+    """A graph could not be compiled for the neuron backend.
+
+    Attributes:
+        stage: one of ``trace`` (aot_autograd / decompositions / FX passes), ``import``
+            (torch-mlir FX import), ``lowering`` (torch dialect to StableHLO), ``compile``
+            (the compiler driver), ``load`` (the runtime rejected the NEFF), ``execute``.
+        detail: what went wrong.
+        op: the operator that failed, when it could be identified.
+        graph: the graph's artifact name (``{model}_{forward|backward|inference}``).
+        artifacts: the directory holding the failing graph's artifacts (kept on failure).
+
+    The message is built from these attributes when printed, so layers that learn
+    more (the graph name, the artifact path) fill them in as the error rises.
+    """
+
+    def __init__(self, stage: str, detail: str, *, op: str | None = None,
+                 artifacts: str | None = None, graph: str | None = None) -> None:
+        assert stage in STAGES, stage
+        super().__init__(detail)
+        self.stage, self.detail, self.op, self.artifacts, self.graph = stage, detail, op, artifacts, graph
+
+    def __str__(self) -> str:
+        head = f"neuron backend: {self.stage} stage failed"
+        if self.graph:
+            head += f" for graph {self.graph!r}"
+        parts = [head]
+        if self.op:
+            parts.append(f"op: {self.op}")
+        parts.append(self.detail.strip())
+        if self.artifacts:
+            parts.append(f"artifacts kept at: {self.artifacts}")
+        if self.stage != "execute":
+            parts.append("set TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0 (or CompileOptions("
+                         "fallback_execution=True)) to run such graphs eagerly instead")
+        return "\n  ".join(parts)
+
+
+class CompilerNotFoundError(NeuronCompileError):
+    """The compiler executable (iree-compile / neuronx-cc) is not installed or not on PATH."""
+
+    def __init__(self, executable: str, *, artifacts: str | None = None) -> None:
+        super().__init__("compile", f"compiler executable {executable!r} was not found; install "
+                         "iree-base-compiler==3.13.0 (pip) or set TORCH_NEURONX_IREE_COMPILE",
+                         artifacts=artifacts)

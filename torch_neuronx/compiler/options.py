@@ -1,0 +1,114 @@
+"""Compile options: the programmatic face of the compiler's configuration.
+
+``CompileOptions`` passed as ``torch.compile(model, backend="neuron",
+options=CompileOptions(...))`` (or as a plain dict of the same fields)
+overrides the environment variables for that compilation. Everything that
+changes generated code ends up in :meth:`CompileOptions.compiler_config`,
+which is part of the NEFF cache key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shlex
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from torch_neuronx import config
+from torch_neuronx.compiler import targets
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileOptions:
+    """Options of one ``torch.compile(backend="neuron")`` call; ``None`` means "from the environment".
+
+    Attributes:
+        target: compilation target (NEURON_PLATFORM_TARGET_OVERRIDE): cpu, cuda, x86_64, aarch64,
+            trn2/trn3 (with a real neuronx-cc).
+        fallback_execution: run the original graph eagerly when compilation fails
+            (the inverse of TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION).
+        compile_only: compile to NEFF and never execute (TORCH_NEURONX_COMPILE_ONLY).
+        preserve_artifacts: keep the artifact tree (TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS).
+        optimization_level: compiler optimization level 0-3 (``--iree-opt-level=O<n>``); default 2.
+        extra_flags: extra compiler flags, appended after TORCH_NEURONX_COMPILER_FLAGS.
+        complex_decompose: decompose complex arithmetic (TORCH_NEURONX_COMPLEX_DECOMPOSE).
+        model_name: name used in artifact file names; default the Dynamo graph name.
+    """
+
+    target: str | None = None
+    fallback_execution: bool | None = None
+    compile_only: bool | None = None
+    preserve_artifacts: bool | None = None
+    optimization_level: int | None = None
+    extra_flags: tuple[str, ...] = ()
+    complex_decompose: bool | None = None
+    model_name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.optimization_level is not None and self.optimization_level not in (0, 1, 2, 3):
+            raise ValueError(f"CompileOptions.optimization_level must be 0-3, got {self.optimization_level!r}")
+        if isinstance(self.extra_flags, str):
+            object.__setattr__(self, "extra_flags", tuple(shlex.split(self.extra_flags)))
+
+    @classmethod
+    def from_any(cls, options: CompileOptions | Mapping[str, Any] | None) -> CompileOptions:
+        """Accept ``None``, a ``CompileOptions`` or a dict of its fields (what torch.compile passes)."""
+        if options is None:
+            return cls()
+        if isinstance(options, cls):
+            return options
+        if isinstance(options, Mapping):
+            names = {f.name for f in dataclasses.fields(cls)}
+            unknown = sorted(set(options) - names)
+            if unknown:
+                raise TypeError(f"unknown neuron compile option(s) {unknown}; known: {sorted(names)}")
+            return cls(**options)
+        raise TypeError(f"options must be a CompileOptions or a dict, got {type(options).__name__}")
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        """Make these options win over the environment (``config.get``) inside the block."""
+        fallback = None if self.fallback_execution is None else not self.fallback_execution
+        with config.override(
+            NEURON_PLATFORM_TARGET_OVERRIDE=self.target,
+            TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=fallback,
+            TORCH_NEURONX_COMPILE_ONLY=self.compile_only,
+            TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS=self.preserve_artifacts,
+            TORCH_NEURONX_COMPLEX_DECOMPOSE=self.complex_decompose,
+        ):
+            yield
+
+    def resolved_target(self) -> targets.Target:
+        """The target these options (or the environment) select."""
+        return targets.resolve(self.target)
+
+    def compiler_flags(self, target: targets.Target) -> list[str]:
+        """Every flag passed to the compiler for ``target``, in order."""
+        level = 2 if self.optimization_level is None else self.optimization_level
+        flags = list(target.flags)
+        if target.compiler == "iree":
+            flags.append(f"--iree-opt-level=O{level}")
+        flags += shlex.split(config.get("TORCH_NEURONX_COMPILER_FLAGS"))
+        flags += list(self.extra_flags)
+        return flags
+
+    def compiler_config(self, target: targets.Target) -> dict[str, Any]:
+        """The cache-key component describing how code is generated."""
+        return {"target": target.name, "compiler": target.compiler, "flags": self.compiler_flags(target)}
+
+
+def compile_only_enabled() -> bool:
+    """Whether compiled graphs are compiled but never executed right now."""
+    return bool(config.get("TORCH_NEURONX_COMPILE_ONLY"))
+
+
+@contextlib.contextmanager
+def compile_only() -> Iterator[None]:
+    """Inside this block graphs compile to NEFF and never execute (TORCH_NEURONX_COMPILE_ONLY=1).
+
+    Calls of compiled functions return tensors of the right shapes, dtypes and
+    devices filled with zeros; the NEFFs land in the cache as usual.
+    """
+    with config.override(TORCH_NEURONX_COMPILE_ONLY=True):
+        yield

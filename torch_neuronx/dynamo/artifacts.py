@@ -1,0 +1,109 @@
+"""The job artifact tree of the compile path.
+
+``{TORCH_NEURONX_DEBUG_DIR}/torch_neuronx/rank{RANK}/{job_id}/`` holds, per graph
+``{model}_{ts}``: ``fx_graphs/*.fx.txt`` (the graph as traced), ``transformed_fx/
+*.transformed.fx.txt`` (after our FX passes), ``raw/*.torch_raw.mlir``,
+``stablehlo/*.stablehlo.mlir``, ``torch_mlir_error/*.mlir`` (when torch-mlir
+fails) and, with TORCH_NEURONX_DYNAMO_TENSOR_DUMPS, ``inputs/`` and ``outputs/``.
+
+A graph's files are removed after its first execution unless
+TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS=1; after a failure they are kept.
+Tensor dumps, when asked for, are always kept.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import os
+import shutil
+from collections.abc import Sequence
+
+import torch
+
+from torch_neuronx import config
+
+_job_id: str | None = None
+_seq = itertools.count()
+
+
+def job_id() -> str:
+    """This process's job id: start time and pid, so concurrent jobs never share a directory."""
+    global _job_id
+    if _job_id is None:
+        _job_id = f"{datetime.datetime.now():%Y%m%d_%H%M%S}_{os.getpid()}"
+    return _job_id
+
+
+def job_dir() -> str:
+    """``{TORCH_NEURONX_DEBUG_DIR}/torch_neuronx/rank{rank}/{job_id}``."""
+    return os.path.join(config.get("TORCH_NEURONX_DEBUG_DIR"), "torch_neuronx",
+                        f"rank{config.get('RANK')}", job_id())
+
+
+class GraphArtifacts:
+    """The artifact files of one compiled graph."""
+
+    def __init__(self, model: str) -> None:
+        self.root = job_dir()
+        self.stem = f"{model}_{datetime.datetime.now():%H%M%S%f}_{next(_seq)}"
+        self.preserve = bool(config.get("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS"))
+        self.dumps = bool(config.get("TORCH_NEURONX_DYNAMO_TENSOR_DUMPS"))
+        self._written: list[str] = []
+
+    def _write(self, subdir: str, suffix: str, text: str) -> str:
+        directory = os.path.join(self.root, subdir)
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, self.stem + suffix)
+        with open(path, "w") as f:
+            f.write(text)
+        self._written.append(path)
+        return path
+
+    def fx_graph(self, gm: torch.fx.GraphModule) -> str:
+        return self._write("fx_graphs", ".fx.txt", gm.print_readable(print_output=False))
+
+    def transformed_fx(self, gm: torch.fx.GraphModule) -> str:
+        return self._write("transformed_fx", ".transformed.fx.txt", gm.print_readable(print_output=False))
+
+    def raw(self, text: str) -> str:
+        return self._write("raw", ".torch_raw.mlir", text)
+
+    def stablehlo(self, text: str) -> str:
+        return self._write("stablehlo", ".stablehlo.mlir", text)
+
+    def torch_mlir_error(self, text: str) -> str:
+        return self._write("torch_mlir_error", ".mlir", text)
+
+    def dump_tensors(self, kind: str, call: int, tensors: Sequence[object]) -> str | None:
+        """Save call number ``call``'s ``inputs`` or ``outputs`` when TORCH_NEURONX_DYNAMO_TENSOR_DUMPS is set."""
+        if not self.dumps:
+            return None
+        directory = os.path.join(self.root, kind)
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f"{self.stem}_call{call}.pt")
+        torch.save([t.detach().cpu() if isinstance(t, torch.Tensor) else t for t in tensors], path)
+        return path
+
+    def release(self) -> None:
+        """Remove this graph's files after execution unless they are to be preserved."""
+        if self.preserve:
+            return
+        for path in self._written:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        self._written.clear()
+        _remove_empty_dirs(self.root)
+
+
+def _remove_empty_dirs(root: str) -> None:
+    if not os.path.isdir(root):
+        return
+    for sub in os.listdir(root):
+        path = os.path.join(root, sub)
+        if os.path.isdir(path) and not os.listdir(path):
+            os.rmdir(path)
+    if not os.listdir(root):
+        shutil.rmtree(root, ignore_errors=True)

@@ -1,0 +1,137 @@
+"""The ``neuron`` torch.compile backend.
+
+Path of one Dynamo graph::
+
+    Dynamo FX graph → aot_autograd (forward + backward, decompositions)
+      → FX passes (transformed FX) → torch-mlir import (raw) → StableHLO
+      → NEFF cache / compiler driver → runtime executable
+
+Registered as the ``torch_dynamo_backends`` entry point ``neuron``, so
+``torch.compile(model, backend="neuron")`` works without importing this
+package. ``options=`` takes a :class:`~torch_neuronx.compiler.CompileOptions`
+(or a dict of its fields).
+
+Shapes: the first compilation of a frame is static. When Dynamo later marks
+dimensions dynamic (a new batch size), the backend specializes: each distinct
+concrete input signature is traced and compiled once (and served from the NEFF
+cache on later runs), so every compiled kernel has static shapes.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch._functorch.aot_autograd import aot_module_simplified
+
+from torch_neuronx import metrics
+from torch_neuronx.compiler import decompositions
+from torch_neuronx.compiler.errors import NeuronCompileError
+from torch_neuronx.compiler.options import CompileOptions
+from torch_neuronx.dynamo.graph import compile_graph
+
+_log = logging.getLogger("torch_neuronx.dynamo")
+
+
+def _model_name(options: CompileOptions) -> str:
+    if options.model_name:
+        return options.model_name
+    compile_id = torch._guards.CompileContext.current_compile_id()
+    suffix = str(compile_id).replace("/", "_") if compile_id is not None else "0"
+    return f"model_{suffix}"
+
+
+def _is_symbolic(example_inputs: Sequence[Any]) -> bool:
+    for value in example_inputs:
+        if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
+            return True
+        if isinstance(value, torch.Tensor) and any(
+                not isinstance(d, int) for d in (*value.shape, *value.stride())):
+            return True
+    return False
+
+
+def _fallback_enabled() -> bool:
+    from torch_neuronx import config
+
+    return not config.get("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION")
+
+
+_warned: set[str] = set()
+
+
+def warn_fallback(err: NeuronCompileError) -> None:
+    """Count a fallback and warn about it once per distinct failure."""
+    metrics.increment("fallback_graphs")
+    key = f"{err.stage}:{err.op}:{err.graph}"
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"{err}\n  falling back to eager execution of this graph "
+                      "(TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0)", RuntimeWarning, stacklevel=2)
+
+
+def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                 options: CompileOptions, model: str) -> Callable:
+    def compiler(kind: str) -> Callable:
+        return functools.partial(compile_graph, options=options, model=model, kind=kind)
+
+    try:
+        with options.applied():
+            return aot_module_simplified(
+                gm, list(example_inputs),
+                fw_compiler=compiler("forward"),
+                bw_compiler=compiler("backward"),
+                inference_compiler=compiler("inference"),
+                decompositions=decompositions.table(),
+                keep_inference_input_mutations=False,
+            )
+    except NeuronCompileError:
+        raise
+    except Exception as exc:  # aot_autograd / decomposition failures: the trace stage
+        err = NeuronCompileError("trace", f"aot_autograd could not trace the graph: "
+                                 f"{type(exc).__name__}: {exc}", graph=model)
+        with options.applied():
+            if not _fallback_enabled():
+                raise err from exc
+            warn_fallback(err)
+        return gm.forward
+
+
+class _ShapeSpecialized:
+    """Compiles a symbolic-shape Dynamo graph once per concrete input signature."""
+
+    def __init__(self, gm: torch.fx.GraphModule, options: CompileOptions, model: str) -> None:
+        self.gm, self.options, self.model = gm, options, model
+        self.compiled: dict[tuple, Callable] = {}
+
+    @staticmethod
+    def signature(args: Sequence[Any]) -> tuple:
+        return tuple((tuple(a.shape), tuple(a.stride()), a.dtype, a.requires_grad)
+                     if isinstance(a, torch.Tensor) else (type(a).__name__, a) for a in args)
+
+    def __call__(self, *args: Any) -> Any:
+        key = self.signature(args)
+        fn = self.compiled.get(key)
+        if fn is None:
+            name = f"{self.model}_s{len(self.compiled)}"
+            _log.info("compiling %s for input signature %s", name, key)
+            fn = self.compiled[key] = _aot_compile(self.gm, args, self.options, name)
+        return fn(*args)
+
+
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                   options: CompileOptions | dict | None = None, **_: Any) -> Callable:
+    """The ``neuron`` backend: compile a Dynamo graph through the Neuron compile path."""
+    import torch_neuronx  # noqa: F401  (configures logging when used via the entry point)
+
+    opts = CompileOptions.from_any(options)
+    with opts.applied():
+        opts.resolved_target()  # an unknown target fails here, before any tracing
+    model = _model_name(opts)
+    if _is_symbolic(example_inputs):
+        return _ShapeSpecialized(gm, opts, model)
+    return _aot_compile(gm, example_inputs, opts, model)

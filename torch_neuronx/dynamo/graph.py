@@ -1,0 +1,182 @@
+"""Compiling one aot_autograd graph (forward, backward or inference) to a runnable NEFF.
+
+:func:`compile_graph` is the ``fw_compiler`` / ``bw_compiler`` handed to
+aot_autograd. It writes the artifact tree, runs the FX passes, lowers through
+torch-mlir, gets the NEFF from the cache (compiling on a miss) and returns a
+:class:`CompiledGraph` that executes it. A failure at any stage either raises
+a :class:`NeuronCompileError` or, with fallback enabled, returns the graph
+itself to run eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from torch_neuronx import config, metrics
+from torch_neuronx.compiler import lower, passes
+from torch_neuronx.compiler.compile import NeffRequest, get_neff
+from torch_neuronx.compiler.errors import NeuronCompileError
+from torch_neuronx.compiler.options import CompileOptions, compile_only_enabled
+from torch_neuronx.dynamo.artifacts import GraphArtifacts
+
+_log = logging.getLogger("torch_neuronx.dynamo")
+
+
+def _spec(val: Any) -> dict[str, Any]:
+    return {"shape": list(val.shape), "dtype": str(val.dtype).removeprefix("torch.")}
+
+
+def _strip_non_tensor_outputs(gm: torch.fx.GraphModule) -> list[Any]:
+    """Drop outputs that are not tensors (``None`` gradients, constants) from the graph.
+
+    Returns the output template: for each original output, ``None`` where it was a
+    tensor the compiled function returns, else the constant to put back.
+    Backward graphs return ``None`` for inputs that need no gradient, and
+    torch-mlir cannot import a ``None`` result.
+    """
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    values = output.args[0]
+    values = list(values) if isinstance(values, list | tuple) else [values]
+    template, kept = [], []
+    for value in values:
+        if isinstance(value, torch.fx.Node):
+            template.append(None)
+            kept.append(value)
+        else:
+            template.append(("constant", value))
+    output.args = (tuple(kept),)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return template
+
+
+def _boxed_eager(gm: torch.fx.GraphModule) -> Callable:
+    def run(args: list[Any]) -> Any:
+        return gm(*args)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
+
+
+class CompiledGraph:
+    """A compiled graph: aot_autograd's boxed calling convention over a NEFF executable."""
+
+    _boxed_call = True
+
+    def __init__(self, name: str, neff_provider: Callable[[], Any], driver: str,
+                 template: list[Any], outputs: list[Any], artifacts: GraphArtifacts) -> None:
+        self.name = name
+        self._neff_provider = neff_provider
+        self._driver = driver
+        self._template = template
+        self._outputs = outputs  # FakeTensor metadata of the compiled outputs
+        self._artifacts: GraphArtifacts | None = artifacts
+        self._executable = None
+        self._calls = 0
+
+    def _load(self):
+        from torch_neuronx.runtime.executable import Executable
+
+        self._executable = Executable(self._neff_provider(), self._driver)
+        return self._executable
+
+    def _zeros(self) -> list[torch.Tensor]:
+        return [torch.zeros(v.shape, dtype=v.dtype) for v in self._outputs]
+
+    def _restore(self, results: list[torch.Tensor]) -> list[Any]:
+        it = iter(results)
+        return [next(it) if slot is None else slot[1] for slot in self._template]
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        args.clear()  # boxed convention: let inputs die as early as possible
+        if compile_only_enabled():
+            return self._restore(self._zeros())
+        executable = self._executable or self._load()
+        artifacts = self._artifacts
+        if artifacts is not None and artifacts.dumps:
+            artifacts.dump_tensors("inputs", self._calls, tensors)
+        results = executable(tensors)
+        if artifacts is not None:
+            if artifacts.dumps:
+                artifacts.dump_tensors("outputs", self._calls, results)
+            else:
+                artifacts.release()
+                self._artifacts = None
+        self._calls += 1
+        return self._restore(results)
+
+
+def _lower_with_artifacts(gm: torch.fx.GraphModule, artifacts: GraphArtifacts) -> lower.Lowered:
+    try:
+        lowered = lower.lower(gm)
+    except NeuronCompileError as err:
+        raw = getattr(err, "raw_text", None) or gm.print_readable(print_output=False)
+        artifacts.torch_mlir_error(f"// {err}\n{raw}")
+        raise
+    artifacts.raw(lowered.raw)
+    artifacts.stablehlo(lowered.stablehlo)
+    return lowered
+
+
+def _prepare(gm: torch.fx.GraphModule, name: str) -> tuple[torch.fx.GraphModule, list[Any]]:
+    try:
+        template = _strip_non_tensor_outputs(gm)
+        gm = passes.run(gm)
+    except NeuronCompileError:
+        raise
+    except Exception as exc:
+        raise NeuronCompileError("trace", f"an FX pass failed: {type(exc).__name__}: {exc}",
+                                 graph=name) from exc
+    return gm, template
+
+
+def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
+           artifacts: GraphArtifacts) -> CompiledGraph:
+    artifacts.fx_graph(gm)
+    gm, template = _prepare(gm, name)
+    artifacts.transformed_fx(gm)
+    placeholders = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    outputs = [n.meta.get("val") for n in next(n for n in gm.graph.nodes if n.op == "output").args[0]]
+    lowered = _lower_with_artifacts(gm, artifacts)
+    target = options.resolved_target()
+    request = NeffRequest(
+        stablehlo=lowered.stablehlo, options=options, target=target, graph_name=name,
+        base_repr=gm.print_readable(print_output=False),
+        signature={"inputs": [_spec(v) for v in placeholders if isinstance(v, torch.Tensor)],
+                   "outputs": [_spec(v) for v in outputs]},
+    )
+    neff = get_neff(request)
+    driver = target.driver
+    if not compile_only_enabled() and not target.executable_here:
+        raise NeuronCompileError("load", f"NEFFs of target {target.name!r} cannot execute on this host; "
+                                 "use TORCH_NEURONX_COMPILE_ONLY=1 to cross-compile", graph=name)
+    return CompiledGraph(name, lambda: neff, driver, template, outputs, artifacts)
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
+                  options: CompileOptions, model: str, kind: str) -> Callable:
+    """aot_autograd's compiler hook: compile ``gm`` or, with fallback enabled, run it eagerly."""
+    name = f"{model}_{kind}"
+    with options.applied():
+        artifacts = GraphArtifacts(name)
+        try:
+            compiled = _build(gm, options, name, artifacts)
+        except NeuronCompileError as err:
+            err.graph = err.graph or name
+            err.artifacts = err.artifacts or artifacts.root
+            if config.get("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"):
+                raise
+            from torch_neuronx.dynamo.backend import warn_fallback
+
+            warn_fallback(err)
+            return _boxed_eager(gm)
+        metrics.increment("compiled_graphs")
+        if compile_only_enabled():
+            artifacts.release()
+        return compiled
+

@@ -1,0 +1,115 @@
+"""Loading and executing NEFFs on the IREE runtime (our Neuron Runtime).
+
+One IREE VM instance and one HAL device per driver live for the whole process;
+each :class:`Executable` owns a VM context holding its module. Tensors cross in
+both directions through DLPack, so no bytes are copied when the input is
+contiguous and aligned; a misaligned or non-contiguous input is copied once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Sequence
+
+import torch
+from torch.utils import dlpack as torch_dlpack
+
+from torch_neuronx.compiler import neff as neff_format
+from torch_neuronx.compiler.errors import NeuronCompileError
+
+_log = logging.getLogger("torch_neuronx.runtime")
+
+_ALIGNMENT = 64  # IREE's local HAL imports host memory only at this alignment
+_KDL_CPU = 1
+_lock = threading.Lock()
+
+
+class NeuronRuntimeError(RuntimeError):
+    """The runtime could not load or execute a NEFF."""
+
+
+@functools.cache
+def _rt():  # imported lazily: iree.runtime loads native libraries
+    import iree.runtime as rt
+    from iree.runtime import _binding
+
+    # Executables cached by Dynamo are still alive at interpreter exit; nanobind's
+    # leak report about them is noise, not a leak of ours.
+    _binding.disable_leak_checker()
+    return rt
+
+
+class Device:
+    """One IREE HAL device of a driver, shared by every executable of this process."""
+
+    def __init__(self, driver: str) -> None:
+        rt = _rt()
+        self.driver = driver
+        self.instance = rt.VmInstance()
+        try:
+            self.hal = rt.get_device(driver)
+        except Exception as exc:
+            raise NeuronRuntimeError(f"cannot open the {driver!r} runtime device: {exc}") from exc
+        self.hal_module = rt.create_hal_module(self.instance, self.hal)
+
+
+@functools.cache
+def device(driver: str) -> Device:
+    """The process-wide device for ``driver`` (created on first use)."""
+    with _lock:
+        return Device(driver)
+
+
+def _aligned_contiguous(t: torch.Tensor) -> torch.Tensor:
+    if t.is_contiguous() and t.data_ptr() % _ALIGNMENT == 0:
+        return t
+    out = torch.empty(t.shape, dtype=t.dtype)  # fresh allocations are 64-byte aligned
+    out.copy_(t)
+    return out
+
+
+class Executable:
+    """A loaded NEFF: call it with CPU tensors, get CPU tensors back."""
+
+    def __init__(self, module: neff_format.Neff, driver: str, function: str = "main") -> None:
+        rt = _rt()
+        self.neff = module
+        self.device = device(driver)
+        try:
+            # wrap_buffer reads the payload in place (the NEFF is mmapped or held in memory);
+            # the payload starts 4 KiB-aligned in the container so IREE accepts it.
+            vm_module = rt.VmModule.wrap_buffer(self.device.instance, module.payload)
+        except Exception:
+            vm_module = rt.VmModule.copy_buffer(self.device.instance, module.payload)
+        try:
+            self._context = rt.VmContext(self.device.instance, [self.device.hal_module, vm_module])
+            self._function = vm_module.lookup_function(function)
+        except Exception as exc:
+            raise NeuronCompileError("load", f"the runtime rejected the NEFF: {exc}",
+                                     artifacts=module.path) from exc
+        if self._function is None:
+            raise NeuronCompileError("load", f"the NEFF has no function {function!r}")
+        self._module = vm_module
+        self._num_outputs = len(module.header.signature.get("outputs", [])) or None
+        self._hal = self.device.hal
+        self._list = rt.VmVariantList
+        self._view_type = rt.HalBufferView
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        hal = self._hal
+        args = self._list(len(inputs))
+        keep = []
+        for t in inputs:
+            t = _aligned_contiguous(t)
+            keep.append(t)
+            args.push_ref(hal.from_dlpack_capsule(torch_dlpack.to_dlpack(t)))
+        results = self._list(self._num_outputs or 4)
+        try:
+            self._context.invoke(self._function, args, results)
+        except Exception as exc:
+            raise NeuronRuntimeError(f"executing the NEFF failed: {exc}") from exc
+        view_type, from_capsule = self._view_type, torch.from_dlpack
+        return [from_capsule(hal.create_dlpack_capsule(results.get_as_object(i, view_type), _KDL_CPU, 0))
+                for i in range(results.size)]
