@@ -38,8 +38,11 @@ class Target:
         return bool(self.driver) and _driver_available(self.driver)
 
 
+# IREE demotes f64 to f32 unless told otherwise; torch programs expect float64 to stay float64.
+_INPUT = ("--iree-input-type=stablehlo", "--iree-input-demote-f64-to-f32=false")
+
 _CPU_FLAGS = (
-    "--iree-input-type=stablehlo",
+    *_INPUT,
     "--iree-hal-target-device=local",
     "--iree-hal-local-target-device-backends=llvm-cpu",
     "--iree-llvmcpu-target-cpu=host",
@@ -51,19 +54,19 @@ _TARGETS: dict[str, Target] = {
     "cpu": Target("cpu", "iree", _CPU_FLAGS, "local-task",
                   "this host's CPU through IREE llvm-cpu (the live default here)"),
     "cuda": Target("cuda", "iree", (
-        "--iree-input-type=stablehlo",
+        *_INPUT,
         "--iree-hal-target-device=cuda",
         "--iree-cuda-target=sm_80",
     ), "cuda", "NVIDIA GPUs through IREE's CUDA backend (sm_80 PTX, JIT-compiled on newer GPUs)"),
     "x86_64": Target("x86_64", "iree", (
-        "--iree-input-type=stablehlo",
+        *_INPUT,
         "--iree-hal-target-device=local",
         "--iree-hal-local-target-device-backends=llvm-cpu",
         "--iree-llvmcpu-target-triple=x86_64-linux-gnu",
         "--iree-llvmcpu-target-cpu=x86-64-v3",
     ), "local-task", "generic x86-64-v3 Linux CPUs (portable across hosts)"),
     "aarch64": Target("aarch64", "iree", (
-        "--iree-input-type=stablehlo",
+        *_INPUT,
         "--iree-hal-target-device=local",
         "--iree-hal-local-target-device-backends=llvm-cpu",
         "--iree-llvmcpu-target-triple=aarch64-linux-gnu",

@@ -68,8 +68,12 @@ class CompiledGraph:
     _boxed_call = True
 
     def __init__(self, name: str, neff_provider: Callable[[], Any], driver: str,
-                 template: list[Any], outputs: list[Any], artifacts: GraphArtifacts) -> None:
+                 template: list[Any], outputs: list[Any], artifacts: GraphArtifacts,
+                 complex_inputs: Sequence[int] = (), complex_outputs: Sequence[int] = ()) -> None:
         self.name = name
+        # Complex tensors cross as their (..., 2) real views (see passes/complex_to_real.py).
+        self._complex_inputs = tuple(complex_inputs)
+        self._complex_outputs = tuple(complex_outputs)
         self._neff_provider = neff_provider
         self._driver = driver
         self._template = template
@@ -87,6 +91,14 @@ class CompiledGraph:
     def _zeros(self) -> list[torch.Tensor]:
         return [torch.zeros(v.shape, dtype=v.dtype) for v in self._outputs]
 
+    def _execute(self, executable: Any, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        for i in self._complex_inputs:
+            tensors[i] = torch.view_as_real(tensors[i].resolve_conj())
+        results = executable(tensors)
+        for i in self._complex_outputs:
+            results[i] = torch.view_as_complex(results[i])
+        return results
+
     def _restore(self, results: list[torch.Tensor]) -> list[Any]:
         it = iter(results)
         return [next(it) if slot is None else slot[1] for slot in self._template]
@@ -100,7 +112,7 @@ class CompiledGraph:
         artifacts = self._artifacts
         if artifacts is not None and artifacts.dumps:
             artifacts.dump_tensors("inputs", self._calls, tensors)
-        results = executable(tensors)
+        results = self._execute(executable, tensors)
         if artifacts is not None:
             if artifacts.dumps:
                 artifacts.dump_tensors("outputs", self._calls, results)
@@ -155,7 +167,8 @@ def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
     if not compile_only_enabled() and not target.executable_here:
         raise NeuronCompileError("load", f"NEFFs of target {target.name!r} cannot execute on this host; "
                                  "use TORCH_NEURONX_COMPILE_ONLY=1 to cross-compile", graph=name)
-    return CompiledGraph(name, lambda: neff, driver, template, outputs, artifacts)
+    return CompiledGraph(name, lambda: neff, driver, template, outputs, artifacts,
+                         gm.meta.get("complex_inputs", ()), gm.meta.get("complex_outputs", ()))
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,

@@ -27,8 +27,11 @@ def inline_scalar_inputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 val = hint
             if not isinstance(val, int | float | bool):
                 raise ValueError(f"graph input {node.name} of type {type(val).__name__} is not supported")
+            def substitute(n: torch.fx.Node, node: torch.fx.Node = node, val: object = val) -> object:
+                return val if n is node else n
+
             for user in list(node.users):
-                user.args = torch.fx.node.map_arg(user.args, lambda n: val if n is node else n)
-                user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda n: val if n is node else n)
+                user.args = torch.fx.node.map_arg(user.args, substitute)
+                user.kwargs = torch.fx.node.map_arg(user.kwargs, substitute)
         gm.graph.erase_node(node)
     return gm

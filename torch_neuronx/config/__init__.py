@@ -10,7 +10,7 @@ logs one warning naming the variable, the bad value and what is accepted, and
 the default is used. Values set programmatically (``CompileOptions``) take
 precedence over the environment through :func:`override`.
 
-``python -m torch_neuronx.config`` prints every variable's effective value and
+``python -m torch_neuronx.config`` (``__main__.py``) prints every variable's effective value and
 where it came from; ``python -m torch_neuronx.config --markdown`` renders
 ``docs/environment.md``.
 """
@@ -468,6 +468,3 @@ def main(argv: list[str] | None = None) -> int:
     print(render_markdown() if args.markdown else render_table(), end="" if args.markdown else "\n")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

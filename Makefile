@@ -1,0 +1,32 @@
+# Two commands do all setup: `make demo` and `make test` (each creates .venv when missing).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test test-slow lint bench docs clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python examples/demo.py
+
+test: $(STAMP)
+	$(BIN)/ruff check torch_neuronx tests bench examples
+	$(BIN)/python -m pytest -m "not slow" -q
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow -q
+
+bench: $(STAMP)
+	$(BIN)/python bench/compile.py
+
+docs: $(STAMP)
+	$(BIN)/python -m torch_neuronx.config --markdown > docs/environment.md
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,39 @@
+"""Test-session setup: isolated cache and artifact directories, Dynamo reset between tests.
+
+The NEFF cache lives in one directory for the whole session, so a graph that
+several tests compile is compiled once per run (CI time), while each test gets
+its own artifact directory to inspect.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+import torch
+
+_SESSION_ROOT = tempfile.mkdtemp(prefix="torch_neuronx_tests_")
+os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = os.path.join(_SESSION_ROOT, "neff_cache")
+os.environ["TORCH_NEURONX_HLO_CACHE_DIR"] = os.path.join(_SESSION_ROOT, "hlo_cache")
+os.environ["TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR"] = os.path.join(_SESSION_ROOT, "local_cache")
+os.environ["TORCH_NEURONX_DEBUG_DIR"] = os.path.join(_SESSION_ROOT, "debug")
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_SESSION_ROOT, "inductor"))
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    """Each test starts with no compiled frames, so it really compiles what it tests."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
+def debug_dir(tmp_path, monkeypatch):
+    """A private TORCH_NEURONX_DEBUG_DIR for tests that inspect the artifact tree."""
+    path = tmp_path / "debug"
+    monkeypatch.setenv("TORCH_NEURONX_DEBUG_DIR", str(path))
+    return path

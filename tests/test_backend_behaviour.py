@@ -1,0 +1,219 @@
+"""The compile path's variables and failure modes: artifacts, fallback, compile-only, targets, errors."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+from models import MLP
+
+from torch_neuronx import metrics
+from torch_neuronx.compiler import CompileOptions, compile_only, neff
+from torch_neuronx.compiler.errors import NeuronCompileError
+
+
+def _run(fn, *args, **compile_kwargs):
+    return torch.compile(fn, backend="neuron", **compile_kwargs)(*args)
+
+
+@torch.library.custom_op("neuron_tests::opaque", mutates_args=())
+def opaque(x: torch.Tensor) -> torch.Tensor:
+    """An op with a CPU kernel that nothing in the compile path can lower."""
+    return x.clone() + 1
+
+
+@opaque.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def uses_opaque(x):
+    return opaque(x * 2) - 1
+
+
+def find(debug_dir, pattern):
+    return glob.glob(os.path.join(str(debug_dir), "torch_neuronx", "rank*", "*", pattern))
+
+
+# -- artifact tree ----------------------------------------------------------
+
+
+def test_preserved_artifact_tree_has_documented_layout(debug_dir, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS", "1")
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_DISABLE_CACHE", "1")  # so the compiler work dir is made
+    monkeypatch.setenv("RANK", "3")
+    with torch.no_grad():
+        _run(MLP(), torch.randn(4, 64), options={"model_name": "mlp"})
+    jobs = glob.glob(os.path.join(str(debug_dir), "torch_neuronx", "rank3", "*"))
+    assert len(jobs) == 1
+    for sub, suffix in [("fx_graphs", ".fx.txt"), ("transformed_fx", ".transformed.fx.txt"),
+                        ("raw", ".torch_raw.mlir"), ("stablehlo", ".stablehlo.mlir")]:
+        files = glob.glob(os.path.join(jobs[0], sub, f"mlp_inference_*{suffix}"))
+        assert len(files) == 1, sub
+    assert "stablehlo.dot_general" in open(glob.glob(os.path.join(jobs[0], "stablehlo", "*"))[0]).read()
+    assert "torch.aten" in open(glob.glob(os.path.join(jobs[0], "raw", "*"))[0]).read()
+    assert not os.path.exists(os.path.join(jobs[0], "inputs"))
+    (workdir,) = glob.glob(os.path.join(str(debug_dir), "neuronx-cc", "*"))
+    assert sorted(os.listdir(workdir)) == ["compiler_args.txt", "log-neuron-cc.txt", "metadata.txt",
+                                           "module.mlir", "module.neff"]
+    assert "--iree-hal-target-device=local" in open(os.path.join(workdir, "compiler_args.txt")).read()
+    assert json.load(open(os.path.join(workdir, "metadata.txt")))["target"] == "cpu"
+    assert neff.load(os.path.join(workdir, "module.neff")).header.target == "cpu"
+
+
+def test_artifacts_removed_after_execution_by_default(debug_dir, monkeypatch):
+    monkeypatch.delenv("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS", raising=False)
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_DISABLE_CACHE", "1")
+    with torch.no_grad():
+        _run(MLP(), torch.randn(4, 64))
+    leftovers = [p for p in glob.glob(os.path.join(str(debug_dir), "**"), recursive=True) if os.path.isfile(p)]
+    assert leftovers == []
+
+
+def test_tensor_dumps_write_inputs_and_outputs(debug_dir, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_DYNAMO_TENSOR_DUMPS", "1")
+    x = torch.randn(4, 8)
+    _run(lambda t: t * 3, x)
+    (inputs,) = find(debug_dir, "inputs/*.pt")
+    (outputs,) = find(debug_dir, "outputs/*.pt")
+    torch.testing.assert_close(torch.load(inputs)[0], x)
+    torch.testing.assert_close(torch.load(outputs)[0], x * 3)
+
+
+# -- failures and fallback -------------------------------------------------------
+
+
+def test_unlowerable_op_raises_with_stage_op_and_artifacts(debug_dir, monkeypatch):
+    monkeypatch.delenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", raising=False)
+    with pytest.raises(Exception) as info:
+        _run(uses_opaque, torch.randn(4))
+    err = info.value
+    while not isinstance(err, NeuronCompileError) and err is not None:
+        err = getattr(err, "inner_exception", None) or err.__cause__
+    assert isinstance(err, NeuronCompileError)
+    assert err.stage in ("import", "lowering")
+    assert "neuron_tests" in str(err) and "opaque" in str(err)
+    assert err.artifacts and os.path.isdir(err.artifacts)
+    assert str(debug_dir) in str(info.value)
+    assert find(debug_dir, "torch_mlir_error/*.mlir"), "torch-mlir failure artifact missing"
+    assert find(debug_dir, "fx_graphs/*.fx.txt"), "artifacts of a failed graph must be kept"
+
+
+def test_fallback_runs_eagerly_warns_once_and_counts(monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "0")
+    before = metrics.counter("fallback_graphs")
+    x = torch.randn(4)
+    with pytest.warns(RuntimeWarning, match="falling back to eager") as record:
+        out = _run(uses_opaque, x)
+    torch.testing.assert_close(out, x * 2)
+    assert metrics.counter("fallback_graphs") == before + 1
+    assert len([w for w in record if "falling back" in str(w.message)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same failure does not warn again
+        torch._dynamo.reset()
+        torch.testing.assert_close(_run(uses_opaque, x), x * 2)
+
+
+def test_compile_option_overrides_fallback_environment(monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "1")
+    x = torch.randn(4)
+    with pytest.warns(RuntimeWarning):
+        out = _run(uses_opaque, x, options=CompileOptions(fallback_execution=True, model_name="fb"))
+    torch.testing.assert_close(out, x * 2)
+    torch._dynamo.reset()
+    monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "0")
+    with pytest.raises(Exception, match="stage failed"):
+        _run(uses_opaque, x, options={"fallback_execution": False})
+
+
+def test_unknown_option_is_rejected():
+    with pytest.raises(Exception, match="unknown neuron compile option"):
+        _run(lambda t: t + 1, torch.randn(2), options={"targt": "cpu"})
+
+
+def test_missing_compiler_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_IREE_COMPILE", "/nonexistent/iree-compile")
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_DISABLE_CACHE", "1")
+    with pytest.raises(Exception, match="compiler executable '/nonexistent/iree-compile' was not found"):
+        _run(lambda t: t * 5 + 2, torch.randn(3))
+
+
+def test_compiler_rejection_keeps_no_cache_entry(monkeypatch, tmp_path):
+    cache = tmp_path / "neff"
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(cache))
+    monkeypatch.setenv("TORCH_NEURONX_COMPILER_FLAGS", "--iree-no-such-flag")
+    with pytest.raises(Exception, match="compile stage failed") as info:
+        _run(lambda t: t * 7, torch.randn(3))
+    assert "Unknown command line argument '--iree-no-such-flag'" in str(info.value)
+    workdir = str(info.value).split("artifacts kept at: ")[1].split()[0]
+    assert "--iree-no-such-flag" in open(os.path.join(workdir, "log-neuron-cc.txt")).read()
+    assert not os.path.exists(os.path.join(workdir, "module.neff"))
+    assert not glob.glob(str(cache / "**" / "*.neff"), recursive=True)
+
+
+# -- compile only and targets ----------------------------------------------------------
+
+
+def test_compile_only_context_compiles_and_never_executes(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    model = MLP()
+    with compile_only(), torch.no_grad():
+        out = torch.compile(model, backend="neuron")(torch.randn(4, 64))
+    assert out.shape == (4, 10) and out.dtype == torch.float32
+    assert torch.count_nonzero(out) == 0  # documented: zeros, nothing ran
+    assert len(glob.glob(str(tmp_path / "neff" / "**" / "*.neff"), recursive=True)) == 1
+
+
+def test_compile_only_environment_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_NEURONX_COMPILE_ONLY", "1")
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    out = _run(lambda t: t + 1, torch.ones(3))
+    assert torch.equal(out, torch.zeros(3))
+    assert glob.glob(str(tmp_path / "neff" / "**" / "*.neff"), recursive=True)
+
+
+def test_cuda_target_cross_compiles_without_a_gpu(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "cuda")
+    with compile_only():
+        _run(lambda t: torch.relu(t) * 2, torch.randn(16))
+    (path,) = glob.glob(str(tmp_path / "neff" / "**" / "*.neff"), recursive=True)
+    header = neff.load(path).header
+    assert header.target == "cuda"
+    assert "--iree-cuda-target=sm_80" in header.metadata["flags"]
+
+
+def test_target_is_part_of_the_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    with compile_only():
+        for target in ("cpu", "x86_64"):
+            torch._dynamo.reset()
+            _run(lambda t: t - 1, torch.randn(8), options=CompileOptions(target=target))
+    headers = sorted(neff.load(p).header.target
+                     for p in glob.glob(str(tmp_path / "neff" / "**" / "*.neff"), recursive=True))
+    assert headers == ["cpu", "x86_64"]
+
+
+@pytest.mark.parametrize("target,match", [("tpu9", "unknown target 'tpu9'.*available targets: cpu"),
+                                          ("trn2", "needs the real neuronx-cc")])
+def test_unavailable_target_lists_available_ones(target, match, monkeypatch):
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")  # no neuronx-cc here
+    with pytest.raises(Exception, match=match):
+        _run(lambda t: t + 1, torch.randn(2), options=CompileOptions(target=target))
+
+
+def test_backend_entry_point_works_without_importing_torch_neuronx():
+    code = ("import sys, torch\n"
+            "out = torch.compile(lambda t: t * 2 + 1, backend='neuron')(torch.ones(3))\n"
+            "assert torch.equal(out, torch.full((3,), 3.0)), out\n"
+            "assert 'torch_neuronx.dynamo.backend' in sys.modules\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

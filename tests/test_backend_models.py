@@ -1,0 +1,144 @@
+"""torch.compile(backend="neuron") against eager: forward, backward and optimizer steps."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from models import MLP, GPTBlock, LSTMHead, SmallCNN, encoder_layer
+
+from torch_neuronx import metrics
+
+TRAINING = {
+    "mlp": (MLP, lambda: torch.randn(32, 64)),
+    "transformer_encoder_train": (encoder_layer, lambda: torch.randn(4, 10, 64)),
+    "cnn_batchnorm_pool": (SmallCNN, lambda: torch.randn(4, 3, 8, 8)),
+    "lstm": (LSTMHead, lambda: torch.randn(4, 5, 16)),
+    "gpt_block_causal_sdpa": (GPTBlock, lambda: torch.randn(2, 8, 64)),
+}
+
+
+def train_steps(model, x, steps=3):
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("name", sorted(TRAINING))
+def test_training_matches_eager(name):
+    make, data = TRAINING[name]
+    torch.manual_seed(0)
+    eager = make()
+    compiled_model = copy.deepcopy(eager)
+    x = data()
+    before = metrics.counter("fallback_graphs")
+    eager_losses = train_steps(eager, x)
+    neuron_losses = train_steps(torch.compile(compiled_model, backend="neuron"), x)
+    assert metrics.counter("fallback_graphs") == before, "a graph fell back to eager"
+    torch.testing.assert_close(neuron_losses, eager_losses, rtol=1e-4, atol=1e-5)
+    for (pname, p_eager), p_neuron in zip(eager.named_parameters(), compiled_model.parameters()):
+        torch.testing.assert_close(p_neuron, p_eager, rtol=1e-4, atol=1e-5, msg=pname)
+    for b_eager, b_neuron in zip(eager.buffers(), compiled_model.buffers()):  # BN running stats
+        torch.testing.assert_close(b_neuron, b_eager, rtol=1e-4, atol=1e-5)
+
+
+def test_transformer_encoder_eval_hits_fast_path_op():
+    torch.manual_seed(0)
+    layer = encoder_layer().eval()
+    x = torch.randn(4, 10, 64)
+    mask = torch.zeros(4, 10, dtype=torch.bool)
+    mask[:, -2:] = True  # key padding
+    compiled = torch.compile(layer, backend="neuron")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), layer(x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(compiled(x, src_key_padding_mask=mask),
+                                   layer(x, src_key_padding_mask=mask), rtol=1e-4, atol=1e-5)
+
+
+def test_eval_graph_contains_transformer_fast_path_op():
+    seen = []
+
+    def spy(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes)
+        return gm.forward
+
+    layer = encoder_layer().eval()
+    with torch.no_grad():
+        torch.compile(layer, backend=spy)(torch.randn(2, 5, 64))
+    assert any("_transformer_encoder_layer_fwd" in t for t in seen)
+
+
+def test_changing_batch_size_specializes_per_shape():
+    torch.manual_seed(0)
+    model = MLP()
+    compiled = torch.compile(model, backend="neuron")
+    with torch.no_grad():
+        for batch in (32, 16, 8, 16, 32):
+            x = torch.randn(batch, 64)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_graph_breaks_compile_each_piece():
+    calls = []
+
+    def fn(x):
+        y = torch.sin(x) * 2
+        calls.append(1)  # side effect: Dynamo breaks the graph here
+        torch._dynamo.graph_break()
+        return torch.cos(y) + x
+
+    x = torch.randn(16)
+    before = metrics.counter("compiled_graphs")
+    torch.testing.assert_close(torch.compile(fn, backend="neuron")(x), torch.cos(torch.sin(x) * 2) + x)
+    assert metrics.counter("compiled_graphs") - before == 2
+
+
+def test_int64_and_bool_tensors():
+    def fn(a, b, m):
+        return (a * b + 3) // 2, (m & (a > 4)) | m.logical_not(), torch.where(m, a, -a)
+
+    a, b = torch.arange(12).view(3, 4), torch.arange(12).view(3, 4) + 1
+    m = torch.rand(3, 4) > 0.5
+    out, ref = torch.compile(fn, backend="neuron")(a, b, m), fn(a, b, m)
+    for o, r in zip(out, ref):
+        assert o.dtype == r.dtype
+        assert torch.equal(o, r)
+
+
+def test_bf16_forward_and_backward():
+    torch.manual_seed(0)
+    model = MLP().to(torch.bfloat16)
+    twin = copy.deepcopy(model)
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    out = torch.compile(twin, backend="neuron")(x)
+    ref = model(x)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+    out.float().sum().backward()
+    ref.float().sum().backward()
+    torch.testing.assert_close(twin.l1.weight.grad, model.l1.weight.grad, rtol=5e-2, atol=5e-2)
+
+
+def test_float64_stays_float64():
+    x = torch.randn(5, dtype=torch.float64)
+    out = torch.compile(lambda t: t.exp() * 1e-300, backend="neuron")(x)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, x.exp() * 1e-300)
+
+
+def test_parameters_are_inputs_not_constants():
+    torch.manual_seed(0)
+    model = MLP()
+    compiled = torch.compile(model, backend="neuron")
+    x = torch.randn(4, 64)
+    with torch.no_grad():
+        compiled(x)
+        model.l2.bias.add_(1.0)  # new weight values, same NEFF
+        torch.testing.assert_close(compiled(x), model(x))

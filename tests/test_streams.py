@@ -1,0 +1,169 @@
+"""Neuron streams and events on worker threads; launch blocking; streams disabled."""
+
+from __future__ import annotations
+
+import threading
+import types
+
+import pytest
+
+from torch_neuronx.runtime import streams
+from torch_neuronx.runtime.streams import Event, Stream, StreamError
+
+WAIT = 10.0  # generous bound for waits that must succeed
+
+
+def blocked(stream: Stream) -> threading.Event:
+    """Submit a task that holds ``stream`` until the returned gate is set."""
+    gate = threading.Event()
+    stream.submit(gate.wait, WAIT)
+    return gate
+
+
+def test_work_runs_in_order_on_a_worker_thread():
+    stream = Stream()
+    seen: list[tuple[int, int]] = []
+    for i in range(50):
+        stream.submit(lambda i=i: seen.append((i, threading.get_ident())))
+    stream.synchronize(timeout=WAIT)
+    assert [i for i, _ in seen] == list(range(50))
+    assert {ident for _, ident in seen} != {threading.get_ident()}
+
+
+def test_submit_returns_before_the_work_runs_and_query_reports_it():
+    stream = Stream()
+    gate = blocked(stream)
+    done = []
+    stream.submit(done.append, 1)
+    assert not stream.query() and done == []
+    gate.set()
+    stream.synchronize(timeout=WAIT)
+    assert stream.query() and done == [1]
+
+
+def test_synchronize_times_out_while_work_is_blocked():
+    stream = Stream()
+    gate = blocked(stream)
+    with pytest.raises(TimeoutError):
+        stream.synchronize(timeout=0.05)
+    gate.set()
+    stream.synchronize(timeout=WAIT)
+
+
+def test_event_completes_after_the_work_before_it():
+    stream = Stream()
+    gate = blocked(stream)
+    event = stream.record_event()
+    after = Event()
+    assert after.query()  # never recorded: complete, as in CUDA
+    assert not event.query()
+    gate.set()
+    event.synchronize(timeout=WAIT)
+    assert event.query()
+
+
+def test_event_wait_orders_another_stream_after_it():
+    producer, consumer = Stream(), Stream()
+    gate = blocked(producer)
+    order = []
+    producer.submit(order.append, "produced")
+    consumer.wait_event(producer.record_event())
+    consumer.submit(order.append, "consumed")
+    with pytest.raises(TimeoutError):
+        consumer.synchronize(timeout=0.05)  # held back by the producer's event
+    assert order == []
+    gate.set()
+    consumer.synchronize(timeout=WAIT)
+    assert order == ["produced", "consumed"]
+
+
+def test_wait_stream_and_device_synchronize():
+    first, second = Stream("neuron:2"), Stream(2)
+    gate = blocked(first)
+    order = []
+    first.submit(order.append, 1)
+    second.wait_stream(first)
+    second.submit(order.append, 2)
+    gate.set()
+    streams.synchronize(2)
+    assert order == [1, 2] and first.query() and second.query()
+
+
+def test_event_elapsed_time():
+    stream = Stream()
+    start, end = Event(enable_timing=True), Event(enable_timing=True)
+    start.record(stream)
+    stream.submit(threading.Event().wait, 0.02)
+    end.record(stream)
+    assert start.elapsed_time(end) >= 15.0
+    with pytest.raises(RuntimeError):
+        Event().elapsed_time(end)
+
+
+def test_errors_surface_at_synchronize_and_the_stream_keeps_working():
+    stream = Stream()
+    stream.submit(lambda: 1 / 0)
+    done = []
+    stream.submit(done.append, 1)
+    with pytest.raises(StreamError) as info:
+        stream.synchronize(timeout=WAIT)
+    assert isinstance(info.value.__cause__, ZeroDivisionError) and done == [1]
+    stream.synchronize(timeout=WAIT)  # reported once
+
+
+def test_launch_blocking_runs_work_synchronously(monkeypatch):
+    monkeypatch.setenv("NEURON_LAUNCH_BLOCKING", "1")
+    stream = Stream()
+    seen = []
+    stream.submit(lambda: seen.append(threading.get_ident()))
+    assert seen == [threading.get_ident()] and stream.query()
+    with pytest.raises(ZeroDivisionError):
+        stream.submit(lambda: 1 / 0)  # the error reaches the call that caused it
+
+
+def test_disabled_streams_alias_the_default_stream(monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_ENABLE_STREAMS", "0")
+    stream = Stream(5)
+    assert stream == streams.default_stream(5) and stream.id == 0
+    gate = blocked(streams.default_stream(5))
+    assert not stream.query()  # same queue
+    gate.set()
+    stream.synchronize(timeout=WAIT)
+
+
+def test_enabled_streams_are_distinct():
+    a, b = Stream(), Stream()
+    assert a != b and a.id != b.id and 0 not in (a.id, b.id)
+    assert a != streams.default_stream() and len({a, b, streams.default_stream()}) == 3
+
+
+def test_current_stream_is_per_thread_and_scoped():
+    side = Stream()
+    assert streams.current_stream() == streams.default_stream()
+    seen_in_thread = []
+    with streams.stream(side):
+        assert streams.current_stream() == side
+        thread = threading.Thread(target=lambda: seen_in_thread.append(streams.current_stream()))
+        thread.start()
+        thread.join(WAIT)
+    assert seen_in_thread == [streams.default_stream()]
+    assert streams.current_stream() == streams.default_stream()
+    other = Stream(1)
+    streams.set_stream(other)
+    try:
+        assert streams.current_stream(1) == other and streams.current_stream(0) == streams.default_stream(0)
+    finally:
+        streams.set_stream(streams.default_stream(1))
+
+
+@pytest.mark.parametrize(("device", "index"), [
+    (None, 0), (3, 3), ("neuron", 0), ("neuron:7", 7), (types.SimpleNamespace(type="neuron", index=2), 2),
+])
+def test_device_index_accepts_torch_cuda_forms(device, index):
+    assert streams.device_index(device) == index
+
+
+@pytest.mark.parametrize("device", ["cuda:0", "neuron:x", -1, True, 1.0])
+def test_device_index_rejects_other_devices(device):
+    with pytest.raises(ValueError):
+        streams.device_index(device)
