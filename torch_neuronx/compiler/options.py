@@ -30,7 +30,8 @@ class CompileOptions:
             (the inverse of TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION).
         compile_only: compile to NEFF and never execute (TORCH_NEURONX_COMPILE_ONLY).
         preserve_artifacts: keep the artifact tree (TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS).
-        optimization_level: compiler optimization level 0-3 (``--iree-opt-level=O<n>``); default 2.
+        optimization_level: compiler optimization level 0-3 (``--iree-opt-level=O<n>``); default: the
+            target's measured best (3 on cpu, 2 elsewhere).
         extra_flags: extra compiler flags, appended after TORCH_NEURONX_COMPILER_FLAGS.
         complex_decompose: decompose complex arithmetic (TORCH_NEURONX_COMPLEX_DECOMPOSE).
         model_name: name used in artifact file names; default the Dynamo graph name.
@@ -85,7 +86,7 @@ class CompileOptions:
 
     def compiler_flags(self, target: targets.Target) -> list[str]:
         """Every flag passed to the compiler for ``target``, in order."""
-        level = 2 if self.optimization_level is None else self.optimization_level
+        level = target.default_opt_level if self.optimization_level is None else self.optimization_level
         flags = list(target.flags)
         if target.compiler == "iree":
             flags.append(f"--iree-opt-level=O{level}")
@@ -95,7 +96,10 @@ class CompileOptions:
 
     def compiler_config(self, target: targets.Target) -> dict[str, Any]:
         """The cache-key component describing how code is generated."""
-        return {"target": target.name, "compiler": target.compiler, "flags": self.compiler_flags(target)}
+        config_ = {"target": target.name, "compiler": target.compiler, "flags": self.compiler_flags(target)}
+        if target.host_specific:
+            config_["host_cpu"] = targets.host_cpu()
+        return config_
 
 
 def compile_only_enabled() -> bool:

@@ -244,7 +244,7 @@ _register(
     # Eager execution
     Var("NEURON_LAUNCH_BLOCKING", "bool", False,
         "When 1, forces synchronous execution. Useful for debugging.",
-        _EAGER, parse_bool, status="planned: needs streams (eager device)"),
+        _EAGER, parse_bool, readers=("runtime.streams",)),
     Var("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "bool", False,
         "When 1, only falls back to CPU for unimplemented ops, not execution errors.",
         _EAGER, parse_bool, status="planned: needs the eager neuron device"),
@@ -291,7 +291,7 @@ _register(
         "When 1 (the default), Neuron streams are enabled and work can be submitted to the default "
         "stream or non-default streams. When 0, all streams alias the default stream. Only 0 and 1 "
         "are accepted.",
-        _DIST, parse_strict_01, status="planned: streams (eager device / c10d issues)"),
+        _DIST, parse_strict_01, readers=("runtime.streams",)),
     Var("TORCH_NEURONX_ENABLE_HOST_CC", "bool", False,
         "When 1, enables collectives to execute on non-default streams, allowing communication to "
         "overlap with computation. Requires TORCH_NEURONX_ENABLE_STREAMS=1 (the default).",
@@ -324,12 +324,12 @@ _register(
         "kSmallSegmentSize, kMediumSegmentSize, kMediumThreshold, kSegmentAlignment, kMinRoundedSize, "
         "kRoundupPower2Divisions, kSmallSplitThreshold, kLargeSplitThreshold, kMaxSplitSizeBytes, "
         "kMaxNonSplitRoundingBytes). Parsed and snapshotted on first allocator use; restart to change.",
-        _MEMORY, parse_str, status="planned: issue 4 (allocator)"),
+        _MEMORY, parse_str, readers=("memory.allocator_config",)),
     # Ours
     Var("TORCH_NEURONX_DEVICE_MEMORY_BYTES", "int", 0,
         "Capacity of each neuron device's memory in bytes, for the caching allocator. 0 (the default) "
         "means the target's real memory (host RAM on the cpu target).",
-        _OURS, parse_non_negative_int, status="planned: issue 4 (allocator)", ours=True),
+        _OURS, parse_non_negative_int, readers=("memory",), ours=True),
     Var("TORCH_NEURONX_COMPILER_FLAGS", "str", "",
         "Extra flags appended to every compiler invocation (space separated). Part of the cache key.",
         _OURS, parse_str, readers=("compiler.options",), ours=True),
@@ -382,17 +382,26 @@ def override(**values: Any) -> Iterator[None]:
         stack.pop()
 
 
+_parsed: dict[tuple[str, str], Any] = {}  # (name, raw) -> parsed value; parsing once keeps get() cheap
+
+
 def lookup(name: str) -> tuple[Any, str]:
     """Return ``(value, source)`` where source is ``option``, ``environment`` or ``default``."""
-    entry = var(name)
-    for frame in reversed(_override_stack()):
-        if name in frame:
-            return frame[name], "option"
+    stack = getattr(_overrides, "stack", None)
+    if stack:
+        for frame in reversed(stack):
+            if name in frame:
+                return frame[name], "option"
+    entry = _REGISTRY.get(name) or var(name)
     raw = os.environ.get(name)
     if raw is None:
         return entry.default_value(), "default"
+    cached = _parsed.get((name, raw), _parsed)
+    if cached is not _parsed:
+        return cached, "environment"
     try:
-        return entry.parse(raw), "environment"
+        value = _parsed[(name, raw)] = entry.parse(raw)
+        return value, "environment"
     except ConfigValueError as exc:
         if (name, raw) not in _warned:
             _warned.add((name, raw))

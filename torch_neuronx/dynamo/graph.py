@@ -19,8 +19,10 @@ import torch
 from torch_neuronx import config, metrics
 from torch_neuronx.compiler import lower, passes
 from torch_neuronx.compiler.compile import NeffRequest, get_neff
+from torch_neuronx.compiler.cost import graph_flops
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, compile_only_enabled
+from torch_neuronx.compiler.targets import driver_available
 from torch_neuronx.dynamo.artifacts import GraphArtifacts
 
 _log = logging.getLogger("torch_neuronx.dynamo")
@@ -163,8 +165,8 @@ def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
                    "outputs": [_spec(v) for v in outputs]},
     )
     neff = get_neff(request)
-    driver = target.driver
-    if not compile_only_enabled() and not target.executable_here:
+    driver = target.driver_for(graph_flops(gm))
+    if not compile_only_enabled() and not driver_available(driver):
         raise NeuronCompileError("load", f"NEFFs of target {target.name!r} cannot execute on this host; "
                                  "use TORCH_NEURONX_COMPILE_ONLY=1 to cross-compile", graph=name)
     return CompiledGraph(name, lambda: neff, driver, template, outputs, artifacts,

@@ -1,0 +1,193 @@
+"""Neuron device memory: the caching allocator's API, name for name with ``torch.cuda``'s.
+
+Every function takes an optional ``device``: None (the current device, 0),
+an int, ``"neuron"``, ``"neuron:N"`` or ``torch.device("neuron", N)``. Each
+device has one :class:`~torch_neuronx.memory.allocator.CachingAllocator`,
+built on first use with the TORCH_NEURONX_SEGMENT_ALLOCATOR_CONFIG knobs of
+that moment and a capacity of TORCH_NEURONX_DEVICE_MEMORY_BYTES (0: the
+host's RAM). Importing this module does no work and does not import torch.
+
+Device code allocates through :func:`caching_allocator_alloc` /
+:func:`caching_allocator_delete` (or :func:`device_allocator` directly) and
+reaches the bytes zero-copy with :func:`block_view`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+from torch_neuronx import config
+from torch_neuronx.memory.segments import block_buffer, block_view
+from torch_neuronx.runtime import streams as _streams
+
+if TYPE_CHECKING:
+    from torch_neuronx.memory.allocator import CachingAllocator, OutOfMemoryError  # noqa: F401
+
+__all__ = [
+    "OutOfMemoryError", "block_buffer", "block_view", "caching_allocator_alloc", "caching_allocator_delete",
+    "device_allocator", "empty_cache", "max_memory_allocated", "max_memory_reserved", "mem_get_info",
+    "memory_allocated", "memory_reserved", "memory_snapshot", "memory_stats", "memory_stats_as_nested_dict",
+    "memory_summary", "record_stream", "reset_accumulated_memory_stats", "reset_peak_memory_stats",
+]
+
+_allocators: dict[int, CachingAllocator] = {}
+_allocators_lock = threading.Lock()
+
+
+def __getattr__(name: str) -> Any:
+    # OutOfMemoryError subclasses torch.OutOfMemoryError: resolve it lazily so that
+    # importing this module does not import torch.
+    if name == "OutOfMemoryError":
+        from torch_neuronx.memory.allocator import OutOfMemoryError
+
+        return OutOfMemoryError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def device_allocator(device: Any = None) -> CachingAllocator:
+    """The caching allocator of ``device``, created (and configured, once) on first use."""
+    index = _streams.device_index(device)
+    allocator = _allocators.get(index)
+    if allocator is None:
+        from torch_neuronx.memory.allocator import CachingAllocator
+        from torch_neuronx.memory.allocator_config import load
+        from torch_neuronx.memory.segments import HostSegmentSource
+
+        with _allocators_lock:
+            allocator = _allocators.get(index)
+            if allocator is None:
+                capacity = config.get("TORCH_NEURONX_DEVICE_MEMORY_BYTES")
+                allocator = CachingAllocator(index, load(), HostSegmentSource(capacity or None))
+                _allocators[index] = allocator
+    return allocator
+
+
+def _selected(device: Any) -> list[CachingAllocator]:
+    """The allocator of ``device``, or every existing one when ``device`` is None."""
+    if device is None:
+        return list(_allocators.values())
+    return [device_allocator(device)]
+
+
+# -- raw allocation ----------------------------------------------------------
+
+
+def _stream_id(stream: Any, index: int) -> int:
+    if stream is None:
+        return _streams.current_stream(index).id
+    if isinstance(stream, int):
+        return stream
+    if stream.device_index != index:
+        raise ValueError(f"{stream!r} belongs to neuron:{stream.device_index}, not neuron:{index}")
+    return stream.id
+
+
+def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -> int:
+    """Allocate ``size`` bytes on ``device`` for ``stream`` (the current stream if None); the address.
+
+    Raises :class:`OutOfMemoryError` when the device is full.
+    """
+    index = _streams.device_index(device)
+    return device_allocator(index).malloc(size, _stream_id(stream, index))
+
+
+def caching_allocator_delete(address: int) -> None:
+    """Free memory that :func:`caching_allocator_alloc` returned (on whichever device owns it)."""
+    if not address:
+        return
+    for allocator in list(_allocators.values()):
+        if address in allocator._blocks:
+            allocator.free(address)
+            return
+    raise ValueError(f"address {address:#x} was not allocated by a neuron caching allocator")
+
+
+def record_stream(address: int, stream: _streams.Stream) -> None:
+    """Mark the allocation at ``address`` as used by ``stream`` (``Tensor.record_stream``).
+
+    After it is freed, the memory is reused only once the work queued on
+    ``stream`` at free time has completed.
+    """
+    device_allocator(stream.device_index).record_stream(address, stream)
+
+
+# -- statistics --------------------------------------------------------------
+
+
+def memory_stats(device: Any = None) -> dict[str, Any]:
+    """The allocator statistics of ``device`` as a flat dict, keys as ``torch.cuda.memory_stats``."""
+    return device_allocator(device).memory_stats()
+
+
+def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
+    """:func:`memory_stats` nested at each ``.`` of the keys."""
+    nested: dict[str, Any] = {}
+    for key, value in memory_stats(device).items():
+        node = nested
+        *path, leaf = key.split(".")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return nested
+
+
+def memory_allocated(device: Any = None) -> int:
+    """Bytes currently allocated to tensors on ``device`` (rounded block sizes)."""
+    return device_allocator(device).stats.all.allocated_bytes.current
+
+
+def max_memory_allocated(device: Any = None) -> int:
+    """Peak of :func:`memory_allocated` since start or :func:`reset_peak_memory_stats`."""
+    return device_allocator(device).stats.all.allocated_bytes.peak
+
+
+def memory_reserved(device: Any = None) -> int:
+    """Bytes of segments the caching allocator holds on ``device``."""
+    return device_allocator(device).stats.all.reserved_bytes.current
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    """Peak of :func:`memory_reserved` since start or :func:`reset_peak_memory_stats`."""
+    return device_allocator(device).stats.all.reserved_bytes.peak
+
+
+def reset_peak_memory_stats(device: Any = None) -> None:
+    """Restart every ``peak`` statistic of ``device`` from its current value."""
+    allocator = device_allocator(device)
+    with allocator._lock:
+        allocator.stats.reset_peak()
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """Restart the ``allocated``/``freed`` sums and the event counters of ``device``."""
+    allocator = device_allocator(device)
+    with allocator._lock:
+        allocator.stats.reset_accumulated()
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """``(free, total)`` bytes of ``device``: capacity minus what the allocator reserved, and capacity."""
+    return device_allocator(device).mem_get_info()
+
+
+# -- cache and inspection ----------------------------------------------------
+
+
+def empty_cache(device: Any = None) -> None:
+    """Return wholly free cached segments to the device (every device's when ``device`` is None)."""
+    for allocator in _selected(device):
+        allocator.empty_cache()
+
+
+def memory_snapshot(device: Any = None) -> list[dict[str, Any]]:
+    """Segments and their blocks, as ``torch.cuda.memory_snapshot()`` (every device when None)."""
+    return [segment for allocator in _selected(device) for segment in allocator.snapshot()]
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """A human-readable table of :func:`memory_stats`, laid out like ``torch.cuda.memory_summary``."""
+    from torch_neuronx.memory import stats
+
+    index = _streams.device_index(device)
+    return stats.summary(memory_stats(index), index, abbreviated)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -96,15 +97,28 @@ class Executable:
         self._hal = self.device.hal
         self._list = rt.VmVariantList
         self._view_type = rt.HalBufferView
+        # Parameters come back every call as the same objects over the same memory: their
+        # imported buffer views are kept (they alias the tensor, so in-place updates show).
+        self._parameter_views: dict[int, tuple[weakref.ref, int, object]] = {}
+
+    def _view(self, t: torch.Tensor) -> object:
+        if type(t) is torch.nn.Parameter:
+            entry = self._parameter_views.get(id(t))
+            if entry is not None and entry[0]() is t and entry[1] == t.data_ptr():
+                return entry[2]
+            usable = _aligned_contiguous(t)
+            view = self._hal.from_dlpack_capsule(torch_dlpack.to_dlpack(usable))
+            if usable is t:
+                self._parameter_views[id(t)] = (weakref.ref(t), t.data_ptr(), view)
+            return view
+        return self._hal.from_dlpack_capsule(torch_dlpack.to_dlpack(_aligned_contiguous(t)))
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         hal = self._hal
         args = self._list(len(inputs))
-        keep = []
+        view = self._view
         for t in inputs:
-            t = _aligned_contiguous(t)
-            keep.append(t)
-            args.push_ref(hal.from_dlpack_capsule(torch_dlpack.to_dlpack(t)))
+            args.push_ref(view(t))
         results = self._list(self._num_outputs or 4)
         try:
             self._context.invoke(self._function, args, results)

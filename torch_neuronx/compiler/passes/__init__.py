@@ -12,12 +12,14 @@ from collections.abc import Callable
 
 import torch
 
+from torch_neuronx.compiler.passes.complex_to_real import complex_to_real
 from torch_neuronx.compiler.passes.scalar_inputs import inline_scalar_inputs
 from torch_neuronx.compiler.passes.squeeze_dims import squeeze_dims_to_view
 
 Pass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 
 PIPELINE: list[Pass] = [
+    complex_to_real,  # first: the other passes and the importer see real tensors only
     inline_scalar_inputs,
     squeeze_dims_to_view,
 ]

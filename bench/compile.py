@@ -1,0 +1,197 @@
+"""Benchmark of the torch.compile path: neuron vs torch eager vs inductor vs the raw IREE call.
+
+One run, competitors interleaved, ratios printed. Measures the targets of the
+compile-path issue:
+
+- per-call latency of a compiled MLP at batch 32 (and the same module called
+  through IREE's Python API directly: DLPack in, ``VmContext.invoke``, DLPack out);
+- per-call latency of a transformer block;
+- cold compile time of the transformer block (each competitor in a fresh
+  process with empty caches);
+- throughput of four 2048-wide fp32 linears at batch 256.
+
+Usage: ``python bench/compile.py [--quick]``. Threads: torch gets 2 threads
+(this machine's cores); IREE's local-task executor uses its own workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+from demo import Block  # noqa: E402
+
+THREADS = min(2, os.cpu_count() or 1)
+
+
+def mlp(width: int, hidden: int, batch: int = 32) -> tuple[nn.Module, torch.Tensor]:
+    model = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                          nn.Linear(hidden, 10))
+    return model.eval(), torch.randn(batch, width)
+
+
+def big_mlp() -> tuple[nn.Module, torch.Tensor]:
+    return nn.Sequential(*[nn.Linear(2048, 2048) for _ in range(4)]).eval(), torch.randn(256, 2048)
+
+
+def block() -> tuple[nn.Module, torch.Tensor]:
+    return Block().eval(), torch.randn(8, 64, 256)
+
+
+def per_call_us(fn, x, seconds: float) -> float:
+    """Median of several timed batches, each at least ``seconds / 5`` long."""
+    fn(x)
+    start, n = time.perf_counter(), 0
+    while time.perf_counter() - start < seconds / 10 or n < 3:
+        fn(x)
+        n += 1
+    per = (time.perf_counter() - start) / n
+    reps = max(3, int(seconds / 5 / per))
+    samples = []
+    for _ in range(5):
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn(x)
+        samples.append((time.perf_counter() - t) / reps * 1e6)
+    return statistics.median(samples)
+
+
+def raw_iree_call(compiled_graph) -> object:
+    """The IREE Python API on the very NEFF payload the backend runs: DLPack in, invoke, DLPack out."""
+    import iree.runtime as rt
+    from torch.utils import dlpack
+
+    exe = compiled_graph._executable
+    device, context, function = exe.device.hal, exe._context, exe._function
+    n_out = len(exe.neff.header.signature["outputs"])
+
+    def call(inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        args = rt.VmVariantList(len(inputs))
+        for t in inputs:
+            args.push_ref(device.from_dlpack_capsule(dlpack.to_dlpack(t)))
+        results = rt.VmVariantList(n_out)
+        context.invoke(function, args, results)
+        return [torch.from_dlpack(device.create_dlpack_capsule(results.get_as_object(i, rt.HalBufferView), 1, 0))
+                for i in range(results.size)]
+
+    return call
+
+
+def last_compiled_graph():
+    import gc
+
+    from torch_neuronx.dynamo.graph import CompiledGraph
+
+    found = None
+    for obj in gc.get_objects():
+        try:
+            if type(obj) is CompiledGraph and obj._executable is not None:
+                found = obj
+        except ReferenceError:
+            continue
+    return found
+
+
+def per_call_row(name: str, model: nn.Module, x: torch.Tensor, seconds: float, raw: bool) -> dict:
+    torch._dynamo.reset()
+    neuron = torch.compile(model, backend="neuron")
+    inductor = torch.compile(model)
+    with torch.no_grad():
+        neuron(x)
+        inductor(x)
+        row = {"name": name}
+        competitors = {"eager": model, "inductor": inductor, "neuron": neuron}
+        if raw:
+            graph = last_compiled_graph()
+            call = raw_iree_call(graph)
+            inputs = [*model.parameters()]
+            order = graph._executable.neff.header.signature["inputs"]
+            # aot_autograd's input order: parameters in the order the graph uses them, then x.
+            inputs = _match_inputs(order, [*inputs, x])
+            competitors["raw_iree"] = lambda _x: call(inputs)
+        for _round in range(2):  # interleaved: each competitor twice, best of the two
+            for label, fn in competitors.items():
+                value = per_call_us(fn, x, seconds)
+                row[label] = min(row.get(label, float("inf")), value)
+    return row
+
+
+def _match_inputs(specs: list[dict], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    pool, out = list(tensors), []
+    for spec in specs:
+        for i, t in enumerate(pool):
+            if list(t.shape) == spec["shape"]:
+                out.append(pool.pop(i))
+                break
+    return out
+
+
+_COLD = """
+import os, sys, time, torch
+sys.path.insert(0, {examples!r})
+from demo import Block
+torch.manual_seed(0)
+torch.set_num_threads({threads})
+model, x = Block().eval(), torch.randn(8, 64, 256)
+backend = {backend!r}
+compiled = torch.compile(model, backend=backend)
+with torch.no_grad():
+    t = time.perf_counter(); compiled(x); print(time.perf_counter() - t)
+"""
+
+
+def cold_compile_s(backend: str) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": os.path.join(tmp, "inductor"),
+               "TORCH_NEURONX_NEFF_CACHE_DIR": os.path.join(tmp, "neff"),
+               "TORCH_NEURONX_HLO_CACHE_DIR": os.path.join(tmp, "hlo"),
+               "TORCH_NEURONX_DEBUG_DIR": os.path.join(tmp, "debug"),
+               "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": os.path.join(tmp, "local")}
+        examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
+        code = _COLD.format(examples=examples, threads=THREADS, backend=backend)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        return float(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter timings (noisier)")
+    args = parser.parse_args()
+    seconds = 0.5 if args.quick else 2.0
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(0)
+
+    rows = [
+        per_call_row("MLP 64-128-128-10, batch 32", *mlp(64, 128), seconds, raw=True),
+        per_call_row("MLP 256-512-512-10, batch 32", *mlp(256, 512), seconds, raw=True),
+        per_call_row("transformer block (8x64x256)", *block(), seconds, raw=False),
+        per_call_row("4x Linear 2048, batch 256", *big_mlp(), seconds, raw=False),
+    ]
+    print(f"\nper-call latency, us (torch threads: {THREADS}; lower is better)")
+    print(f"| workload | eager | inductor | neuron | raw IREE call | neuron/eager | neuron/inductor | neuron/raw |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        raw = r.get("raw_iree")
+        raw_us = f"{raw:.0f}" if raw else "-"
+        raw_ratio = f"{r['neuron'] / raw:.2f}" if raw else "-"
+        print(f"| {r['name']} | {r['eager']:.0f} | {r['inductor']:.0f} | {r['neuron']:.0f} | {raw_us} | "
+              f"{r['neuron'] / r['eager']:.2f} | {r['neuron'] / r['inductor']:.2f} | {raw_ratio} |")
+
+    neuron_cold, inductor_cold = cold_compile_s("neuron"), cold_compile_s("inductor")
+    print("\ncold compile of the transformer block (fresh process, empty caches), s")
+    print("| neuron | inductor | neuron/inductor |")
+    print("| --- | --- | --- |")
+    print(f"| {neuron_cold:.2f} | {inductor_cold:.2f} | {neuron_cold / inductor_cold:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,340 @@
+"""Neuron streams and events on the CPU target, named as ``torch.cuda``'s.
+
+A :class:`Stream` is an in-order work queue of one device: ``stream.submit(fn)``
+returns at once and a worker thread runs the submitted callables one after
+another. An :class:`Event` marks a point in a stream's queue; it completes when
+everything submitted before it has run. ``current_stream``, ``set_stream`` and
+the ``stream(...)`` context manager keep a per-thread current stream per
+device, as torch.cuda does.
+
+Two variables change the behaviour, read when a stream is created:
+
+* ``NEURON_LAUNCH_BLOCKING=1``: ``submit`` runs the work synchronously in the
+  caller's thread, so errors surface at the call that caused them.
+* ``TORCH_NEURONX_ENABLE_STREAMS=0``: every stream aliases the device's
+  default stream (same id, same queue).
+
+An exception raised by work on a worker thread is logged and re-raised, as
+:class:`StreamError`, by the next ``synchronize()`` of that stream.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch_neuronx import config
+
+_log = logging.getLogger("torch_neuronx.runtime.streams")
+_IDLE_EXIT_S = 5.0  # an idle worker thread exits; the next submit starts a new one
+
+
+class StreamError(RuntimeError):
+    """Work submitted to a stream raised; the original exception is the ``__cause__``."""
+
+
+def device_index(device: Any = None) -> int:
+    """A neuron device index from None (the current device, 0), an int, "neuron[:N]" or a torch.device."""
+    if device is None:
+        return 0
+    if isinstance(device, bool):
+        raise ValueError(f"expected a neuron device, got {device!r}")
+    if isinstance(device, int):
+        index = device
+    else:
+        kind, index = _device_parts(device)
+        if kind != "neuron":
+            raise ValueError(f"expected a neuron device (an int, 'neuron', 'neuron:N' or "
+                             f"torch.device('neuron', N)), got {device!r}")
+        index = 0 if index is None else index
+    if index < 0:
+        raise ValueError(f"device index must be non-negative, got {device!r}")
+    return index
+
+
+def _device_parts(device: Any) -> tuple[str, int | None]:
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        if index and not index.isdigit():
+            raise ValueError(f"malformed device string {device!r}; expected 'neuron' or 'neuron:N'")
+        return kind, int(index) if index else None
+    if hasattr(device, "type") and hasattr(device, "index"):  # torch.device, without importing torch
+        return device.type, device.index
+    raise ValueError(f"expected a neuron device (an int, 'neuron:N' or torch.device), got {device!r}")
+
+
+class _Queue:
+    """The work queue and worker thread behind one stream id."""
+
+    def __init__(self, device: int, stream_id: int) -> None:
+        self.device = device
+        self.id = stream_id
+        self.blocking = bool(config.get("NEURON_LAUNCH_BLOCKING"))
+        self._cond = threading.Condition()
+        self._tasks: collections.deque[tuple[Callable[..., Any], tuple, dict]] = collections.deque()
+        self._run_lock = threading.Lock()  # serializes launch-blocking work
+        self.submitted = 0  # tasks ever submitted
+        self.completed = 0  # tasks ever finished (in order, so the first `completed` are done)
+        self._worker: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> int:
+        if self.blocking:
+            return self._run_now(fn, args, kwargs)
+        with self._cond:
+            self._tasks.append((fn, args, kwargs))
+            self.submitted += 1
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, daemon=True,
+                                                name=f"neuron:{self.device} stream {self.id}")
+                self._worker.start()
+            else:
+                self._cond.notify_all()
+            return self.submitted
+
+    def _run_now(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> int:
+        with self._run_lock:
+            self.wait(self.submitted)
+            with self._cond:
+                self.submitted += 1
+                seq = self.submitted
+            try:
+                fn(*args, **kwargs)  # under launch blocking an error reaches the caller directly
+            finally:
+                with self._cond:
+                    self.completed += 1
+                    self._cond.notify_all()
+            return seq
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                deadline = time.monotonic() + _IDLE_EXIT_S
+                while not self._tasks:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        self._worker = None
+                        return
+                    self._cond.wait(left)
+                fn, args, kwargs = self._tasks.popleft()
+            try:
+                fn(*args, **kwargs)
+            except BaseException as exc:  # kept for synchronize(); the worker must survive
+                _log.error("work submitted to neuron:%d stream %d raised %r", self.device, self.id, exc)
+                if self._error is None:
+                    self._error = exc
+            with self._cond:
+                self.completed += 1
+                self._cond.notify_all()
+
+    def wait(self, seq: int, timeout: float | None = None) -> bool:
+        """Block until the first ``seq`` tasks have run; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.completed >= seq, timeout)
+
+    def raise_error(self) -> None:
+        error, self._error = self._error, None
+        if error is not None:
+            raise StreamError(f"work on neuron:{self.device} stream {self.id} failed: {error!r}") from error
+
+
+_registry_lock = threading.Lock()
+_defaults: dict[int, Stream] = {}  # read without the lock on the hot path
+_queues: dict[int, weakref.WeakSet[_Queue]] = collections.defaultdict(weakref.WeakSet)
+_next_ids: dict[int, Iterator[int]] = collections.defaultdict(lambda: itertools.count(1))
+
+
+def _default_stream(device: int) -> Stream:
+    stream = _defaults.get(device)
+    if stream is None:
+        with _registry_lock:
+            stream = _defaults.get(device)
+            if stream is None:
+                queue = _Queue(device, 0)
+                _queues[device].add(queue)
+                stream = _defaults[device] = Stream._wrap(queue)
+    return stream
+
+
+class Stream:
+    """An in-order queue of work on a neuron device (``torch.cuda.Stream``'s counterpart)."""
+
+    def __init__(self, device: Any = None, priority: int = 0) -> None:
+        index = device_index(device)
+        self.priority = priority  # kept for API compatibility; all streams are equal here
+        if not config.get("TORCH_NEURONX_ENABLE_STREAMS"):
+            self._queue = _default_stream(index)._queue  # streams disabled: alias the default stream
+            return
+        with _registry_lock:
+            self._queue = _Queue(index, next(_next_ids[index]))
+            _queues[index].add(self._queue)
+
+    @classmethod
+    def _wrap(cls, queue: _Queue) -> Stream:
+        stream = cls.__new__(cls)
+        stream.priority = 0
+        stream._queue = queue
+        return stream
+
+    @property
+    def device_index(self) -> int:
+        return self._queue.device
+
+    @property
+    def device(self) -> str:
+        return f"neuron:{self._queue.device}"
+
+    @property
+    def id(self) -> int:
+        """The stream's id on its device; 0 is the default stream."""
+        return self._queue.id
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """Queue ``fn(*args, **kwargs)`` to run after everything submitted before it."""
+        self._queue.submit(fn, args, kwargs)
+
+    def query(self) -> bool:
+        """True when all submitted work has completed."""
+        queue = self._queue
+        return queue.completed >= queue.submitted
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Wait for all submitted work; re-raise the first error a task raised since the last call."""
+        queue = self._queue
+        if not queue.wait(queue.submitted, timeout):
+            raise TimeoutError(f"{self!r} did not finish its work within {timeout} s")
+        queue.raise_error()
+
+    def record_event(self, event: Event | None = None) -> Event:
+        """Record ``event`` (a new one if None) at the current end of this stream's queue."""
+        event = event if event is not None else Event()
+        event.record(self)
+        return event
+
+    def wait_event(self, event: Event) -> None:
+        """Make work submitted to this stream from now on wait for ``event``."""
+        event.wait(self)
+
+    def wait_stream(self, stream: Stream) -> None:
+        """Make work submitted to this stream from now on wait for ``stream``'s current work."""
+        self.wait_event(stream.record_event())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream) and other._queue is self._queue
+
+    def __hash__(self) -> int:
+        return hash((self._queue.device, self._queue.id))
+
+    def __repr__(self) -> str:
+        return f"<torch_neuronx.runtime.streams.Stream device=neuron:{self.device_index} id={self.id}>"
+
+
+class Event:
+    """A marker in a stream's queue (``torch.cuda.Event``'s counterpart)."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.enable_timing = enable_timing
+        self._queue: _Queue | None = None
+        self._seq = 0
+        self._time: float | None = None
+
+    def record(self, stream: Stream | None = None) -> None:
+        """Mark the current end of ``stream``'s queue (the current stream if None)."""
+        stream = stream if stream is not None else current_stream()
+        queue = stream._queue
+        self._time = None
+        if self.enable_timing:
+            self._seq = queue.submit(self._stamp, (), {})
+        else:
+            with queue._cond:
+                self._seq = queue.submitted
+        self._queue = queue
+
+    def _stamp(self) -> None:
+        self._time = time.perf_counter()
+
+    def query(self) -> bool:
+        """True when the work before the recorded point has run (or the event was never recorded)."""
+        queue = self._queue
+        return queue is None or queue.completed >= self._seq
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Wait until the event completes."""
+        if self._queue is not None and not self._queue.wait(self._seq, timeout):
+            raise TimeoutError(f"event on neuron:{self._queue.device} stream {self._queue.id} did not "
+                               f"complete within {timeout} s")
+
+    def wait(self, stream: Stream | None = None) -> None:
+        """Make work submitted to ``stream`` (the current stream if None) from now on wait for this event."""
+        stream = stream if stream is not None else current_stream()
+        queue, seq = self._queue, self._seq  # the point recorded now, even if re-recorded later
+        if queue is None or queue.completed >= seq or stream._queue is queue:
+            return  # already complete, or ordered by the queue itself
+        stream.submit(queue.wait, seq)
+
+    def elapsed_time(self, end: Event) -> float:
+        """Milliseconds between this event and ``end`` (both recorded with ``enable_timing=True``)."""
+        if not (self.enable_timing and end.enable_timing):
+            raise RuntimeError("both events must be created with enable_timing=True")
+        self.synchronize()
+        end.synchronize()
+        if self._time is None or end._time is None:
+            raise RuntimeError("both events must be recorded before elapsed_time()")
+        return (end._time - self._time) * 1000.0
+
+
+# -- the current stream ------------------------------------------------------
+
+_local = threading.local()
+
+
+def default_stream(device: Any = None) -> Stream:
+    """The default stream (id 0) of ``device``."""
+    return _default_stream(device_index(device))
+
+
+def current_stream(device: Any = None) -> Stream:
+    """This thread's current stream on ``device`` (the default stream unless set)."""
+    index = device_index(device)
+    current = getattr(_local, "streams", None)
+    if current is not None and index in current:
+        return current[index]
+    return _default_stream(index)
+
+
+def set_stream(stream: Stream) -> None:
+    """Make ``stream`` this thread's current stream on its device."""
+    current = getattr(_local, "streams", None)
+    if current is None:
+        current = _local.streams = {}
+    current[stream.device_index] = stream
+
+
+@contextlib.contextmanager
+def stream(s: Stream | None) -> Iterator[Stream | None]:
+    """Make ``s`` the current stream of its device inside the block (no-op for None)."""
+    if s is None:
+        yield None
+        return
+    previous = current_stream(s.device_index)
+    set_stream(s)
+    try:
+        yield s
+    finally:
+        set_stream(previous)
+
+
+def synchronize(device: Any = None) -> None:
+    """Wait for the work of every stream of ``device``."""
+    index = device_index(device)
+    with _registry_lock:
+        queues = list(_queues[index])
+    for queue in queues:
+        Stream._wrap(queue).synchronize()
