@@ -177,7 +177,7 @@ def main() -> None:
         per_call_row("4x Linear 2048, batch 256", *big_mlp(), seconds, raw=False),
     ]
     print(f"\nper-call latency, us (torch threads: {THREADS}; lower is better)")
-    print(f"| workload | eager | inductor | neuron | raw IREE call | neuron/eager | neuron/inductor | neuron/raw |")
+    print("| workload | eager | inductor | neuron | raw IREE call | neuron/eager | neuron/inductor | neuron/raw |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         raw = r.get("raw_iree")

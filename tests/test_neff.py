@@ -1,0 +1,69 @@
+"""The NEFF container: round trip, zero-copy alignment, and clear errors for bad files."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from torch_neuronx.compiler import neff
+
+PAYLOAD = bytes(range(256)) * 40
+
+
+def make(**kw) -> bytes:
+    args = {"target": "cpu", "compiler_version": "iree-compile 3.13.0", "key": "ab" * 32, **kw}
+    return neff.encode(PAYLOAD, **args)
+
+
+def test_round_trip_keeps_header_and_payload(tmp_path):
+    path = tmp_path / "module.neff"
+    path.write_bytes(make(signature={"inputs": [{"shape": [2], "dtype": "float32"}]}))
+    loaded = neff.load(path)
+    assert bytes(loaded.payload) == PAYLOAD
+    assert loaded.header.target == "cpu"
+    assert loaded.header.compiler_version == "iree-compile 3.13.0"
+    assert loaded.header.key == "ab" * 32
+    assert loaded.header.format_version == neff.FORMAT_VERSION
+    assert loaded.header.signature["inputs"][0]["shape"] == [2]
+
+
+def test_payload_starts_on_a_page_boundary():
+    data = make()
+    assert data.index(PAYLOAD) % neff.PAYLOAD_ALIGNMENT == 0
+
+
+def test_wrong_magic_is_rejected(tmp_path):
+    path = tmp_path / "bad.neff"
+    path.write_bytes(b"NOTANEFF" + make()[8:])
+    with pytest.raises(neff.NeffFormatError, match="wrong magic.*not a torch_neuronx NEFF"):
+        neff.load(path)
+
+
+def test_other_format_version_is_rejected():
+    data = bytearray(make())
+    struct.pack_into("<I", data, 8, neff.FORMAT_VERSION + 1)
+    with pytest.raises(neff.NeffFormatError, match=f"format version {neff.FORMAT_VERSION + 1}"):
+        neff.decode(bytes(data))
+
+
+def test_flipped_payload_byte_fails_the_checksum():
+    data = bytearray(make())
+    data[-100] ^= 0xFF
+    with pytest.raises(neff.NeffFormatError, match="checksum"):
+        neff.decode(bytes(data))
+
+
+@pytest.mark.parametrize("cut", [4, 40, 5000])
+def test_truncated_file_is_rejected(tmp_path, cut):
+    path = tmp_path / "short.neff"
+    path.write_bytes(make()[:-cut] if cut == 5000 else make()[:cut])
+    with pytest.raises(neff.NeffFormatError, match="truncated"):
+        neff.load(path)
+
+
+def test_empty_file_is_rejected(tmp_path):
+    path = tmp_path / "empty.neff"
+    path.write_bytes(b"")
+    with pytest.raises(neff.NeffFormatError, match="empty"):
+        neff.load(path)
