@@ -17,7 +17,6 @@ import shutil
 
 from torch_neuronx import config
 
-
 # Below this, IREE's task executor costs more in thread hand-offs than its second worker
 # saves: a 13 MFLOP MLP ran in 290 us on local-sync and 500 us on local-task, a 8.6 GFLOP one in
 # 100 ms and 50 ms (bench/compile.py, 2 cores).

@@ -260,7 +260,7 @@ def _rsub(e: _Emitter, a: dict[str, Any]) -> _Cx:
 
 def _mul(e: _Emitter, a: dict[str, Any]) -> _Cx:
     x, y = (a["self"], a["other"]) if isinstance(a["self"], _Cx) else (a["other"], a["self"])
-    if _is_tensor(y):  # by a real tensor: scale both halves at once
+    if isinstance(x, _Cx) and _is_tensor(y):  # by a real tensor: scale both halves at once
         return _Cx(e(aten.mul.Tensor, x.node, e(aten.unsqueeze.default, y, -1)))
     return e.pack(*e.cmul(x, y))
 
