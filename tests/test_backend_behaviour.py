@@ -217,3 +217,17 @@ def test_backend_entry_point_works_without_importing_torch_neuronx():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_compile_only_complex_output_keeps_its_dtype():
+    a = torch.randn(4, dtype=torch.complex64)
+    with compile_only():
+        out = _run(lambda t: t * t, a)
+    assert out.dtype == torch.complex64 and out.shape == (4,)
+    assert torch.count_nonzero(out) == 0
+
+
+def test_tensor_constant_in_graph():
+    x = torch.randn(3)
+    weights = torch.tensor([1.0, 2.0, 3.0])
+    torch.testing.assert_close(_run(lambda t: t * weights, x), x * weights)

@@ -71,10 +71,11 @@ def iree_compile_path() -> str:
 
 @functools.cache
 def _iree_version() -> str:
-    from iree.compiler import version
+    # From the installed distribution's metadata: importing iree.compiler to ask it loads the
+    # MLIR bindings (~150 ms), which a warm start that compiles nothing must not pay.
+    from importlib import metadata
 
-    revision = getattr(version, "REVISIONS", {}).get("IREE", "")
-    return f"iree-compile {version.VERSION} {revision}".strip()
+    return f"iree-compile {metadata.version('iree-base-compiler')}"
 
 
 @functools.cache

@@ -179,7 +179,7 @@ _register(
         "verified native complex operations use compiler lowering and other operations follow the "
         "existing fallback policy.",
         _BACKEND, parse_bool, default_doc="PyTorch >= 2.13: True; otherwise False",
-        readers=("dynamo.backend", "compiler.passes.complex_decompose")),
+        readers=("compiler.passes.complex_to_real",)),
     Var("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY", "bool", False,
         "When 1, raises an error if CPU tensors are passed as inputs instead of auto-copying to Neuron.",
         _BACKEND, parse_bool, status="planned: needs the eager neuron device (next issue)"),

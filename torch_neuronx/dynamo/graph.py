@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from torch_neuronx import config, metrics
-from torch_neuronx.compiler import lower, passes
+from torch_neuronx.compiler import hlo, lower, passes
 from torch_neuronx.compiler.compile import NeffRequest, get_neff
 from torch_neuronx.compiler.cost import graph_flops
 from torch_neuronx.compiler.errors import NeuronCompileError
@@ -91,7 +91,10 @@ class CompiledGraph:
         return self._executable
 
     def _zeros(self) -> list[torch.Tensor]:
-        return [torch.zeros(v.shape, dtype=v.dtype) for v in self._outputs]
+        zeros = [torch.zeros(v.shape, dtype=v.dtype) for v in self._outputs]
+        for i in self._complex_outputs:  # outputs are the (..., 2) real views of complex results
+            zeros[i] = torch.view_as_complex(zeros[i])
+        return zeros
 
     def _execute(self, executable: Any, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         for i in self._complex_inputs:
@@ -127,7 +130,7 @@ class CompiledGraph:
 
 def _lower_with_artifacts(gm: torch.fx.GraphModule, artifacts: GraphArtifacts) -> lower.Lowered:
     try:
-        lowered = lower.lower(gm)
+        lowered = hlo.lower_cached(gm)
     except NeuronCompileError as err:
         raw = getattr(err, "raw_text", None) or gm.print_readable(print_output=False)
         artifacts.torch_mlir_error(f"// {err}\n{raw}")

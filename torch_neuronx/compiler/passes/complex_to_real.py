@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import Node
 
 from torch_neuronx import config
@@ -308,7 +309,7 @@ def _convert(e: _Emitter, x: Any, dtype: torch.dtype | None, **kwargs: Any) -> A
     if dtype in _REAL_OF and isinstance(x, _Cx):
         return _Cx(e(aten._to_copy.default, x.node, dtype=_REAL_OF[dtype], **kwargs))
     if dtype in _REAL_OF:
-        return e.pack(e(aten._to_copy.default, x, dtype=_REAL_OF[dtype], **kwargs), 0)
+        return e.pack(x, 0)  # pack converts to the real dtype
     return e(aten._to_copy.default, e.parts(x)[0], dtype=dtype, **kwargs)  # as torch: drops imag
 
 
@@ -349,7 +350,8 @@ def _same_op(*dims: str, rank_of_output: bool = False, reals: tuple[str, ...] = 
 
 def _viewable(val: torch.Tensor, size: list[Any]) -> bool:
     try:
-        torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta").view(size)
+        with unset_fake_temporarily():
+            torch.empty_strided(val.shape, val.stride(), dtype=val.dtype, device="meta").view(size)
     except RuntimeError:
         return False
     return True
@@ -536,8 +538,9 @@ def complex_to_real(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 with fake_mode:
                     new.meta["val"] = torch.view_as_real(node.meta["val"].resolve_conj())
             else:
-                constants[node.target] = torch.view_as_real(constant.resolve_conj()).clone()
-                new.meta["val"] = fake_mode.from_tensor(constants[node.target])
+                with unset_fake_temporarily():  # aot_autograd calls compilers under its fake mode
+                    constants[node.target] = torch.view_as_real(constant.resolve_conj()).clone()
+                new.meta["val"] = fake_mode.from_tensor(constants[node.target], static_shapes=True)
             new.meta.pop("tensor_meta", None)
             env[node] = _Cx(new)
             continue

@@ -1,0 +1,87 @@
+"""Lowering through the HLO cache: an FX graph already lowered by any process is not lowered again.
+
+The graph key covers everything the lowering reads: the graph's code, the
+shape/dtype/stride of every placeholder, the contents of tensor constants, and
+the versions of torch, torch-mlir and this lowering. On a hit the torch-mlir
+importer is not even imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+from torch_neuronx import config
+from torch_neuronx.compiler import lower
+
+_log = logging.getLogger("torch_neuronx.compiler.hlo")
+
+#: Bump when a change to passes or lowering changes the HLO for the same graph.
+LOWERING_VERSION = 1
+
+
+@functools.cache
+def _versions() -> str:
+    from importlib import metadata
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "none"
+
+    return f"torch {torch.__version__} torch-mlir {version('torch-mlir')} lowering {LOWERING_VERSION}"
+
+
+def _placeholder_spec(node: torch.fx.Node) -> str:
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return f"{node.name}:{tuple(val.shape)}:{val.stride()}:{val.dtype}"
+    return f"{node.name}:{val!r}"
+
+
+def graph_key(gm: torch.fx.GraphModule) -> str:
+    """A digest of everything that determines ``gm``'s lowering."""
+    h = hashlib.sha256()
+    h.update(_versions().encode())
+    h.update(gm.code.encode())
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            h.update(_placeholder_spec(node).encode())
+        elif node.op == "get_attr":
+            value = getattr(gm, str(node.target))
+            if isinstance(value, torch.Tensor):
+                h.update(f"{node.target}:{tuple(value.shape)}:{value.dtype}".encode())
+                # aot_autograd calls compilers under its fake mode; constants are real tensors.
+                with unset_fake_temporarily():
+                    h.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return "graph-" + h.hexdigest()
+
+
+def lower_cached(gm: torch.fx.GraphModule) -> lower.Lowered:
+    """``lower.lower(gm)``, served from TORCH_NEURONX_HLO_CACHE_DIR when this graph was lowered before.
+
+    TORCH_NEURONX_NEFF_DISABLE_CACHE=1 bypasses it too: every compile then runs fresh.
+    """
+    if config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
+        return lower.lower(gm)
+    from torch_neuronx.cache import store
+
+    cache = store.hlo_cache()
+    key = graph_key(gm)
+    text = cache.get(key)
+    if text is not None:
+        try:
+            entry = json.loads(text)
+            _log.debug("HLO cache hit for %s", key)
+            return lower.Lowered(raw=entry["raw"], stablehlo=entry["stablehlo"])
+        except (ValueError, KeyError):
+            _log.warning("HLO cache entry for %s is malformed; lowering again", key)
+    lowered = lower.lower(gm)
+    cache.put(key, json.dumps({"raw": lowered.raw, "stablehlo": lowered.stablehlo}))
+    return lowered
