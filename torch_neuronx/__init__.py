@@ -2,7 +2,8 @@
 
 ``torch.compile(model, backend="neuron")`` works after installation without
 importing this package (the backend is registered as a ``torch_dynamo_backends``
-entry point). Configuration lives in :mod:`torch_neuronx.config`.
+entry point). Configuration lives in :mod:`torch_neuronx.config`;
+``@torch_neuronx.kernel`` compiles a user function as its own NEFF (:mod:`torch_neuronx.kernels`).
 """
 
 from torch_neuronx import log as _log
@@ -10,3 +11,12 @@ from torch_neuronx import log as _log
 _log.configure()
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> object:
+    # ``kernel`` imports torch and the compile path: loaded on first use so `import torch_neuronx` stays light.
+    if name in ("kernel", "Kernel"):
+        from torch_neuronx import kernels
+
+        return getattr(kernels, name)
+    raise AttributeError(f"module 'torch_neuronx' has no attribute {name!r}")

@@ -227,10 +227,10 @@ _register(
         "/var/tmp/nki-trace-cache-uid<uid>/ (or NKI_TRACE_CACHE_URL if set). Only files under a "
         "site-packages/dist-packages tree that map to an installed wheel are version-tracked; the "
         "kernel is assumed to be a pure function of its declared arguments and its source.",
-        _CACHE, parse_bool, status="planned: issue 3 (user kernels)"),
+        _CACHE, parse_bool, readers=("kernels.trace_cache",)),
     Var("NKI_TRACE_CACHE_URL", "str", "",
         "Location of the NKI trace cache instead of /var/tmp/nki-trace-cache-uid<uid>/.",
-        _CACHE, parse_str, status="planned: issue 3 (user kernels)"),
+        _CACHE, parse_str, readers=("kernels.trace_cache",)),
     Var("TORCH_CACHING_PRECOMPILE", "bool", False,
         "When 1, enables the PyTorch Dynamo precompile cache, which caches the backend result of the "
         "Dynamo trace of any torch.compile-ed modules or functions. Saved at TORCHINDUCTOR_CACHE_DIR, "

@@ -32,7 +32,8 @@ from torch_neuronx import metrics
 from torch_neuronx.compiler import decompositions
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions
-from torch_neuronx.dynamo.graph import compile_graph
+from torch_neuronx.dynamo import plans
+from torch_neuronx.dynamo.graph import compile_graph, from_plan
 
 _log = logging.getLogger("torch_neuronx.dynamo")
 
@@ -75,9 +76,10 @@ def warn_fallback(err: NeuronCompileError) -> None:
 
 
 def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                 options: CompileOptions, model: str) -> Callable:
+                 options: CompileOptions, model: str, plan_key: str | None = None) -> Callable:
     def compiler(kind: str) -> Callable:
-        return functools.partial(compile_graph, options=options, model=model, kind=kind)
+        extra = {"plan_key": plan_key, "dynamo_inputs": list(example_inputs)} if kind == "inference" else {}
+        return functools.partial(compile_graph, options=options, model=model, kind=kind, **extra)
 
     try:
         with options.applied():
@@ -134,4 +136,10 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     model = _model_name(opts)
     if _is_symbolic(example_inputs):
         return _ShapeSpecialized(gm, opts, model)
-    return _aot_compile(gm, example_inputs, opts, model)
+    with opts.applied():
+        plan_key = plans.dynamo_key(gm, example_inputs, opts)
+        plan = plans.load(plan_key) if plan_key else None
+        if plan is not None:
+            _log.info("warm start of %s from plan %s", model, plan_key)
+            return from_plan(plan, opts, gm).call_unboxed
+    return _aot_compile(gm, example_inputs, opts, model, plan_key)

@@ -23,7 +23,9 @@ from torch_neuronx.compiler.cost import graph_flops
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, compile_only_enabled
 from torch_neuronx.compiler.targets import driver_available
+from torch_neuronx.dynamo import plans
 from torch_neuronx.dynamo.artifacts import GraphArtifacts
+from torch_neuronx.dynamo.plans import Plan
 
 _log = logging.getLogger("torch_neuronx.dynamo")
 
@@ -79,7 +81,7 @@ class CompiledGraph:
         self._neff_provider = neff_provider
         self._driver = driver
         self._template = template
-        self._outputs = outputs  # FakeTensor metadata of the compiled outputs
+        self._outputs = outputs  # (shape, dtype) of each compiled output
         self._artifacts: GraphArtifacts | None = artifacts
         self._executable = None
         self._calls = 0
@@ -91,7 +93,7 @@ class CompiledGraph:
         return self._executable
 
     def _zeros(self) -> list[torch.Tensor]:
-        zeros = [torch.zeros(v.shape, dtype=v.dtype) for v in self._outputs]
+        zeros = [torch.zeros(shape, dtype=dtype) for shape, dtype in self._outputs]
         for i in self._complex_outputs:  # outputs are the (..., 2) real views of complex results
             zeros[i] = torch.view_as_complex(zeros[i])
         return zeros
@@ -107,6 +109,10 @@ class CompiledGraph:
     def _restore(self, results: list[torch.Tensor]) -> list[Any]:
         it = iter(results)
         return [next(it) if slot is None else slot[1] for slot in self._template]
+
+    def call_unboxed(self, *args: Any) -> list[Any]:
+        """Dynamo's calling convention (a warm start runs without aot_autograd's wrapper)."""
+        return self(list(args))
 
     def __call__(self, args: list[Any]) -> list[Any]:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
@@ -152,38 +158,65 @@ def _prepare(gm: torch.fx.GraphModule, name: str) -> tuple[torch.fx.GraphModule,
     return gm, template
 
 
+def _executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtifacts) -> CompiledGraph:
+    """Get the NEFF of a lowered graph (cache or compiler) and wrap it for execution."""
+    target = options.resolved_target()
+    request = NeffRequest(stablehlo=plan.stablehlo, options=options, target=target, graph_name=plan.graph_name,
+                          base_repr=plan.raw, signature={"inputs": plan.inputs, "outputs": plan.outputs})
+    neff = get_neff(request)
+    driver = target.driver_for(plan.flops)
+    if not compile_only_enabled() and not driver_available(driver):
+        raise NeuronCompileError("load", f"NEFFs of target {target.name!r} cannot execute on this host; "
+                                 "use TORCH_NEURONX_COMPILE_ONLY=1 to cross-compile", graph=plan.graph_name)
+    outputs = [(tuple(o["shape"]), getattr(torch, o["dtype"])) for o in plan.outputs]
+    return CompiledGraph(plan.graph_name, lambda: neff, driver, plan.template, outputs, artifacts,
+                         plan.complex_inputs, plan.complex_outputs)
+
+
 def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
-           artifacts: GraphArtifacts) -> CompiledGraph:
+           artifacts: GraphArtifacts) -> tuple[CompiledGraph, Plan]:
     artifacts.fx_graph(gm)
     gm, template = _prepare(gm, name)
     artifacts.transformed_fx(gm)
     placeholders = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     outputs = [n.meta.get("val") for n in next(n for n in gm.graph.nodes if n.op == "output").args[0]]
     lowered = _lower_with_artifacts(gm, artifacts)
-    target = options.resolved_target()
-    request = NeffRequest(
-        stablehlo=lowered.stablehlo, options=options, target=target, graph_name=name,
-        base_repr=gm.print_readable(print_output=False),
-        signature={"inputs": [_spec(v) for v in placeholders if isinstance(v, torch.Tensor)],
-                   "outputs": [_spec(v) for v in outputs]},
-    )
-    neff = get_neff(request)
-    driver = target.driver_for(graph_flops(gm))
-    if not compile_only_enabled() and not driver_available(driver):
-        raise NeuronCompileError("load", f"NEFFs of target {target.name!r} cannot execute on this host; "
-                                 "use TORCH_NEURONX_COMPILE_ONLY=1 to cross-compile", graph=name)
-    return CompiledGraph(name, lambda: neff, driver, template, outputs, artifacts,
-                         gm.meta.get("complex_inputs", ()), gm.meta.get("complex_outputs", ()))
+    plan = Plan(graph_name=name, raw=lowered.raw, stablehlo=lowered.stablehlo,
+                template=[None if slot is None else ["constant", slot[1]] for slot in template],
+                outputs=[_spec(v) for v in outputs],
+                inputs=[_spec(v) for v in placeholders if isinstance(v, torch.Tensor)],
+                complex_inputs=list(gm.meta.get("complex_inputs", ())),
+                complex_outputs=list(gm.meta.get("complex_outputs", ())), flops=graph_flops(gm))
+    return _executable_graph(plan, options, artifacts), plan
+
+
+def from_plan(plan: Plan, options: CompileOptions, gm: torch.fx.GraphModule) -> CompiledGraph:
+    """A warm start: the compiled graph of a stored plan, without tracing or lowering."""
+    with options.applied():
+        artifacts = GraphArtifacts(plan.graph_name)
+        if artifacts.preserve:
+            artifacts.fx_graph(gm)
+            artifacts.raw(plan.raw)
+            artifacts.stablehlo(plan.stablehlo)
+        compiled = _executable_graph(plan, options, artifacts)
+        metrics.increment("compiled_graphs")
+        metrics.increment("warm_start_plans")
+        return compiled
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
-                  options: CompileOptions, model: str, kind: str) -> Callable:
-    """aot_autograd's compiler hook: compile ``gm`` or, with fallback enabled, run it eagerly."""
+                  options: CompileOptions, model: str, kind: str, plan_key: str | None = None,
+                  dynamo_inputs: Sequence[Any] = ()) -> Callable:
+    """aot_autograd's compiler hook: compile ``gm`` or, with fallback enabled, run it eagerly.
+
+    With a ``plan_key`` (an inference graph), a plan for warm starts is stored when
+    aot_autograd's metadata shows the graph runs as-is on Dynamo's inputs.
+    """
     name = f"{model}_{kind}"
     with options.applied():
         artifacts = GraphArtifacts(name)
         try:
-            compiled = _build(gm, options, name, artifacts)
+            compiled, plan = _build(gm, options, name, artifacts)
         except NeuronCompileError as err:
             err.graph = err.graph or name
             err.artifacts = err.artifacts or artifacts.root
@@ -194,6 +227,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
             warn_fallback(err)
             return _boxed_eager(gm)
         metrics.increment("compiled_graphs")
+        if plan_key and plans.plain_inference(dynamo_inputs, example_inputs):
+            plans.save(plan_key, plan)
         if compile_only_enabled():
             artifacts.release()
         return compiled

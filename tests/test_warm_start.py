@@ -1,0 +1,81 @@
+"""Warm starts across processes: no compiler invocation, no re-tracing, benign edits still hit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+SCRIPT = """
+import json, sys, torch
+sys.path.insert(0, {tests!r})
+from models import GPTBlock
+from torch_neuronx import metrics
+from torch_neuronx.compiler import driver
+
+def forward(model, x):
+    {body}
+
+torch.manual_seed(0)
+model = GPTBlock().eval()
+x = torch.randn(2, 8, 64)
+with torch.no_grad():
+    out = torch.compile(lambda t: forward(model, t), backend="neuron")(x)
+    ref = forward(model, x)
+train = torch.nn.Linear(8, 4)
+loss = torch.compile(train, backend="neuron")(torch.randn(3, 8)).sum()
+loss.backward()
+print(json.dumps({{"invocations": driver.invocations, "plans": metrics.counter("warm_start_plans"),
+                  "err": (out - ref).abs().max().item(), "grad": train.weight.grad.abs().sum().item()}}))
+"""
+
+ORIGINAL = """hidden = model(x)  # the block
+    return hidden * 2 + 1"""
+
+# Renamed locals, different comments, the same computation on moved lines.
+EDITED = """# doubled, then shifted
+    doubled = model(x) * 2
+
+    return doubled + 1  # done"""
+
+
+def run(tmp_path, body: str, **env) -> dict:
+    script = tmp_path / f"script_{abs(hash(body))}.py"
+    tests = os.path.dirname(os.path.abspath(__file__))
+    script.write_text(textwrap.dedent(SCRIPT).format(tests=tests, body=body))
+    environment = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+                   "TORCH_NEURONX_HLO_CACHE_DIR": str(tmp_path / "hlo"), **env}
+    out = subprocess.run([sys.executable, str(script)], env=environment, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_compiles_nothing_and_skips_tracing(tmp_path):
+    cold = run(tmp_path, ORIGINAL)
+    assert cold["invocations"] == 3  # inference block, forward and backward of the linear layer
+    warm = run(tmp_path, ORIGINAL)
+    assert warm["invocations"] == 0
+    assert warm["plans"] == 1  # the inference graph ran from its plan, without aot_autograd
+    assert warm["err"] < 1e-4 and cold["err"] < 1e-4
+    assert warm["grad"] == pytest.approx(cold["grad"])
+
+
+def test_benign_source_edits_hit_the_same_neff(tmp_path):
+    run(tmp_path, ORIGINAL)
+    edited = run(tmp_path, EDITED)
+    assert edited["invocations"] == 0
+    assert edited["err"] < 1e-4
+
+
+def test_key_from_base_graph_when_hlo_keys_are_off(tmp_path):
+    run(tmp_path, ORIGINAL, TORCH_NEURONX_NEFF_KEY_FROM_HLO="0")
+    sidecars = [os.path.join(d, f) for d, _, files in os.walk(tmp_path / "neff") for f in files
+                if f.endswith(".json") and not d.split(os.sep)[-1].startswith(".")]
+    kinds = {json.load(open(p)).get("kind") for p in sidecars if "components" in json.load(open(p))}
+    assert kinds == {"base"}
+    assert run(tmp_path, ORIGINAL, TORCH_NEURONX_NEFF_KEY_FROM_HLO="0")["invocations"] == 0

@@ -1,0 +1,115 @@
+"""Warm starts: a Dynamo inference graph compiled once is rebuilt later without aot_autograd.
+
+On a cold compile of an inference graph whose aot_autograd metadata is plain
+(no input mutations, no outputs aliasing inputs or intermediates, inputs
+passed through one-to-one), the backend stores a *plan* in the HLO cache under
+a key of the Dynamo graph itself: the StableHLO, the output template and
+metadata. A later process that traces the same Dynamo graph finds the plan and
+goes straight to the NEFF cache and the runtime: no aot_autograd trace, no FX
+passes, no torch-mlir. Training graphs always go through aot_autograd (its
+autograd.Function wrapper is the backward).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torch_neuronx import config
+from torch_neuronx.compiler import hlo
+from torch_neuronx.compiler.options import CompileOptions
+
+_log = logging.getLogger("torch_neuronx.dynamo.plans")
+
+PLAN_VERSION = 1
+
+
+@dataclasses.dataclass
+class Plan:
+    """Everything needed to run a compiled inference graph without re-tracing it."""
+
+    graph_name: str
+    raw: str
+    stablehlo: str
+    template: list[Any]  # per output: None (a compiled tensor) or ["constant", value]
+    outputs: list[dict[str, Any]]  # {"shape", "dtype"} of each compiled output
+    inputs: list[dict[str, Any]]
+    complex_inputs: list[int]
+    complex_outputs: list[int]
+    flops: int
+
+
+def _tensor_spec(t: torch.Tensor) -> str:
+    return f"{tuple(t.shape)}:{t.stride()}:{t.dtype}:{t.requires_grad}"
+
+
+def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: CompileOptions) -> str | None:
+    """The plan key of a Dynamo graph, or None when the graph cannot use a plan (training, symbolic)."""
+    if config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
+        return None
+    if not all(isinstance(a, torch.Tensor) for a in example_inputs):
+        return None
+    if torch.is_grad_enabled() and any(a.requires_grad for a in example_inputs):
+        return None  # a training graph: aot_autograd builds its backward
+    target = options.resolved_target()
+    h = hashlib.sha256()
+    h.update(f"plan {PLAN_VERSION} {hlo.graph_key(gm)}".encode())
+    h.update(json.dumps(options.compiler_config(target), sort_keys=True).encode())
+    h.update(f"complex_decompose={config.get('TORCH_NEURONX_COMPLEX_DECOMPOSE')}".encode())
+    for a in example_inputs:
+        h.update(_tensor_spec(a).encode())
+    return "plan-" + h.hexdigest()
+
+
+def plain_inference(example_inputs: Sequence[Any], graph_inputs: Sequence[Any]) -> bool:
+    """Whether aot_autograd's metadata for the graph being compiled allows running it from a plan."""
+    context = torch._guards.TracingContext.try_get()
+    meta = getattr(context, "fw_metadata", None)
+    if meta is None:
+        return False
+    from torch._functorch._aot_autograd.schemas import OutputType, PlainTensorMeta
+
+    if meta.num_intermediate_bases or meta.tokens:
+        return False
+    if any(not isinstance(m, int | PlainTensorMeta) for m in meta.subclass_inp_meta or ()):
+        return False  # tensor subclasses need aot_autograd's wrapping
+    if any(i.mutates_data or i.mutates_metadata for i in meta.input_info):
+        return False
+    if any(o.output_type != OutputType.non_alias for o in meta.output_info):
+        return False
+    tensors = [t for t in graph_inputs if isinstance(t, torch.Tensor)]
+    if len(tensors) != len(example_inputs):
+        return False  # aot_autograd deduplicated or added inputs
+    return all(tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype for a, b in zip(tensors, example_inputs))
+
+
+def load(key: str) -> Plan | None:
+    """The stored plan for ``key``, or None."""
+    from torch_neuronx.cache import store
+
+    text = store.hlo_cache().get(key)
+    if text is None:
+        return None
+    try:
+        return Plan(**json.loads(text))
+    except (TypeError, ValueError) as exc:
+        _log.warning("ignoring a malformed warm-start plan %s: %s", key, exc)
+        return None
+
+
+def save(key: str, plan: Plan) -> None:
+    """Store ``plan`` under ``key`` (best effort: a plan that cannot be serialized is skipped)."""
+    from torch_neuronx.cache import store
+
+    try:
+        text = json.dumps(dataclasses.asdict(plan))
+    except (TypeError, ValueError):
+        _log.debug("plan for %s holds non-JSON constants; not stored", plan.graph_name)
+        return
+    store.hlo_cache().put(key, text)
