@@ -236,11 +236,12 @@ _register(
         "Dynamo trace of any torch.compile-ed modules or functions. Saved at TORCHINDUCTOR_CACHE_DIR, "
         "split by subdirectories per rank if applicable. For the neuron backend the HLO result is "
         "cached, separate from the HLO cache. Off by default.",
-        _CACHE, parse_bool, status="planned: issue 3"),
+        _CACHE, parse_bool, readers=("dynamo.backend", "dynamo.precompile")),
     Var("TORCHINDUCTOR_CACHE_DIR", "path", _inductor_cache_default,
         "Directory for the torch inductor cache. This is a PyTorch variable and affects the location "
         "of other caches as well.",
-        _CACHE, parse_path, default_doc="/tmp/torchinductor_<username>/", status="planned: issue 3"),
+        _CACHE, parse_path, default_doc="/tmp/torchinductor_<username>/",
+        readers=("torch (PyTorch reads it itself)", "dynamo.precompile")),
     # Eager execution
     Var("NEURON_LAUNCH_BLOCKING", "bool", False,
         "When 1, forces synchronous execution. Useful for debugging.",

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,14 +29,18 @@ from typing import Any
 import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 
-from torch_neuronx import metrics
+from torch_neuronx import config, metrics
 from torch_neuronx.compiler import decompositions
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions
-from torch_neuronx.dynamo import plans
+from torch_neuronx.dynamo import plans, precompile
 from torch_neuronx.dynamo.graph import compile_graph, from_plan
 
 _log = logging.getLogger("torch_neuronx.dynamo")
+
+if "TORCH_CACHING_PRECOMPILE" in os.environ:
+    # torch itself only accepts "1"; the registry's bool parsing (true/yes/...) decides here.
+    torch._dynamo.config.caching_precompile = bool(config.get("TORCH_CACHING_PRECOMPILE"))
 
 
 def _model_name(options: CompileOptions) -> str:
@@ -57,8 +62,6 @@ def _is_symbolic(example_inputs: Sequence[Any]) -> bool:
 
 
 def _fallback_enabled() -> bool:
-    from torch_neuronx import config
-
     return not config.get("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION")
 
 
@@ -77,8 +80,13 @@ def warn_fallback(err: NeuronCompileError) -> None:
 
 def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                  options: CompileOptions, model: str, plan_key: str | None = None) -> Callable:
+    def keep_plan(plan: plans.Plan) -> None:
+        if plan_key:
+            plans.save(plan_key, plan)
+        precompile.record(gm, plan, options)
+
     def compiler(kind: str) -> Callable:
-        extra = {"plan_key": plan_key, "dynamo_inputs": list(example_inputs)} if kind == "inference" else {}
+        extra = {"on_plan": keep_plan, "dynamo_inputs": list(example_inputs)} if kind == "inference" else {}
         return functools.partial(compile_graph, options=options, model=model, kind=kind, **extra)
 
     try:
@@ -141,5 +149,6 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         plan = plans.load(plan_key) if plan_key else None
         if plan is not None:
             _log.info("warm start of %s from plan %s", model, plan_key)
+            precompile.record(gm, plan, opts)
             return from_plan(plan, opts, gm).call_unboxed
     return _aot_compile(gm, example_inputs, opts, model, plan_key)

@@ -190,12 +190,13 @@ def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
     return _executable_graph(plan, options, artifacts), plan
 
 
-def from_plan(plan: Plan, options: CompileOptions, gm: torch.fx.GraphModule) -> CompiledGraph:
+def from_plan(plan: Plan, options: CompileOptions, gm: torch.fx.GraphModule | None = None) -> CompiledGraph:
     """A warm start: the compiled graph of a stored plan, without tracing or lowering."""
     with options.applied():
         artifacts = GraphArtifacts(plan.graph_name)
         if artifacts.preserve:
-            artifacts.fx_graph(gm)
+            if gm is not None:
+                artifacts.fx_graph(gm)
             artifacts.raw(plan.raw)
             artifacts.stablehlo(plan.stablehlo)
         compiled = _executable_graph(plan, options, artifacts)
@@ -204,13 +205,18 @@ def from_plan(plan: Plan, options: CompileOptions, gm: torch.fx.GraphModule) -> 
         return compiled
 
 
+def from_plan_unboxed(plan: Plan, options: CompileOptions) -> Callable:
+    """:func:`from_plan` with Dynamo's calling convention (what a Dynamo cache entry installs)."""
+    return from_plan(plan, options).call_unboxed
+
+
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
-                  options: CompileOptions, model: str, kind: str, plan_key: str | None = None,
-                  dynamo_inputs: Sequence[Any] = ()) -> Callable:
+                  options: CompileOptions, model: str, kind: str,
+                  on_plan: Callable[[Plan], None] | None = None, dynamo_inputs: Sequence[Any] = ()) -> Callable:
     """aot_autograd's compiler hook: compile ``gm`` or, with fallback enabled, run it eagerly.
 
-    With a ``plan_key`` (an inference graph), a plan for warm starts is stored when
-    aot_autograd's metadata shows the graph runs as-is on Dynamo's inputs.
+    ``on_plan`` (inference graphs) receives the graph's plan when aot_autograd's
+    metadata shows the graph runs as-is on Dynamo's inputs, so it can serve warm starts.
     """
     name = f"{model}_{kind}"
     with options.applied():
@@ -227,8 +233,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
             warn_fallback(err)
             return _boxed_eager(gm)
         metrics.increment("compiled_graphs")
-        if plan_key and plans.plain_inference(dynamo_inputs, example_inputs):
-            plans.save(plan_key, plan)
+        if on_plan is not None and plans.plain_inference(dynamo_inputs, example_inputs):
+            on_plan(plan)
         if compile_only_enabled():
             artifacts.release()
         return compiled

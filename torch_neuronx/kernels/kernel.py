@@ -126,7 +126,7 @@ class Kernel(Generic[P, R]):
             return None
         source, path = self._source
         return trace_cache.trace_key(kernel=self.name, source=source, declared=declared, tensors=specs,
-                                     wheels=wheels.versions([path]))
+                                     wheels=list(wheels.versions([path]).values()))
 
     def _build(self, leaves: list[Any], structure: pytree.TreeSpec, tensors: list[torch.Tensor],
                declared: Any, specs: Any) -> tuple[CompiledGraph, pytree.TreeSpec]:
@@ -135,23 +135,22 @@ class Kernel(Generic[P, R]):
         if found is not None:
             metrics.increment("kernel_trace_cache_hits")
             _log.debug("kernel %s: trace cache hit %s", self.name, key.digest)
-            return trace_mod.load(found), pytree.treespec_loads(found.out_spec)
+            return trace_mod.load(found), found.result_spec()
         if key is not None:
             metrics.increment("kernel_trace_cache_misses")
             _log.info("kernel %s: trace cache miss %s (components %s)", self.name, key.digest, key.components)
 
-        def call(fn: Callable[..., Any], inputs: list[torch.Tensor]) -> Any:
+        def call(inputs: list[torch.Tensor]) -> Any:
             it = iter(inputs)
             values = [next(it) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
-            arguments = pytree.tree_unflatten(values, structure)
-            bound = inspect.BoundArguments(self._signature, arguments)
-            return fn(*bound.args, **bound.kwargs)
+            bound = inspect.BoundArguments(self._signature, pytree.tree_unflatten(values, structure))
+            return self.fn(*bound.args, **bound.kwargs)
 
         name = f"kernel_{self.fn.__name__}_{len(self._compiled)}"
-        traced, out_spec = trace_mod.trace(self.fn, name, [t.detach() for t in tensors], call)
+        compiled, traced, out_spec = trace_mod.trace(call, name, [t.detach() for t in tensors])
         if key is not None:
             trace_cache.put(key, traced)
-        return trace_mod.load(traced), out_spec
+        return compiled, out_spec
 
 
 def kernel(fn: Callable[P, R]) -> Kernel[P, R]:

@@ -7,7 +7,9 @@ key, length and SHA-256 of the text; a read verifies them and a corrupt entry
 is removed (and the kernel traced again), never served. Cache I/O errors are
 warnings, never failures of the user's program.
 
-The key (:func:`trace_key`) is built like the NEFF cache's keys, from named
+An entry is also what a hit needs to run without the Python function: the
+compile plan of the kernel's graph and the structure of its result (see
+:mod:`torch_neuronx.kernels.trace`). The key (:func:`trace_key`) is built like the NEFF cache's keys, from named
 components hashed one by one and logged at DEBUG, so two keys say which
 component differs: the kernel's qualified name, its source, its declared
 (non-tensor) arguments, its tensor specs, the wheel versions of its source
@@ -22,7 +24,7 @@ import logging
 import os
 import threading
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -31,6 +33,7 @@ from torch_neuronx import config
 from torch_neuronx.cache import atomic
 from torch_neuronx.cache.keys import CacheKey, _finish, _hash_component, canonical_json
 from torch_neuronx.cache.store import HloCache
+from torch_neuronx.compiler import hlo
 from torch_neuronx.kernels import trace as trace_mod
 
 _log = logging.getLogger("torch_neuronx.kernels")
@@ -86,26 +89,26 @@ def _toolchain() -> dict[str, Any]:
         torch_mlir = importlib.metadata.version("torch-mlir")
     except importlib.metadata.PackageNotFoundError:
         torch_mlir = "unknown"
-    return {"torch": torch.__version__, "torch_mlir": torch_mlir,
-            "torch_neuronx": torch_neuronx.__version__, "trace_format": trace_mod.FORMAT}
+    return {"torch": torch.__version__, "torch_mlir": torch_mlir, "torch_neuronx": torch_neuronx.__version__,
+            "lowering": hlo.LOWERING_VERSION, "trace_format": trace_mod.FORMAT}
 
 
 def trace_key(*, kernel: str, source: str, declared: Any, tensors: Any,
-              wheels: Mapping[str, str | None]) -> CacheKey:
+              wheels: Sequence[str | None]) -> CacheKey:
     """The trace cache key of one kernel signature.
 
     Components, in order: ``kernel`` (module and qualified name), ``source``
     (``inspect.getsource`` of the function), ``declared_arguments`` (the
     argument structure and non-tensor values), ``tensor_specs`` (shapes and
     dtypes), ``wheels`` (``name==version`` owning each source file, or null),
-    ``toolchain`` (torch, torch-mlir, torch_neuronx and trace format versions,
-    and the lowering configuration).
+    ``toolchain`` (torch, torch-mlir, torch_neuronx, lowering and trace format
+    versions, and the lowering configuration).
     """
     components: dict[str, str] = {}
     details: dict[str, Any] = {}
     toolchain = {**_toolchain(), "complex_decompose": config.get("TORCH_NEURONX_COMPLEX_DECOMPOSE")}
     for name, value in (("kernel", kernel), ("source", source), ("declared_arguments", declared),
-                        ("tensor_specs", tensors), ("wheels", dict(wheels)), ("toolchain", toolchain)):
+                        ("tensor_specs", tensors), ("wheels", list(wheels)), ("toolchain", toolchain)):
         text = value if isinstance(value, str) else canonical_json(value, name)
         _hash_component(name, text.encode("utf-8"), components)
         if name != "source":

@@ -1,0 +1,60 @@
+"""TORCH_CACHING_PRECOMPILE: the neuron backend's result in PyTorch's Dynamo precompile cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+import json, torch
+from torch._dynamo.utils import counters
+from torch_neuronx import metrics
+from torch_neuronx.compiler import driver
+
+def f(x, w):
+    return torch.relu(x @ w) * 2
+
+x, w = torch.randn(4, 8), torch.randn(8, 3)
+out = torch.compile(f, backend="neuron")(x, w)
+print(json.dumps({"err": (out - f(x, w)).abs().max().item(), "restores": metrics.counter("precompile_restores"),
+                  "dynamo_hits": counters["dynamo_cache"]["dynamo_cache_hit"], "invocations": driver.invocations}))
+"""
+
+
+def run(tmp_path, **env) -> dict:
+    inherited = {k: v for k, v in os.environ.items() if k not in ("RANK", "TORCH_CACHING_PRECOMPILE")}
+    environment = {**inherited, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+                   "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+                   "TORCH_NEURONX_HLO_CACHE_DIR": str(tmp_path / "hlo"), **env}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], env=environment, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("value", ["1", "true"])
+def test_second_process_installs_the_backend_result_without_tracing(tmp_path, value):
+    first = run(tmp_path, TORCH_CACHING_PRECOMPILE=value)
+    assert first["restores"] == 0 and first["invocations"] == 1
+    assert os.listdir(tmp_path / "inductor" / "dynamo")
+    second = run(tmp_path, TORCH_CACHING_PRECOMPILE=value)
+    assert second["dynamo_hits"] == 1
+    assert second["restores"] == 1  # our artifact was deserialized, the frame was not traced
+    assert second["invocations"] == 0
+    assert second["err"] < 1e-5
+
+
+def test_entries_are_split_per_rank(tmp_path):
+    run(tmp_path, TORCH_CACHING_PRECOMPILE="1", RANK="1")
+    assert os.listdir(tmp_path / "inductor" / "dynamo") == ["rank1"]
+    assert os.listdir(tmp_path / "inductor" / "dynamo" / "rank1")
+
+
+def test_off_by_default(tmp_path):
+    run(tmp_path)
+    assert run(tmp_path)["restores"] == 0
+    assert not (tmp_path / "inductor" / "dynamo").exists()
