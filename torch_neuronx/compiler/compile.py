@@ -24,13 +24,14 @@ class NeffRequest:
     graph_name: str
     base_repr: str  # graph structure, for the in-memory base key (TORCH_NEURONX_NEFF_KEY_FROM_HLO=0)
     signature: dict[str, Any]
+    keep_f64: bool = False  # the graph has float64 tensors (see targets.KEEP_F64_FLAGS)
 
 
 def get_neff(request: NeffRequest) -> neff.Neff:
     """The NEFF for ``request``: from the cache when present, else compiled and stored."""
     from torch_neuronx.cache import keys, store
 
-    compiler_config = request.options.compiler_config(request.target)
+    compiler_config = request.options.compiler_config(request.target, keep_f64=request.keep_f64)
     version = driver.compiler_version(request.target)
     key = keys.cache_key(hlo=request.stablehlo, graph_repr=request.base_repr,
                          input_specs=request.signature["inputs"], compiler_config=compiler_config,
@@ -38,7 +39,8 @@ def get_neff(request: NeffRequest) -> neff.Neff:
 
     def compile_fn() -> bytes:
         job = driver.CompileJob(stablehlo=request.stablehlo, target=request.target,
-                                flags=tuple(request.options.compiler_flags(request.target)),
+                                flags=tuple(request.options.compiler_flags(request.target,
+                                                                           keep_f64=request.keep_f64)),
                                 key=key.digest, graph_name=request.graph_name,
                                 signature=request.signature)
         return driver.compile_neff(job)

@@ -84,19 +84,25 @@ class CompileOptions:
         """The target these options (or the environment) select."""
         return targets.resolve(self.target)
 
-    def compiler_flags(self, target: targets.Target) -> list[str]:
-        """Every flag passed to the compiler for ``target``, in order."""
+    def compiler_flags(self, target: targets.Target, *, keep_f64: bool = False) -> list[str]:
+        """Every flag passed to the compiler for ``target``, in order.
+
+        ``keep_f64``: the graph computes in float64, which must not be demoted to float32.
+        """
         level = target.default_opt_level if self.optimization_level is None else self.optimization_level
         flags = list(target.flags)
+        if keep_f64 and target.compiler == "iree":
+            flags += targets.KEEP_F64_FLAGS
         if target.compiler == "iree":
             flags.append(f"--iree-opt-level=O{level}")
         flags += shlex.split(config.get("TORCH_NEURONX_COMPILER_FLAGS"))
         flags += list(self.extra_flags)
         return flags
 
-    def compiler_config(self, target: targets.Target) -> dict[str, Any]:
+    def compiler_config(self, target: targets.Target, *, keep_f64: bool = False) -> dict[str, Any]:
         """The cache-key component describing how code is generated."""
-        config_ = {"target": target.name, "compiler": target.compiler, "flags": self.compiler_flags(target)}
+        config_ = {"target": target.name, "compiler": target.compiler,
+                   "flags": self.compiler_flags(target, keep_f64=keep_f64)}
         if target.host_specific:
             config_["host_cpu"] = targets.host_cpu()
         return config_

@@ -158,11 +158,21 @@ def _prepare(gm: torch.fx.GraphModule, name: str) -> tuple[torch.fx.GraphModule,
     return gm, template
 
 
+def _has_float64(gm: torch.fx.GraphModule) -> bool:
+    for node in gm.graph.nodes:
+        vals = node.meta.get("val")
+        for val in vals if isinstance(vals, list | tuple) else (vals,):
+            if isinstance(val, torch.Tensor) and val.dtype == torch.float64:
+                return True
+    return False
+
+
 def _executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtifacts) -> CompiledGraph:
     """Get the NEFF of a lowered graph (cache or compiler) and wrap it for execution."""
     target = options.resolved_target()
     request = NeffRequest(stablehlo=plan.stablehlo, options=options, target=target, graph_name=plan.graph_name,
-                          base_repr=plan.raw, signature={"inputs": plan.inputs, "outputs": plan.outputs})
+                          base_repr=plan.raw, signature={"inputs": plan.inputs, "outputs": plan.outputs},
+                          keep_f64=plan.keep_f64)
     neff = get_neff(request)
     driver = target.driver_for(plan.flops)
     if not compile_only_enabled() and not driver_available(driver):
@@ -186,7 +196,8 @@ def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
                 outputs=[_spec(v) for v in outputs],
                 inputs=[_spec(v) for v in placeholders if isinstance(v, torch.Tensor)],
                 complex_inputs=list(gm.meta.get("complex_inputs", ())),
-                complex_outputs=list(gm.meta.get("complex_outputs", ())), flops=graph_flops(gm))
+                complex_outputs=list(gm.meta.get("complex_outputs", ())), flops=graph_flops(gm),
+                keep_f64=_has_float64(gm))
     return _executable_graph(plan, options, artifacts), plan
 
 

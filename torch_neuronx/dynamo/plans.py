@@ -27,7 +27,7 @@ from torch_neuronx.compiler.options import CompileOptions
 
 _log = logging.getLogger("torch_neuronx.dynamo.plans")
 
-PLAN_VERSION = 1
+PLAN_VERSION = 2
 
 
 @dataclasses.dataclass
@@ -43,6 +43,7 @@ class Plan:
     complex_inputs: list[int]
     complex_outputs: list[int]
     flops: int
+    keep_f64: bool = False
 
 
 def _tensor_spec(t: torch.Tensor) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Sequence
@@ -42,11 +43,29 @@ def _rt():  # imported lazily: iree.runtime loads native libraries
     return rt
 
 
+def _task_workers() -> int:
+    # One worker more than the cores this process may use: the submitting thread sleeps while
+    # a dispatch runs, and the extra worker smooths the tail of unevenly split dispatches
+    # (transformer block on 2 cores: ~7.3 ms with 2 workers, ~6.5 ms with 3).
+    return len(os.sched_getaffinity(0)) + 1
+
+
+_flags_set = False
+
+
+def _set_runtime_flags(driver: str) -> None:
+    global _flags_set
+    if driver == "local-task" and not _flags_set:
+        _rt().flags.parse_flags(f"--task_topology_group_count={_task_workers()}")
+        _flags_set = True
+
+
 class Device:
     """One IREE HAL device of a driver, shared by every executable of this process."""
 
     def __init__(self, driver: str) -> None:
         rt = _rt()
+        _set_runtime_flags(driver)
         self.driver = driver
         self.instance = rt.VmInstance()
         try:
