@@ -109,7 +109,7 @@ class CompileOptions:
 
 
 def compile_only_enabled() -> bool:
-    """Whether compiled graphs are compiled but never executed right now."""
+    """Whether compiled graphs are compiled but never executed right now (on every call: keep it cheap)."""
     return bool(config.get("TORCH_NEURONX_COMPILE_ONLY"))
 
 

@@ -34,7 +34,7 @@ from torch_neuronx.compiler import decompositions
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions
 from torch_neuronx.dynamo import plans, precompile
-from torch_neuronx.dynamo.graph import compile_graph, from_plan
+from torch_neuronx.dynamo.graph import CompiledGraph, compile_graph, from_plan
 
 _log = logging.getLogger("torch_neuronx.dynamo")
 
@@ -80,10 +80,13 @@ def warn_fallback(err: NeuronCompileError) -> None:
 
 def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                  options: CompileOptions, model: str, plan_key: str | None = None) -> Callable:
-    def keep_plan(plan: plans.Plan) -> None:
+    plain: list[CompiledGraph] = []
+
+    def keep_plan(plan: plans.Plan, compiled: CompiledGraph) -> None:
         if plan_key:
             plans.save(plan_key, plan)
         precompile.record(gm, plan, options)
+        plain.append(compiled)
 
     def compiler(kind: str) -> Callable:
         extra = {"on_plan": keep_plan, "dynamo_inputs": list(example_inputs)} if kind == "inference" else {}
@@ -91,7 +94,7 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
     try:
         with options.applied():
-            return aot_module_simplified(
+            wrapped = aot_module_simplified(
                 gm, list(example_inputs),
                 fw_compiler=compiler("forward"),
                 bw_compiler=compiler("backward"),
@@ -109,6 +112,9 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                 raise err from exc
             warn_fallback(err)
         return gm.forward
+    # A plain inference graph runs as-is on Dynamo's inputs: skip aot_autograd's runtime
+    # wrapper, which costs more than the whole NEFF call for small graphs.
+    return plain[0].call_unboxed if plain else wrapped
 
 
 class _ShapeSpecialized:

@@ -85,6 +85,9 @@ class CompiledGraph:
         self._artifacts: GraphArtifacts | None = artifacts
         self._executable = None
         self._calls = 0
+        # No complex conversion, no constant outputs: results go back exactly as the NEFF returns them.
+        self._plain = not (self._complex_inputs or self._complex_outputs) and all(
+            slot is None for slot in template)
 
     def _load(self):
         from torch_neuronx.runtime.executable import Executable
@@ -119,7 +122,10 @@ class CompiledGraph:
         args.clear()  # boxed convention: let inputs die as early as possible
         if compile_only_enabled():
             return self._restore(self._zeros())
-        executable = self._executable or self._load()
+        executable = self._executable
+        if executable is not None and self._plain:  # the hot path: nothing to convert or record
+            return executable(tensors)
+        executable = executable or self._load()
         artifacts = self._artifacts
         if artifacts is not None and artifacts.dumps:
             artifacts.dump_tensors("inputs", self._calls, tensors)
@@ -131,6 +137,8 @@ class CompiledGraph:
                 artifacts.release()
                 self._artifacts = None
         self._calls += 1
+        if self._artifacts is not None:
+            self._plain = False  # keep dumping tensors on every call
         return self._restore(results)
 
 
@@ -223,11 +231,14 @@ def from_plan_unboxed(plan: Plan, options: CompileOptions) -> Callable:
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                   options: CompileOptions, model: str, kind: str,
-                  on_plan: Callable[[Plan], None] | None = None, dynamo_inputs: Sequence[Any] = ()) -> Callable:
+                  on_plan: Callable[[Plan, CompiledGraph], None] | None = None,
+                  dynamo_inputs: Sequence[Any] = ()) -> Callable:
     """aot_autograd's compiler hook: compile ``gm`` or, with fallback enabled, run it eagerly.
 
-    ``on_plan`` (inference graphs) receives the graph's plan when aot_autograd's
-    metadata shows the graph runs as-is on Dynamo's inputs, so it can serve warm starts.
+    ``on_plan`` (inference graphs) receives the graph's plan and compiled graph when
+    aot_autograd's metadata shows the graph runs as-is on Dynamo's inputs: the plan
+    serves warm starts, and the compiled graph can be called without aot_autograd's
+    runtime wrapper.
     """
     name = f"{model}_{kind}"
     with options.applied():
@@ -245,7 +256,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
             return _boxed_eager(gm)
         metrics.increment("compiled_graphs")
         if on_plan is not None and plans.plain_inference(dynamo_inputs, example_inputs):
-            on_plan(plan)
+            on_plan(plan, compiled)
         if compile_only_enabled():
             artifacts.release()
         return compiled
