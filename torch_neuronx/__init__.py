@@ -4,17 +4,23 @@
 importing this package (the backend is registered as a ``torch_dynamo_backends``
 entry point). Configuration lives in :mod:`torch_neuronx.config`;
 ``@torch_neuronx.kernel`` compiles a user function as its own NEFF (:mod:`torch_neuronx.kernels`).
+Importing the package names PyTorch's PrivateUse1 device ``neuron`` and registers
+``torch.neuron`` (memory statistics, streams; see :mod:`torch_neuronx.device`).
 """
 
 from torch_neuronx import log as _log
 
 _log.configure()
 
+from torch_neuronx.device import register as _register_device  # noqa: E402
+
+_register_device()
+
 __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    # ``kernel`` imports torch and the compile path: loaded on first use so `import torch_neuronx` stays light.
+    # ``kernel`` imports the compile path: loaded on first use so `import torch_neuronx` stays light.
     if name in ("kernel", "Kernel"):
         from torch_neuronx import kernels
 

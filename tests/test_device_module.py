@@ -1,0 +1,52 @@
+"""``torch.neuron``: the device module registered on ``import torch_neuronx``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+
+import torch_neuronx  # noqa: F401  (registers torch.neuron)
+from torch_neuronx import memory
+
+
+def test_privateuse1_is_named_neuron():
+    assert torch._C._get_privateuse1_backend_name() == "neuron"
+    assert torch.device("neuron:0").type == "neuron"
+    assert torch.neuron.is_available() and torch.neuron.device_count() == 1
+    assert torch.neuron.current_device() == 0
+
+
+def test_memory_api_reachable_as_torch_neuron():
+    before = torch.neuron.memory_allocated()
+    address = torch.neuron.caching_allocator_alloc(3000)
+    try:
+        assert torch.neuron.memory_allocated() == memory.memory_allocated() == before + 3072
+        assert torch.neuron.memory_stats()["allocated_bytes.all.current"] == before + 3072
+        assert torch.neuron.memory_reserved() >= 2 * 1024 * 1024  # one small-pool segment
+    finally:
+        torch.neuron.caching_allocator_delete(address)
+    assert torch.neuron.memory_allocated() == before
+    torch.neuron.empty_cache()
+    assert torch.neuron.max_memory_allocated() >= before + 3072
+
+
+def test_streams_reachable_as_torch_neuron():
+    s = torch.neuron.Stream()
+    done = []
+    s.submit(lambda: done.append(1))
+    s.synchronize()
+    assert done == [1]
+    assert torch.neuron.current_stream() is torch.neuron.default_stream()
+
+
+def test_profiler_lists_the_neuron_activity():
+    assert "NEURON" in {a.name for a in torch.profiler.supported_activities()}
+
+
+def test_registration_happens_on_import_alone():
+    code = "import torch, torch_neuronx; print(torch.neuron.memory_allocated(), torch.device('neuron').type)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "neuron"]
