@@ -114,7 +114,10 @@ class CompiledGraph:
         return [next(it) if slot is None else slot[1] for slot in self._template]
 
     def call_unboxed(self, *args: Any) -> list[Any]:
-        """Dynamo's calling convention (a warm start runs without aot_autograd's wrapper)."""
+        """Dynamo's calling convention (inference graphs run without aot_autograd's wrapper)."""
+        executable = self._executable
+        if executable is not None and self._plain and not config.get("TORCH_NEURONX_COMPILE_ONLY"):
+            return executable(args)  # the hot path: as few Python frames as possible
         return self(list(args))
 
     def __call__(self, args: list[Any]) -> list[Any]:

@@ -16,7 +16,6 @@ import weakref
 from collections.abc import Sequence
 
 import torch
-from torch.utils import dlpack as torch_dlpack
 
 from torch_neuronx.compiler import neff as neff_format
 from torch_neuronx.compiler.errors import NeuronCompileError
@@ -24,6 +23,8 @@ from torch_neuronx.compiler.errors import NeuronCompileError
 _log = logging.getLogger("torch_neuronx.runtime")
 
 _ALIGNMENT = 64  # IREE's local HAL imports host memory only at this alignment
+_to_dlpack = torch._C._to_dlpack  # the builtins behind torch.utils.dlpack: no Python frame per call
+_from_dlpack = torch._C._from_dlpack
 _KDL_CPU = 1
 _lock = threading.Lock()
 
@@ -114,6 +115,7 @@ class Executable:
         self._module = vm_module
         self._num_outputs = len(module.header.signature.get("outputs", [])) or None
         self._hal = self.device.hal
+        self._from_capsule = self._hal.from_dlpack_capsule
         self._list = rt.VmVariantList
         self._view_type = rt.HalBufferView
         # Parameters come back every call as the same objects over the same memory: their
@@ -121,28 +123,35 @@ class Executable:
         self._parameter_views: dict[int, tuple[weakref.ref, int, object]] = {}
 
     def _view(self, t: torch.Tensor) -> object:
-        if type(t) is torch.nn.Parameter:
-            entry = self._parameter_views.get(id(t))
-            if entry is not None and entry[0]() is t and entry[1] == t.data_ptr():
-                return entry[2]
-            usable = _aligned_contiguous(t)
-            view = self._hal.from_dlpack_capsule(torch_dlpack.to_dlpack(usable))
-            if usable is t:
-                self._parameter_views[id(t)] = (weakref.ref(t), t.data_ptr(), view)
-            return view
-        return self._hal.from_dlpack_capsule(torch_dlpack.to_dlpack(_aligned_contiguous(t)))
+        """Import one input (the slow path: a new parameter, or a copy for misaligned memory)."""
+        usable = _aligned_contiguous(t)
+        view = self._hal.from_dlpack_capsule(_to_dlpack(usable))
+        if type(t) is torch.nn.Parameter and usable is t:
+            self._parameter_views[id(t)] = (weakref.ref(t), t.data_ptr(), view)
+        return view
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        hal = self._hal
+        # The hot path of every compiled call. Kept to one Python frame on purpose: Dynamo's
+        # frame hook runs for each Python call made while a compiled graph executes.
+        from_capsule, parameter_views, parameter = self._from_capsule, self._parameter_views, torch.nn.Parameter
         args = self._list(len(inputs))
-        view = self._view
         for t in inputs:
-            args.push_ref(view(t))
+            if type(t) is parameter:
+                entry = parameter_views.get(id(t))
+                if entry is not None and entry[0]() is t and entry[1] == t.data_ptr():
+                    args.push_ref(entry[2])
+                    continue
+            elif t.is_contiguous() and t.data_ptr() % _ALIGNMENT == 0:
+                args.push_ref(from_capsule(_to_dlpack(t)))
+                continue
+            args.push_ref(self._view(t))
         results = self._list(self._num_outputs or 4)
         try:
             self._context.invoke(self._function, args, results)
         except Exception as exc:
             raise NeuronRuntimeError(f"executing the NEFF failed: {exc}") from exc
-        view_type, from_capsule = self._view_type, torch.from_dlpack
-        return [from_capsule(hal.create_dlpack_capsule(results.get_as_object(i, view_type), _KDL_CPU, 0))
-                for i in range(results.size)]
+        outputs = []
+        get, view_type, to_capsule = results.get_as_object, self._view_type, self._hal.create_dlpack_capsule
+        for i in range(results.size):
+            outputs.append(_from_dlpack(to_capsule(get(i, view_type), _KDL_CPU, 0)))
+        return outputs
