@@ -10,18 +10,10 @@ import sys
 import time
 
 import pytest
+from iree_add import ADD_MLIR, build
 
 from torch_neuronx.cache import keys, store
 from torch_neuronx.compiler import neff
-
-ADD_MLIR = """\
-func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
-  %0 = stablehlo.add %a, %b : tensor<4xf32>
-  return %0 : tensor<4xf32>
-}
-"""
-IREE_FLAGS = ["--iree-input-type=stablehlo", "--iree-hal-target-device=local",
-              "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host"]
 
 # One run of a program: compile the add module with the given compiler version, from a
 # prebuilt payload (the key, not the payload, is what these tests are about).
@@ -40,12 +32,7 @@ store.neff_cache().get_or_compile(
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> pathlib.Path:
     """A directory with add.mlir and add.vmfb, compiled once by the real compiler."""
-    directory = tmp_path_factory.mktemp("iree")
-    (directory / "add.mlir").write_text(ADD_MLIR)
-    iree = os.path.join(os.path.dirname(sys.executable), "iree-compile")
-    subprocess.run([iree, str(directory / "add.mlir"), *IREE_FLAGS, "-o", str(directory / "add.vmfb")],
-                   check=True)
-    return directory
+    return build(tmp_path_factory.mktemp("iree"))
 
 
 @pytest.fixture

@@ -11,19 +11,11 @@ import sys
 import time
 
 import pytest
+from iree_add import ADD_MLIR, CONFIG, IREE_FLAGS
 
 from torch_neuronx.cache import keys, locks, maintenance, store
 from torch_neuronx.compiler import neff
 
-ADD_MLIR = """\
-func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
-  %0 = stablehlo.add %a, %b : tensor<4xf32>
-  return %0 : tensor<4xf32>
-}
-"""
-IREE_FLAGS = ["--iree-input-type=stablehlo", "--iree-hal-target-device=local",
-              "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host"]
-CONFIG = {"target": "cpu", "flags": IREE_FLAGS}
 VERSION = "iree-3.13.0"
 
 # A worker process. Modes: "compile" (get_or_compile with the real compiler, counting its

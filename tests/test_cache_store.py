@@ -8,35 +8,19 @@ import logging
 import os
 import pathlib
 import socket
-import subprocess
-import sys
 import time
 
 import pytest
+from iree_add import ADD_MLIR, CONFIG, build
 
 from torch_neuronx.cache import keys, layout, locks, maintenance, stats, store
 from torch_neuronx.compiler import neff
-
-ADD_MLIR = """\
-func.func @main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
-  %0 = stablehlo.add %a, %b : tensor<4xf32>
-  return %0 : tensor<4xf32>
-}
-"""
-IREE_FLAGS = ["--iree-input-type=stablehlo", "--iree-hal-target-device=local",
-              "--iree-hal-local-target-device-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host"]
-CONFIG = {"target": "cpu", "flags": IREE_FLAGS}
 
 
 @pytest.fixture(scope="module")
 def vmfb(tmp_path_factory) -> bytes:
     """The tiny module compiled once by the real compiler."""
-    directory = tmp_path_factory.mktemp("iree")
-    (directory / "add.mlir").write_text(ADD_MLIR)
-    iree = os.path.join(os.path.dirname(sys.executable), "iree-compile")
-    subprocess.run([iree, str(directory / "add.mlir"), *IREE_FLAGS, "-o", str(directory / "add.vmfb")],
-                   check=True)
-    return (directory / "add.vmfb").read_bytes()
+    return (build(tmp_path_factory.mktemp("iree")) / "add.vmfb").read_bytes()
 
 
 @pytest.fixture
