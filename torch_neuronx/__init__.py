@@ -12,9 +12,14 @@ from torch_neuronx import log as _log
 
 _log.configure()
 
+import sys as _sys  # noqa: E402
+
 from torch_neuronx.device import register as _register_device  # noqa: E402
 
-_register_device()
+# While ``python -m torch_neuronx.<tool>`` locates its module, argv[0] is "-m": the tools
+# (cache, config) do not need the device, so they skip importing torch for it.
+if _sys.argv[:1] != ["-m"] or "torch" in _sys.modules:
+    _register_device()
 
 __version__ = "0.1.0"
 
