@@ -231,3 +231,12 @@ def test_tensor_constant_in_graph():
     x = torch.randn(3)
     weights = torch.tensor([1.0, 2.0, 3.0])
     torch.testing.assert_close(_run(lambda t: t * weights, x), x * weights)
+
+
+def test_compile_only_with_meta_inputs_allocates_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    huge = torch.empty(2**33, 2**20, device="meta")  # 32 PiB: only its shape exists
+    with compile_only():
+        out = _run(lambda t: t * 2 + 1, huge)
+    assert out.device.type == "meta" and out.shape == huge.shape
+    assert glob.glob(str(tmp_path / "neff" / "**" / "*.neff"), recursive=True)

@@ -117,8 +117,10 @@ def compile_only_enabled() -> bool:
 def compile_only() -> Iterator[None]:
     """Inside this block graphs compile to NEFF and never execute (TORCH_NEURONX_COMPILE_ONLY=1).
 
-    Calls of compiled functions return tensors of the right shapes, dtypes and
-    devices filled with zeros; the NEFFs land in the cache as usual.
+    Calls of compiled functions return tensors of the right shapes and dtypes filled
+    with zeros, on the device of the inputs (so ``device="meta"`` inputs compile graphs
+    too large for this host without allocating anything); the NEFFs land in the cache
+    as usual.
     """
     with config.override(TORCH_NEURONX_COMPILE_ONLY=True):
         yield

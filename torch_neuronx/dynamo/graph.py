@@ -95,8 +95,8 @@ class CompiledGraph:
         self._executable = Executable(self._neff_provider(), self._driver)
         return self._executable
 
-    def _zeros(self) -> list[torch.Tensor]:
-        zeros = [torch.zeros(shape, dtype=dtype) for shape, dtype in self._outputs]
+    def _zeros(self, device: torch.device) -> list[torch.Tensor]:
+        zeros = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in self._outputs]
         for i in self._complex_outputs:  # outputs are the (..., 2) real views of complex results
             zeros[i] = torch.view_as_complex(zeros[i])
         return zeros
@@ -124,7 +124,8 @@ class CompiledGraph:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         args.clear()  # boxed convention: let inputs die as early as possible
         if compile_only_enabled():
-            return self._restore(self._zeros())
+            # Outputs live where the inputs do: meta inputs (shapes only) give meta outputs.
+            return self._restore(self._zeros(tensors[0].device if tensors else torch.device("cpu")))
         executable = self._executable
         if executable is not None and self._plain:  # the hot path: nothing to convert or record
             return executable(tensors)
