@@ -190,6 +190,15 @@ def _finish(components: dict[str, str], details: dict[str, Any], graph_id: str, 
     return key
 
 
+def key_from_components(parts: Sequence[tuple[str, bytes]], details: dict[str, Any], graph_id: str,
+                        kind: str) -> CacheKey:
+    """A key over named byte components, hashed in order (for caches beyond the NEFF cache)."""
+    components: dict[str, str] = {}
+    for name, data in parts:
+        _hash_component(name, data, components)
+    return _finish(components, details, graph_id, kind)
+
+
 def _common_components(components: dict[str, str], details: dict[str, Any],
                        compiler_config: Mapping[str, Any], compiler_version: str) -> None:
     config_json = canonical_json(compiler_config, "compiler_config")

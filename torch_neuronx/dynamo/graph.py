@@ -30,7 +30,8 @@ from torch_neuronx.dynamo.plans import Plan
 _log = logging.getLogger("torch_neuronx.dynamo")
 
 
-def _spec(val: Any) -> dict[str, Any]:
+def tensor_spec(val: Any) -> dict[str, Any]:
+    """The ``{"shape", "dtype"}`` description of a tensor (real or fake) in NEFF signatures and plans."""
     return {"shape": list(val.shape), "dtype": str(val.dtype).removeprefix("torch.")}
 
 
@@ -179,7 +180,7 @@ def _has_float64(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
-def _executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtifacts) -> CompiledGraph:
+def executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtifacts) -> CompiledGraph:
     """Get the NEFF of a lowered graph (cache or compiler) and wrap it for execution."""
     target = options.resolved_target()
     request = NeffRequest(stablehlo=plan.stablehlo, options=options, target=target, graph_name=plan.graph_name,
@@ -195,8 +196,9 @@ def _executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtif
                          plan.complex_inputs, plan.complex_outputs)
 
 
-def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
-           artifacts: GraphArtifacts) -> tuple[CompiledGraph, Plan]:
+def build_graph(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
+                artifacts: GraphArtifacts) -> tuple[CompiledGraph, Plan]:
+    """Compile an aot_autograd-style graph: FX passes, lowering (HLO cache), NEFF; return it and its plan."""
     artifacts.fx_graph(gm)
     gm, template = _prepare(gm, name)
     artifacts.transformed_fx(gm)
@@ -205,12 +207,12 @@ def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
     lowered = _lower_with_artifacts(gm, artifacts)
     plan = Plan(graph_name=name, raw=lowered.raw, stablehlo=lowered.stablehlo,
                 template=[None if slot is None else ["constant", slot[1]] for slot in template],
-                outputs=[_spec(v) for v in outputs],
-                inputs=[_spec(v) for v in placeholders if isinstance(v, torch.Tensor)],
+                outputs=[tensor_spec(v) for v in outputs],
+                inputs=[tensor_spec(v) for v in placeholders if isinstance(v, torch.Tensor)],
                 complex_inputs=list(gm.meta.get("complex_inputs", ())),
                 complex_outputs=list(gm.meta.get("complex_outputs", ())), flops=graph_flops(gm),
                 keep_f64=_has_float64(gm))
-    return _executable_graph(plan, options, artifacts), plan
+    return executable_graph(plan, options, artifacts), plan
 
 
 def from_plan(plan: Plan, options: CompileOptions, gm: torch.fx.GraphModule | None = None) -> CompiledGraph:
@@ -222,7 +224,7 @@ def from_plan(plan: Plan, options: CompileOptions, gm: torch.fx.GraphModule | No
                 artifacts.fx_graph(gm)
             artifacts.raw(plan.raw)
             artifacts.stablehlo(plan.stablehlo)
-        compiled = _executable_graph(plan, options, artifacts)
+        compiled = executable_graph(plan, options, artifacts)
         metrics.increment("compiled_graphs")
         metrics.increment("warm_start_plans")
         return compiled
@@ -248,7 +250,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     with options.applied():
         artifacts = GraphArtifacts(name)
         try:
-            compiled, plan = _build(gm, options, name, artifacts)
+            compiled, plan = build_graph(gm, options, name, artifacts)
         except NeuronCompileError as err:
             err.graph = err.graph or name
             err.artifacts = err.artifacts or artifacts.root

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from torch_neuronx import metrics
 from torch_neuronx.cache.keys import CacheKey, canonical_json
-from torch_neuronx.dynamo.graph import CompiledGraph, _spec
+from torch_neuronx.dynamo.graph import CompiledGraph, tensor_spec
 from torch_neuronx.kernels import trace as trace_mod
 from torch_neuronx.kernels import trace_cache, wheels
 
@@ -84,7 +84,7 @@ class Kernel(Generic[P, R]):
         declared = {"structure": str(structure),
                     "values": [None if isinstance(leaf, torch.Tensor) else [type(leaf).__name__, leaf]
                                for leaf in leaves]}
-        specs = [_spec(t) for t in tensors]
+        specs = [tensor_spec(t) for t in tensors]
         signature = canonical_json([declared, specs])
         entry = self._compiled.get(signature)
         if entry is None:

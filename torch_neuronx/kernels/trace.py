@@ -27,7 +27,7 @@ from torch_neuronx.compiler import decompositions
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions
 from torch_neuronx.dynamo.artifacts import GraphArtifacts
-from torch_neuronx.dynamo.graph import CompiledGraph, _build, _executable_graph
+from torch_neuronx.dynamo.graph import CompiledGraph, build_graph, executable_graph
 from torch_neuronx.dynamo.plans import Plan
 
 FORMAT = 1  # bumped when the stored fields change, so old entries stop matching
@@ -118,7 +118,7 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
         _reject_input_mutation(gm, name)
         artifacts = GraphArtifacts(name)
         try:
-            compiled, plan = _build(gm, options, name, artifacts)
+            compiled, plan = build_graph(gm, options, name, artifacts)
         except NeuronCompileError as err:
             err.graph = err.graph or name
             err.artifacts = err.artifacts or artifacts.root
@@ -130,4 +130,4 @@ def load(stored: Trace, options: CompileOptions | None = None) -> CompiledGraph:
     """The executable of a stored trace: its NEFF from the NEFF cache (compiled on a miss), no tracing."""
     options = options or CompileOptions()
     with options.applied():
-        return _executable_graph(stored.plan, options, GraphArtifacts(stored.plan.graph_name))
+        return executable_graph(stored.plan, options, GraphArtifacts(stored.plan.graph_name))

@@ -31,7 +31,7 @@ import torch
 
 from torch_neuronx import config
 from torch_neuronx.cache import atomic
-from torch_neuronx.cache.keys import CacheKey, _finish, _hash_component, canonical_json
+from torch_neuronx.cache.keys import CacheKey, canonical_json, key_from_components
 from torch_neuronx.cache.store import HloCache
 from torch_neuronx.compiler import hlo
 from torch_neuronx.kernels import trace as trace_mod
@@ -104,16 +104,16 @@ def trace_key(*, kernel: str, source: str, declared: Any, tensors: Any,
     ``toolchain`` (torch, torch-mlir, torch_neuronx, lowering and trace format
     versions, and the lowering configuration).
     """
-    components: dict[str, str] = {}
+    parts: list[tuple[str, bytes]] = []
     details: dict[str, Any] = {}
     toolchain = {**_toolchain(), "complex_decompose": config.get("TORCH_NEURONX_COMPLEX_DECOMPOSE")}
     for name, value in (("kernel", kernel), ("source", source), ("declared_arguments", declared),
                         ("tensor_specs", tensors), ("wheels", list(wheels)), ("toolchain", toolchain)):
         text = value if isinstance(value, str) else canonical_json(value, name)
-        _hash_component(name, text.encode("utf-8"), components)
+        parts.append((name, text.encode("utf-8")))
         if name != "source":
             details[name] = value
-    return _finish(components, details, kernel, "trace")
+    return key_from_components(parts, details, kernel, "trace")
 
 
 def get(key: CacheKey) -> trace_mod.Trace | None:
