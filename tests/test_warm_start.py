@@ -79,3 +79,37 @@ def test_key_from_base_graph_when_hlo_keys_are_off(tmp_path):
     kinds = {json.load(open(p)).get("kind") for p in sidecars if "components" in json.load(open(p))}
     assert kinds == {"base"}
     assert run(tmp_path, ORIGINAL, TORCH_NEURONX_NEFF_KEY_FROM_HLO="0")["invocations"] == 0
+
+
+CONCURRENT = """
+import json, sys, time, torch
+sys.path.insert(0, {tests!r})
+from models import MLP
+from torch_neuronx.compiler import driver
+while time.time() < {start}:
+    time.sleep(0.005)
+torch.manual_seed(0)
+model = MLP()
+with torch.no_grad():
+    out = torch.compile(model, backend="neuron")(torch.ones(4, 64))
+print(json.dumps({{"invocations": driver.invocations, "sum": out.sum().item()}}))
+"""
+
+
+def test_processes_compiling_one_graph_at_once_compile_it_once(tmp_path):
+    import time
+
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+           "TORCH_NEURONX_HLO_CACHE_DIR": str(tmp_path / "hlo"),
+           "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(tmp_path / "locks")}
+    code = CONCURRENT.format(tests=tests, start=time.time() + 8)
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    assert sum(r["invocations"] for r in results) == 1
+    assert len({r["sum"] for r in results}) == 1
