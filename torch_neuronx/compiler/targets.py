@@ -18,9 +18,9 @@ import shutil
 from torch_neuronx import config
 
 # Below this, IREE's task executor costs more in thread hand-offs than its second worker
-# saves: a 13 MFLOP MLP ran in 290 us on local-sync and 500 us on local-task, a 8.6 GFLOP one in
-# 100 ms and 50 ms (bench/compile.py, 2 cores).
-SMALL_GRAPH_FLOPS = 64_000_000
+# saves. Measured on 2 cores: a 1.2 MFLOP MLP runs in 31 us on local-sync and 85-100 us on
+# local-task; a 13.6 MFLOP one in 314 us and 245 us; 8.6 GFLOP in 100 ms and 50 ms.
+SMALL_GRAPH_FLOPS = 6_000_000
 
 
 class UnknownTargetError(ValueError):
