@@ -113,3 +113,22 @@ def test_processes_compiling_one_graph_at_once_compile_it_once(tmp_path):
         results.append(json.loads(out.strip().splitlines()[-1]))
     assert sum(r["invocations"] for r in results) == 1
     assert len({r["sum"] for r in results}) == 1
+
+
+def test_warm_start_artifacts_carry_this_runs_model_name(tmp_path):
+    code = """
+import sys, torch
+from torch_neuronx.compiler import CompileOptions
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 4)
+with torch.no_grad():
+    torch.compile(model, backend="neuron", options=CompileOptions(model_name=sys.argv[1]))(torch.ones(2, 8))
+"""
+    env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+           "TORCH_NEURONX_HLO_CACHE_DIR": str(tmp_path / "hlo"), "TORCH_NEURONX_DEBUG_DIR": str(tmp_path / "debug"),
+           "TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS": "1"}
+    for name in ("first", "second"):
+        subprocess.run([sys.executable, "-c", code, name], env=env, check=True, capture_output=True, timeout=300)
+    names = {f.split("_inference")[0] for _, _, files in os.walk(tmp_path / "debug" / "torch_neuronx")
+             for f in files if f.endswith(".stablehlo.mlir")}
+    assert names == {"first", "second"}

@@ -156,5 +156,5 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         if plan is not None:
             _log.info("warm start of %s from plan %s", model, plan_key)
             precompile.record(gm, plan, opts)
-            return from_plan(plan, opts, gm).call_unboxed
+            return from_plan(plan, opts, gm, name=f"{model}_inference").call_unboxed
     return _aot_compile(gm, example_inputs, opts, model, plan_key)

@@ -10,6 +10,7 @@ itself to run eagerly.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -215,8 +216,15 @@ def build_graph(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
     return executable_graph(plan, options, artifacts), plan
 
 
-def from_plan(plan: Plan, options: CompileOptions, gm: torch.fx.GraphModule | None = None) -> CompiledGraph:
-    """A warm start: the compiled graph of a stored plan, without tracing or lowering."""
+def from_plan(plan: Plan, options: CompileOptions, gm: torch.fx.GraphModule | None = None,
+              name: str | None = None) -> CompiledGraph:
+    """A warm start: the compiled graph of a stored plan, without tracing or lowering.
+
+    ``name``: this compilation's graph name (artifact file names), when it differs from
+    the name of the compilation that stored the plan.
+    """
+    if name is not None:
+        plan = dataclasses.replace(plan, graph_name=name)
     with options.applied():
         artifacts = GraphArtifacts(plan.graph_name)
         if artifacts.preserve:
