@@ -142,3 +142,27 @@ def test_parameters_are_inputs_not_constants():
         compiled(x)
         model.l2.bias.add_(1.0)  # new weight values, same NEFF
         torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_misaligned_and_strided_inputs_are_copied_once_and_correct():
+    base = torch.randn(4 * 16 + 1)
+    misaligned = base[1:].view(4, 16)  # 4 bytes past a 64-byte boundary
+    strided = torch.randn(16, 4).t()
+    assert misaligned.data_ptr() % 64 != 0 and not strided.is_contiguous()
+
+    def fn(a, b):
+        return a * 2 + b
+
+    out = torch.compile(fn, backend="neuron")(misaligned, strided)
+    torch.testing.assert_close(out, fn(misaligned, strided))
+
+
+def test_aligned_inputs_cross_without_copies():
+    from torch_neuronx.runtime.executable import _aligned_contiguous
+
+    aligned = torch.randn(64, 64)
+    assert _aligned_contiguous(aligned) is aligned
+    shifted = torch.randn(65)[1:]
+    copied = _aligned_contiguous(shifted)
+    assert copied is not shifted and copied.data_ptr() % 64 == 0
+    torch.testing.assert_close(copied, shifted)
