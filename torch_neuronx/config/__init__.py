@@ -203,7 +203,7 @@ _register(
         _CACHE, parse_path, readers=("cache.store",)),
     Var("TORCH_NEURONX_HLO_CACHE_DIR", "path", "/tmp/hlo_cache",
         "Directory for persistent HLO cache, shared by the eager and torch.compile entry points.",
-        _CACHE, parse_path, readers=("cache.store",)),
+        _CACHE, parse_path, readers=("cache.store", "compiler.hlo", "dynamo.plans", "kernels.trace_cache")),
     Var("TORCH_NEURONX_HLO_CACHE", "bool", True,
         "When 1, eager ops cache their HLO lowering to disk, keyed by the dispatch key.",
         _CACHE, parse_bool, status="planned: needs the eager neuron device"),
@@ -213,7 +213,7 @@ _register(
         _CACHE, parse_path, readers=("cache.locks",)),
     Var("TORCH_NEURONX_NEFF_DISABLE_CACHE", "bool", False,
         "When 1, disables the persistent NEFF cache entirely. Every compile runs fresh.",
-        _CACHE, parse_bool, readers=("cache.store",)),
+        _CACHE, parse_bool, readers=("cache.store", "compiler.hlo", "dynamo.plans")),
     Var("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "int", 1200,
         "Seconds to wait for the per-key compile lock before giving up.",
         _CACHE, parse_non_negative_int, readers=("cache.locks",)),
@@ -314,7 +314,7 @@ _register(
     Var("RANK", "int", 0,
         "Global rank of this process (set by torchrun). Selects the rank{rank} artifact directory "
         "and the profiled ranks.",
-        _DIST, parse_non_negative_int, readers=("dynamo.artifacts",)),
+        _DIST, parse_non_negative_int, readers=("dynamo.artifacts", "dynamo.precompile")),
     # Memory
     Var("TORCH_NEURONX_ENABLE_SCALAR_CACHE", "bool", True,
         "When 1 (the default), caches device-side scalar constants to avoid repeated host-to-device "
