@@ -199,7 +199,20 @@ def executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtifa
 
 def build_graph(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
                 artifacts: GraphArtifacts) -> tuple[CompiledGraph, Plan]:
-    """Compile an aot_autograd-style graph: FX passes, lowering (HLO cache), NEFF; return it and its plan."""
+    """Compile an aot_autograd-style graph: FX passes, lowering (HLO cache), NEFF; return it and its plan.
+
+    A :class:`NeuronCompileError` leaves with the graph's name and artifact directory filled in.
+    """
+    try:
+        return _build(gm, options, name, artifacts)
+    except NeuronCompileError as err:
+        err.graph = err.graph or name
+        err.artifacts = err.artifacts or artifacts.root
+        raise
+
+
+def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
+           artifacts: GraphArtifacts) -> tuple[CompiledGraph, Plan]:
     artifacts.fx_graph(gm)
     gm, template = _prepare(gm, name)
     artifacts.transformed_fx(gm)
@@ -260,8 +273,6 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         try:
             compiled, plan = build_graph(gm, options, name, artifacts)
         except NeuronCompileError as err:
-            err.graph = err.graph or name
-            err.artifacts = err.artifacts or artifacts.root
             if config.get("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"):
                 raise
             from torch_neuronx.dynamo.backend import warn_fallback

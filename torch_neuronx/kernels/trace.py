@@ -116,13 +116,7 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
         gm.graph.eliminate_dead_code()
         gm.recompile()
         _reject_input_mutation(gm, name)
-        artifacts = GraphArtifacts(name)
-        try:
-            compiled, plan = build_graph(gm, options, name, artifacts)
-        except NeuronCompileError as err:
-            err.graph = err.graph or name
-            err.artifacts = err.artifacts or artifacts.root
-            raise
+        compiled, plan = build_graph(gm, options, name, GraphArtifacts(name))
     return compiled, Trace(plan=plan, out_spec=_dumps(specs[-1])), specs[-1]
 
 
