@@ -63,12 +63,13 @@ def graph_key(gm: torch.fx.GraphModule) -> str:
     return "graph-" + h.hexdigest()
 
 
-def lower_cached(gm: torch.fx.GraphModule) -> lower.Lowered:
+def lower_cached(gm: torch.fx.GraphModule, *, use_cache: bool = True) -> lower.Lowered:
     """``lower.lower(gm)``, served from TORCH_NEURONX_HLO_CACHE_DIR when this graph was lowered before.
 
-    TORCH_NEURONX_NEFF_DISABLE_CACHE=1 bypasses it too: every compile then runs fresh.
+    ``use_cache=False`` (eager ops with TORCH_NEURONX_HLO_CACHE=0) and
+    TORCH_NEURONX_NEFF_DISABLE_CACHE=1 bypass it: the graph is lowered, nothing is stored.
     """
-    if config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
+    if not use_cache or config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
         return lower.lower(gm)
     from torch_neuronx.cache import store
 

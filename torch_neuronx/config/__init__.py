@@ -206,7 +206,7 @@ _register(
         _CACHE, parse_path, readers=("cache.store", "compiler.hlo", "dynamo.plans", "kernels.trace_cache")),
     Var("TORCH_NEURONX_HLO_CACHE", "bool", True,
         "When 1, eager ops cache their HLO lowering to disk, keyed by the dispatch key.",
-        _CACHE, parse_bool, status="planned: needs the eager neuron device"),
+        _CACHE, parse_bool, readers=("device.eager",)),
     Var("TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", "path", "/tmp/local_cache",
         "Local directory for filelocks and scratch. Must stay on a local POSIX filesystem (NFS/Lustre "
         "lock semantics are unreliable).",
@@ -248,7 +248,7 @@ _register(
         _EAGER, parse_bool, readers=("runtime.streams",)),
     Var("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "bool", False,
         "When 1, only falls back to CPU for unimplemented ops, not execution errors.",
-        _EAGER, parse_bool, status="planned: needs the eager neuron device"),
+        _EAGER, parse_bool, readers=("device.eager",)),
     Var("TORCH_NEURONX_ENABLE_STACK_TRACE", "bool", False,
         "When 1, captures Python stack traces per operation. Adds overhead.",
         _EAGER, parse_bool, status="planned: needs the eager neuron device"),

@@ -36,5 +36,35 @@ def register() -> bool:
     from torch_neuronx.device.hooks import NeuronDeviceGuard, NeuronHooks
 
     _setup_privateuseone_for_python_backend("neuron", module, NeuronHooks(), NeuronDeviceGuard())
+    _register_kernels()
     _registered = True
     return True
+
+
+_library = None  # the torch.library registrations must stay alive for the process
+
+
+def _register_kernels() -> None:
+    """Factories and cross-device copies for PrivateUse1, the entry points into neuron tensors."""
+    global _library
+    import torch
+
+    from torch_neuronx.device import eager
+    from torch_neuronx.device.tensor import NeuronTensor
+
+    def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
+        return eager.empty_on_device(size, None, dtype)
+
+    def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+        return eager.empty_on_device(size, stride, dtype)
+
+    def copy_from(src, dst, non_blocking=False):
+        source = src._data if isinstance(src, NeuronTensor) else src
+        target = dst._data if isinstance(dst, NeuronTensor) else dst
+        target.copy_(source)
+        return dst
+
+    _library = torch.library.Library("aten", "IMPL")
+    _library.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
+    _library.impl("empty_strided", empty_strided, "PrivateUse1")
+    _library.impl("_copy_from", copy_from, "PrivateUse1")

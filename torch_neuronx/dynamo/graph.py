@@ -148,9 +148,9 @@ class CompiledGraph:
         return self._restore(results)
 
 
-def _lower_with_artifacts(gm: torch.fx.GraphModule, artifacts: GraphArtifacts) -> lower.Lowered:
+def _lower_with_artifacts(gm: torch.fx.GraphModule, artifacts: GraphArtifacts, hlo_cache: bool) -> lower.Lowered:
     try:
-        lowered = hlo.lower_cached(gm)
+        lowered = hlo.lower_cached(gm, use_cache=hlo_cache)
     except NeuronCompileError as err:
         raw = getattr(err, "raw_text", None) or gm.print_readable(print_output=False)
         artifacts.torch_mlir_error(f"// {err}\n{raw}")
@@ -198,13 +198,14 @@ def executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtifa
 
 
 def build_graph(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
-                artifacts: GraphArtifacts) -> tuple[CompiledGraph, Plan]:
+                artifacts: GraphArtifacts, *, hlo_cache: bool = True) -> tuple[CompiledGraph, Plan]:
     """Compile an aot_autograd-style graph: FX passes, lowering (HLO cache), NEFF; return it and its plan.
 
-    A :class:`NeuronCompileError` leaves with the graph's name and artifact directory filled in.
+    ``hlo_cache=False`` lowers without reading or writing the HLO cache. A
+    :class:`NeuronCompileError` leaves with the graph's name and artifact directory filled in.
     """
     try:
-        return _build(gm, options, name, artifacts)
+        return _build(gm, options, name, artifacts, hlo_cache)
     except NeuronCompileError as err:
         err.graph = err.graph or name
         err.artifacts = err.artifacts or artifacts.root
@@ -212,13 +213,13 @@ def build_graph(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
 
 
 def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
-           artifacts: GraphArtifacts) -> tuple[CompiledGraph, Plan]:
+           artifacts: GraphArtifacts, hlo_cache: bool) -> tuple[CompiledGraph, Plan]:
     artifacts.fx_graph(gm)
     gm, template = _prepare(gm, name)
     artifacts.transformed_fx(gm)
     placeholders = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     outputs = [n.meta.get("val") for n in next(n for n in gm.graph.nodes if n.op == "output").args[0]]
-    lowered = _lower_with_artifacts(gm, artifacts)
+    lowered = _lower_with_artifacts(gm, artifacts, hlo_cache)
     plan = Plan(graph_name=name, raw=lowered.raw, stablehlo=lowered.stablehlo,
                 template=[None if slot is None else ["constant", slot[1]] for slot in template],
                 outputs=[tensor_spec(v) for v in outputs],

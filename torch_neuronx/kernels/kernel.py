@@ -31,6 +31,7 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from torch_neuronx import metrics
 from torch_neuronx.cache.keys import CacheKey, canonical_json
+from torch_neuronx.device.tensor import NeuronTensor, from_cpu
 from torch_neuronx.dynamo.graph import CompiledGraph, tensor_spec
 from torch_neuronx.kernels import trace as trace_mod
 from torch_neuronx.kernels import trace_cache, wheels
@@ -78,6 +79,13 @@ class Kernel(Generic[P, R]):
         bound.apply_defaults()
         leaves, structure = pytree.tree_flatten(dict(bound.arguments))
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        if tensors and all(isinstance(t, NeuronTensor) for t in tensors):
+            # neuron tensors: the same compiled kernel runs on their device memory.
+            data = [t._data for t in tensors]
+            values = iter(data)
+            host = [next(values) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+            result = self(**pytree.tree_unflatten(host, structure))
+            return pytree.tree_map(lambda t: from_cpu(t) if isinstance(t, torch.Tensor) else t, result)
         if _runs_inline(tensors):
             return self.fn(*args, **kwargs)
         self._check(leaves, tensors)

@@ -85,7 +85,8 @@ def _reject_input_mutation(gm: torch.fx.GraphModule, name: str) -> None:
 
 
 def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[torch.Tensor],
-          options: CompileOptions | None = None) -> tuple[CompiledGraph, Trace, pytree.TreeSpec]:
+          options: CompileOptions | None = None, *,
+          hlo_cache: bool = True) -> tuple[CompiledGraph, Trace, pytree.TreeSpec]:
     """Trace ``fn(tensors)`` for these tensors' shapes and dtypes, lower and compile it.
 
     ``fn`` puts the (fake) tensors back among the declared arguments and calls
@@ -116,7 +117,7 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
         gm.graph.eliminate_dead_code()
         gm.recompile()
         _reject_input_mutation(gm, name)
-        compiled, plan = build_graph(gm, options, name, GraphArtifacts(name))
+        compiled, plan = build_graph(gm, options, name, GraphArtifacts(name), hlo_cache=hlo_cache)
     return compiled, Trace(plan=plan, out_spec=_dumps(specs[-1])), specs[-1]
 
 

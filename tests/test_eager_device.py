@@ -1,0 +1,137 @@
+"""The eager ``neuron`` device: tensors in allocator memory, ops compiled per dispatch key, CPU fallback."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+
+import torch_neuronx
+from torch_neuronx import metrics
+from torch_neuronx.device.tensor import NeuronTensor
+
+
+def counted(name: str) -> int:
+    return metrics.counter(name)
+
+
+def test_factories_and_copies_live_in_allocator_memory():
+    before = torch.neuron.memory_allocated()
+    x = torch.arange(12, dtype=torch.float32).view(3, 4).to("neuron")
+    assert isinstance(x, NeuronTensor) and x.device == torch.device("neuron", 0)
+    assert torch.neuron.memory_allocated() >= before + 48
+    assert x._data.data_ptr() == x._allocation.address  # values sit in the allocator's block
+    assert torch.equal(x.cpu(), torch.arange(12, dtype=torch.float32).view(3, 4))
+    y = torch.empty(5, 5, device="neuron")
+    assert y.shape == (5, 5) and y.device.type == "neuron"
+    del x, y
+    gc.collect()
+    assert torch.neuron.memory_allocated() == before
+
+
+def test_ops_compile_once_per_dispatch_key_and_match_cpu():
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    na, nb = a.to("neuron"), b.to("neuron")
+    compiled, fallbacks = counted("eager_ops_compiled"), counted("eager_fallbacks")
+    out = torch.tanh(na * nb + 1.5)
+    torch.testing.assert_close(out.cpu(), torch.tanh(a * b + 1.5))
+    first = counted("eager_ops_compiled") + counted("eager_hlo_cache_hits")
+    out2 = torch.tanh(na * nb + 1.5)  # same keys: no new kernels
+    assert counted("eager_ops_compiled") + counted("eager_hlo_cache_hits") == first
+    torch.testing.assert_close(out2.cpu(), out.cpu())
+    assert counted("eager_fallbacks") == fallbacks
+    assert first > compiled or counted("eager_hlo_cache_hits") > 0
+
+
+def test_views_alias_device_memory_and_in_place_ops_write_through():
+    x = torch.zeros(2, 3).to("neuron")
+    row = x[1]
+    row.add_(5.0)  # in place on a view: compiled add, written back into x's memory
+    assert torch.equal(x.cpu(), torch.tensor([[0.0, 0.0, 0.0], [5.0, 5.0, 5.0]]))
+    t = x.t()
+    assert t.shape == (3, 2) and t._allocation is x._allocation
+
+
+def test_training_step_on_neuron_matches_cpu():
+    torch.manual_seed(0)
+    cpu_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    neuron_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    neuron_model.load_state_dict(cpu_model.state_dict())
+    neuron_model.to("neuron")
+    assert all(p.device.type == "neuron" for p in neuron_model.parameters())
+    x = torch.randn(4, 8)
+    for model, inp in ((cpu_model, x), (neuron_model, x.to("neuron"))):
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(2):
+            opt.zero_grad()
+            model(inp).square().mean().backward()
+            opt.step()
+    for p_cpu, p_neuron in zip(cpu_model.parameters(), neuron_model.parameters()):
+        torch.testing.assert_close(p_neuron.cpu(), p_cpu, rtol=1e-5, atol=1e-6)
+
+
+def test_unlowerable_op_falls_back_to_cpu_with_one_warning():
+    x = torch.tensor([0.0, 1.0, 0.0, 2.0]).to("neuron")
+    before = counted("eager_fallbacks")
+    with pytest.warns(RuntimeWarning, match="aten.nonzero.default runs on the CPU"):
+        idx = torch.nonzero(x)  # data-dependent output shape: nothing lowers it
+    assert idx.device.type == "neuron"
+    assert torch.equal(idx.cpu(), torch.tensor([[1], [3]]))
+    assert counted("eager_fallbacks") == before + 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.nonzero(x)
+
+
+def test_random_numbers_follow_the_host_generator():
+    torch.manual_seed(7)
+    a = torch.randn(5, device="neuron").cpu()
+    torch.manual_seed(7)
+    assert torch.equal(a, torch.randn(5))
+
+
+def test_user_kernel_runs_on_neuron_tensors():
+    @torch_neuronx.kernel
+    def scaled_add(x, y, scale: float = 2.0):
+        return x * scale + y
+
+    a, b = torch.randn(6), torch.randn(6)
+    out = scaled_add(a.to("neuron"), b.to("neuron"), scale=3.0)
+    assert isinstance(out, NeuronTensor)
+    torch.testing.assert_close(out.cpu(), a * 3.0 + b)
+
+
+SCRIPT = """
+import json, torch, torch_neuronx
+from torch_neuronx import metrics
+x = torch.arange(6, dtype=torch.float32).to("neuron")
+y = (x * 3 - 1).cpu()
+print(json.dumps({"traces": metrics.counter("kernel_traces"), "hits": metrics.counter("eager_hlo_cache_hits"),
+                  "y": y.tolist()}))
+"""
+
+
+@pytest.mark.parametrize("hlo_cache", ["1", "0"])
+def test_eager_lowerings_persist_in_the_hlo_cache(tmp_path, hlo_cache):
+    env = {**os.environ, "TORCH_NEURONX_HLO_CACHE_DIR": str(tmp_path / "hlo"),
+           "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"), "TORCH_NEURONX_HLO_CACHE": hlo_cache}
+
+    def run() -> dict:
+        out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    first, second = run(), run()
+    assert first["y"] == second["y"] == [-1.0, 2.0, 5.0, 8.0, 11.0, 14.0]
+    assert first["traces"] == 2  # mul and sub
+    if hlo_cache == "1":
+        assert second == {**second, "traces": 0, "hits": 2}
+    else:
+        assert second["traces"] == 2 and second["hits"] == 0
+        assert not (tmp_path / "hlo").exists() or not any((tmp_path / "hlo").rglob("*.hlo"))

@@ -1,0 +1,239 @@
+"""Eager execution of ATen ops on ``neuron`` tensors, one compiled op at a time.
+
+Each functional op is keyed by its *dispatch key*: the op overload, the
+shape/stride/dtype of each tensor argument and the value of every other
+argument. The first call of a key traces the op, lowers it through the compile
+path (FX passes, torch-mlir, StableHLO) and gets its NEFF from the NEFF cache;
+later calls run the executable. With TORCH_NEURONX_HLO_CACHE=1 (the default)
+the lowering is stored in TORCH_NEURONX_HLO_CACHE_DIR under the dispatch key,
+so a new process neither traces nor lowers an op any process has run before.
+
+Not every op runs compiled:
+- views run on the CPU view of the device memory (they only change metadata);
+- in-place ops run their functional variant compiled and write the result back;
+- random ops draw from the host generator (seeded by ``torch.manual_seed``);
+- an op nothing can lower falls back to CPU execution (one warning per op,
+  counted as ``eager_fallbacks``); an op that lowers but fails to execute falls
+  back too, unless TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS=1.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import hashlib
+import logging
+import threading
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from torch_neuronx import config, metrics
+from torch_neuronx.device.tensor import NeuronTensor, alias, allocate, from_cpu
+
+_log = logging.getLogger("torch_neuronx.device.eager")
+aten = torch.ops.aten
+
+_lock = threading.Lock()
+_kernels: dict[str, Any] = {}  # dispatch key -> (compiled graph, output treespec) or _UNIMPLEMENTED
+_UNIMPLEMENTED = object()
+_warned: set[str] = set()
+
+
+def _cpu(value: Any) -> Any:
+    return value._data if isinstance(value, NeuronTensor) else value
+
+
+def _to_device(value: Any) -> Any:
+    """A CPU result of an op on neuron tensors, placed in device memory."""
+    if isinstance(value, torch.Tensor) and not isinstance(value, NeuronTensor):
+        return from_cpu(value)
+    return value
+
+
+def _first_neuron(args: Any) -> NeuronTensor:
+    return next(a for a in pytree.tree_leaves(args) if isinstance(a, NeuronTensor))
+
+
+# -- ops that are not computations -------------------------------------------------
+
+
+def _to_copy(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+    source = args[0]
+    device = kwargs.get("device")
+    plain = {k: v for k, v in kwargs.items() if k != "device"}
+    copied = aten._to_copy.default(_cpu(source), **plain)
+    if device is not None and torch.device(device).type != "neuron":
+        return copied.to(device)  # neuron -> cpu (or another device): leaves device memory
+    return from_cpu(copied)
+
+
+def _copy_(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+    dst, src = args[0], args[1]
+    _cpu(dst).copy_(_cpu(src), **kwargs)
+    return dst
+
+
+def _local_scalar_dense(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    return _cpu(args[0]).item()
+
+
+_SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
+    aten._to_copy.default: _to_copy,
+    aten.copy_.default: _copy_,
+    aten._local_scalar_dense.default: _local_scalar_dense,
+}
+
+
+def _is_view(func: Any) -> bool:
+    return func.is_view or func in (aten.alias.default, aten.detach.default)
+
+
+def _mutated(func: Any) -> list[int]:
+    return [i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
+
+
+def _run_view(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    source = _first_neuron(args)
+    out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
+    return pytree.tree_map(lambda t: alias(t, source) if isinstance(t, torch.Tensor) else t, out)
+
+
+def _functional_variant(func: Any) -> Any | None:
+    name = func._schema.name.split("::")[1]
+    if not name.endswith("_") or func._schema.overload_name == "out":
+        return None
+    packet = getattr(aten, name[:-1], None)
+    overload = func._overloadname
+    return getattr(packet, overload, None) if packet is not None else None
+
+
+# -- compiled execution --------------------------------------------------------------
+
+
+def dispatch_key(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+    """The dispatch key of a call: op overload, tensor shapes/strides/dtypes, other argument values."""
+
+    def describe(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            where = "neuron" if isinstance(value, NeuronTensor) else value.device.type
+            return f"T{tuple(value.shape)}:{value.stride()}:{value.dtype}:{where}"
+        if isinstance(value, torch.dtype | torch.device | torch.layout | torch.memory_format):
+            return str(value)
+        return repr(value)
+
+    return f"{func}|{pytree.tree_map(describe, list(args))}|{pytree.tree_map(describe, kwargs)}"
+
+
+def _hlo_key(key: str) -> str:
+    from torch_neuronx.compiler.hlo import LOWERING_VERSION
+
+    return "eager-" + hashlib.sha256(f"{LOWERING_VERSION}|{key}".encode()).hexdigest()
+
+
+def _compile(func: Any, key: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """The compiled kernel of ``func`` for this dispatch key (HLO cache, else trace and lower)."""
+    from torch_neuronx.cache import store
+    from torch_neuronx.kernels import trace as tracing
+
+    use_hlo_cache = config.get("TORCH_NEURONX_HLO_CACHE") and not config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE")
+    name = f"eager_{func._schema.name.split('::')[1]}"
+    if use_hlo_cache:
+        text = store.hlo_cache().get(_hlo_key(key))
+        if text is not None:
+            try:
+                stored = tracing.Trace.from_json(text)
+                metrics.increment("eager_hlo_cache_hits")
+                return tracing.load(stored), stored.result_spec()
+            except (ValueError, KeyError, TypeError):
+                _log.warning("ignoring a malformed eager HLO cache entry for %s", func)
+    leaves, spec = pytree.tree_flatten((list(args), kwargs))
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
+    def call(tensors: list[torch.Tensor]) -> Any:
+        filled = list(leaves)
+        for i, t in zip(positions, tensors):
+            filled[i] = t
+        call_args, call_kwargs = pytree.tree_unflatten(filled, spec)
+        return func(*call_args, **call_kwargs)
+
+    cpu_tensors = [_cpu(leaves[i]) for i in positions]
+    compiled, stored, out_spec = tracing.trace(call, name, cpu_tensors, hlo_cache=use_hlo_cache)
+    metrics.increment("eager_ops_compiled")
+    text = stored.to_json()
+    if use_hlo_cache and text is not None:
+        store.hlo_cache().put(_hlo_key(key), text)
+    return compiled, out_spec
+
+
+@functools.cache
+def _compiler_thread() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="neuron-eager-compile")
+
+
+def _fallback(func: Any, args: Sequence[Any], kwargs: dict[str, Any], reason: str) -> Any:
+    metrics.increment("eager_fallbacks")
+    name = str(func)
+    if name not in _warned:
+        _warned.add(name)
+        warnings.warn(f"neuron: {name} runs on the CPU ({reason})", RuntimeWarning, stacklevel=4)
+    out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
+    return pytree.tree_map(_to_device, out)
+
+
+def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    key = dispatch_key(func, args, kwargs)
+    kernel = _kernels.get(key)
+    if kernel is None:
+        with _lock:
+            kernel = _kernels.get(key)
+            if kernel is None:
+                try:
+                    # On a fresh thread: inside __torch_dispatch__ the Python dispatch key is
+                    # excluded (thread-locally), which would blind make_fx's tracing modes.
+                    kernel = _compiler_thread().submit(_compile, func, key, args, kwargs).result()
+                except Exception as exc:  # nothing lowers this op: it is unimplemented here
+                    _log.info("%s is not implemented on neuron: %s", func, exc)
+                    kernel = _UNIMPLEMENTED
+                _kernels[key] = kernel
+    if kernel is _UNIMPLEMENTED:
+        return _fallback(func, args, kwargs, "not implemented by the neuron compiler")
+    compiled, out_spec = kernel
+    tensors = [_cpu(leaf) for leaf in pytree.tree_leaves((list(args), kwargs)) if isinstance(leaf, torch.Tensor)]
+    try:
+        results = compiled(list(tensors))
+    except Exception as exc:
+        if config.get("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"):
+            raise
+        return _fallback(func, args, kwargs, f"execution failed: {exc}")
+    return pytree.tree_map(_to_device, pytree.tree_unflatten(results, out_spec))
+
+
+def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """Run one ATen op whose arguments include neuron tensors."""
+    special = _SPECIAL.get(func)
+    if special is not None:
+        return special(args, kwargs)
+    if _is_view(func):
+        return _run_view(func, args, kwargs)
+    if torch.Tag.nondeterministic_seeded in func.tags:  # random numbers come from the host generator
+        out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
+        return pytree.tree_map(_to_device, out) if not _mutated(func) else args[0]
+    mutated = _mutated(func)
+    if mutated:
+        functional = _functional_variant(func)
+        if functional is None or mutated != [0]:
+            return _fallback(func, args, kwargs, "an in-place or out= variant without a functional form")
+        result = _run_compiled(functional, args, kwargs)
+        _cpu(args[0]).copy_(_cpu(result))
+        return args[0]
+    return _run_compiled(func, args, kwargs)
+
+
+def empty_on_device(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype | None) -> NeuronTensor:
+    """A new uninitialized neuron tensor."""
+    data, allocation = allocate(size, stride, dtype or torch.get_default_dtype())
+    return NeuronTensor(data, allocation)
