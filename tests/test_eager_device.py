@@ -135,3 +135,28 @@ def test_eager_lowerings_persist_in_the_hlo_cache(tmp_path, hlo_cache):
     else:
         assert second["traces"] == 2 and second["hits"] == 0
         assert not (tmp_path / "hlo").exists() or not any((tmp_path / "hlo").rglob("*.hlo"))
+
+
+@pytest.mark.parametrize("only_unimplemented", ["0", "1"])
+def test_execution_errors_follow_the_fallback_policy(only_unimplemented, monkeypatch):
+    from torch_neuronx.device import eager
+    from torch_neuronx.runtime.executable import NeuronRuntimeError
+
+    x = torch.full((3,), 2.0).to("neuron")
+    (x - 0.5).cpu()  # compile aten.sub.Tensor for this dispatch key
+    key = next(k for k in eager._kernels if k.startswith("aten.sub.Tensor") and "(3,)" in k)
+    compiled, spec = eager._kernels[key]
+
+    def failing(tensors):  # fault injection at the runtime boundary: the device rejects the work
+        raise NeuronRuntimeError("injected device fault")
+
+    monkeypatch.setitem(eager._kernels, key, (failing, spec))
+    monkeypatch.setenv("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", only_unimplemented)
+    monkeypatch.setattr(eager, "_warned", set())
+    if only_unimplemented == "1":
+        with pytest.raises(NeuronRuntimeError, match="injected device fault"):
+            x - 0.5
+    else:
+        with pytest.warns(RuntimeWarning, match="execution failed: injected device fault"):
+            out = x - 0.5
+        assert torch.equal(out.cpu(), torch.full((3,), 1.5))
