@@ -50,3 +50,21 @@ def test_registration_happens_on_import_alone():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["0", "neuron"]
+
+
+def test_snapshot_renders_in_pytorchs_memory_visualizer():
+    from torch.cuda import _memory_viz
+
+    small = torch.neuron.caching_allocator_alloc(3000)
+    large = torch.neuron.caching_allocator_alloc(5 * 1024 * 1024)
+    try:
+        snapshot = {"segments": torch.neuron.memory_snapshot(), "device_traces": [[]]}
+        summary = _memory_viz.segsum(snapshot)
+        assert "segment" in summary
+        lines: list[str] = []
+        _memory_viz.segments(snapshot, format_flamegraph=lambda text: lines.append(text) or "")
+        assert "active_allocated;<non-python> 5242880" in lines[0]
+        assert "active_allocated;<non-python> 3000" in lines[0]
+    finally:
+        torch.neuron.caching_allocator_delete(small)
+        torch.neuron.caching_allocator_delete(large)
