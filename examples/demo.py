@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 from torch_neuronx import config
 from torch_neuronx.compiler import CompileOptions, driver
+from torch_neuronx.dynamo import artifacts
 
 
 class Block(nn.Module):
@@ -65,9 +66,10 @@ def main() -> None:
         eager_us, neuron_us = per_call_us(model, x), per_call_us(compiled, x)
         print(f"per call                 : neuron {neuron_us:.0f} us, eager {eager_us:.0f} us")
     debug_dir = config.get("TORCH_NEURONX_DEBUG_DIR")
-    graphs = sorted(glob.glob(os.path.join(debug_dir, "torch_neuronx", "rank*", "*", "*", "demo_block*")))
-    print(f"artifacts                : {os.path.dirname(os.path.dirname(graphs[-1])) if graphs else debug_dir}")
-    for path in graphs[-4:]:
+    job = artifacts.job_dir()  # this process's job directory
+    files = sorted(glob.glob(os.path.join(job, "*", "demo_block*")))
+    print(f"artifacts                : {job}")
+    for path in files:
         print(f"                           {os.path.relpath(path, debug_dir)}")
     print(f"NEFF cache               : {config.get('TORCH_NEURONX_NEFF_CACHE_DIR')}")
 
