@@ -144,7 +144,7 @@ def test_execution_errors_follow_the_fallback_policy(only_unimplemented, monkeyp
 
     x = torch.full((3,), 2.0).to("neuron")
     (x - 0.5).cpu()  # compile aten.sub.Tensor for this dispatch key
-    key = next(k for k in eager._kernels if k.startswith("aten.sub.Tensor") and "(3,)" in k)
+    key = next(k for k in eager._kernels if k[0] == "aten.sub.Tensor" and k[1][0][1] == (3,))
     compiled, spec = eager._kernels[key]
 
     def failing(tensors):  # fault injection at the runtime boundary: the device rejects the work

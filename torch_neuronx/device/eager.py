@@ -38,7 +38,7 @@ _log = logging.getLogger("torch_neuronx.device.eager")
 aten = torch.ops.aten
 
 _lock = threading.Lock()
-_kernels: dict[str, Any] = {}  # dispatch key -> (compiled graph, output treespec) or _UNIMPLEMENTED
+_kernels: dict[tuple, Any] = {}  # dispatch key -> (compiled graph, output treespec) or _UNIMPLEMENTED
 _UNIMPLEMENTED = object()
 _warned: set[str] = set()
 
@@ -97,8 +97,14 @@ def _mutated(func: Any) -> list[int]:
 
 
 def _run_view(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    source = _first_neuron(args)
-    out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
+    if kwargs or any(isinstance(a, list | tuple) for a in args):
+        source = _first_neuron(args)
+        out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
+    else:  # the common case, without pytree's cost
+        source = next(a for a in args if isinstance(a, NeuronTensor))
+        out = func(*[a._data if isinstance(a, NeuronTensor) else a for a in args])
+    if isinstance(out, torch.Tensor):
+        return alias(out, source)
     return pytree.tree_map(lambda t: alias(t, source) if isinstance(t, torch.Tensor) else t, out)
 
 
@@ -114,27 +120,29 @@ def _functional_variant(func: Any) -> Any | None:
 # -- compiled execution --------------------------------------------------------------
 
 
-def dispatch_key(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
+def _describe(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        where = "neuron" if isinstance(value, NeuronTensor) else value.device.type
+        return ("T", tuple(value.shape), value.stride(), str(value.dtype), where)
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, *map(_describe, value))
+    if isinstance(value, torch.dtype | torch.device | torch.layout | torch.memory_format):
+        return str(value)
+    return repr(value)
+
+
+def dispatch_key(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple:
     """The dispatch key of a call: op overload, tensor shapes/strides/dtypes, other argument values."""
-
-    def describe(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            where = "neuron" if isinstance(value, NeuronTensor) else value.device.type
-            return f"T{tuple(value.shape)}:{value.stride()}:{value.dtype}:{where}"
-        if isinstance(value, torch.dtype | torch.device | torch.layout | torch.memory_format):
-            return str(value)
-        return repr(value)
-
-    return f"{func}|{pytree.tree_map(describe, list(args))}|{pytree.tree_map(describe, kwargs)}"
+    return (str(func), tuple(map(_describe, args)), tuple((k, _describe(v)) for k, v in kwargs.items()))
 
 
-def _hlo_key(key: str) -> str:
+def _hlo_key(key: tuple) -> str:
     from torch_neuronx.compiler.hlo import LOWERING_VERSION
 
-    return "eager-" + hashlib.sha256(f"{LOWERING_VERSION}|{key}".encode()).hexdigest()
+    return "eager-" + hashlib.sha256(f"{LOWERING_VERSION}|{key!r}".encode()).hexdigest()
 
 
-def _compile(func: Any, key: str, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+def _compile(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """The compiled kernel of ``func`` for this dispatch key (HLO cache, else trace and lower)."""
     from torch_neuronx.cache import store
     from torch_neuronx.kernels import trace as tracing
@@ -202,35 +210,64 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
     if kernel is _UNIMPLEMENTED:
         return _fallback(func, args, kwargs, "not implemented by the neuron compiler")
     compiled, out_spec = kernel
-    tensors = [_cpu(leaf) for leaf in pytree.tree_leaves((list(args), kwargs)) if isinstance(leaf, torch.Tensor)]
+    if kwargs or any(isinstance(a, list | tuple) for a in args):
+        leaves = pytree.tree_leaves((list(args), kwargs))
+    else:  # the common case, without pytree's cost: positional tensors and scalars
+        leaves = args
+    tensors = [leaf._data if isinstance(leaf, NeuronTensor) else leaf for leaf in leaves
+               if isinstance(leaf, torch.Tensor)]
     try:
-        results = compiled(list(tensors))
+        results = compiled(tensors)
     except Exception as exc:
         if config.get("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"):
             raise
         return _fallback(func, args, kwargs, f"execution failed: {exc}")
+    if out_spec.is_leaf():
+        return _to_device(results[0])
     return pytree.tree_map(_to_device, pytree.tree_unflatten(results, out_spec))
+
+
+_SPECIAL_OP, _VIEW, _RANDOM, _IN_PLACE, _NO_FUNCTIONAL, _FUNCTIONAL = range(6)
+_kinds: dict[Any, tuple[int, Any]] = {}
+
+
+def _classify(func: Any) -> tuple[int, Any]:
+    """How ``func`` runs on neuron tensors (computed once per op: schemas are looked at only here)."""
+    kind = _kinds.get(func)
+    if kind is None:
+        if func in _SPECIAL:
+            kind = (_SPECIAL_OP, _SPECIAL[func])
+        elif _is_view(func):
+            kind = (_VIEW, None)
+        elif torch.Tag.nondeterministic_seeded in func.tags:  # random numbers: the host generator
+            kind = (_RANDOM, bool(_mutated(func)))
+        elif _mutated(func):
+            functional = _functional_variant(func)
+            usable = functional is not None and _mutated(func) == [0]
+            kind = (_IN_PLACE, functional) if usable else (_NO_FUNCTIONAL, None)
+        else:
+            kind = (_FUNCTIONAL, None)
+        _kinds[func] = kind
+    return kind
 
 
 def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """Run one ATen op whose arguments include neuron tensors."""
-    special = _SPECIAL.get(func)
-    if special is not None:
-        return special(args, kwargs)
-    if _is_view(func):
-        return _run_view(func, args, kwargs)
-    if torch.Tag.nondeterministic_seeded in func.tags:  # random numbers come from the host generator
-        out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
-        return pytree.tree_map(_to_device, out) if not _mutated(func) else args[0]
-    mutated = _mutated(func)
-    if mutated:
-        functional = _functional_variant(func)
-        if functional is None or mutated != [0]:
-            return _fallback(func, args, kwargs, "an in-place or out= variant without a functional form")
-        result = _run_compiled(functional, args, kwargs)
+    kind, extra = _classify(func)
+    if kind == _FUNCTIONAL:
+        return _run_compiled(func, args, kwargs)
+    if kind == _IN_PLACE:
+        result = _run_compiled(extra, args, kwargs)
         _cpu(args[0]).copy_(_cpu(result))
         return args[0]
-    return _run_compiled(func, args, kwargs)
+    if kind == _VIEW:
+        return _run_view(func, args, kwargs)
+    if kind == _SPECIAL_OP:
+        return extra(args, kwargs)
+    if kind == _RANDOM:
+        out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
+        return args[0] if extra else pytree.tree_map(_to_device, out)
+    return _fallback(func, args, kwargs, "an in-place or out= variant without a functional form")
 
 
 def empty_on_device(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype | None) -> NeuronTensor:

@@ -40,10 +40,18 @@ def _span_bytes(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) 
     return (sum((s - 1) * st for s, st in zip(size, stride)) + 1) * dtype.itemsize
 
 
+def _contiguous_strides(size: Sequence[int]) -> list[int]:
+    strides, step = [], 1
+    for s in reversed(size):
+        strides.append(step)
+        step *= max(s, 1)
+    return strides[::-1]
+
+
 def allocate(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype) -> tuple[torch.Tensor, Allocation]:
     """Device memory for a tensor of ``size``/``stride``: its CPU view and its allocation."""
     size = [int(s) for s in size]
-    stride = list(stride) if stride is not None else list(torch.empty(size, device="meta").stride())
+    stride = list(stride) if stride is not None else _contiguous_strides(size)
     nbytes = _span_bytes(size, stride, dtype)
     allocation = Allocation(nbytes)
     if nbytes == 0:
