@@ -160,3 +160,10 @@ def test_execution_errors_follow_the_fallback_policy(only_unimplemented, monkeyp
         with pytest.warns(RuntimeWarning, match="execution failed: injected device fault"):
             out = x - 0.5
         assert torch.equal(out.cpu(), torch.full((3,), 1.5))
+
+
+def test_runtime_refuses_tensor_subclasses_instead_of_reading_wild_memory():
+    from torch_neuronx.runtime.executable import NeuronRuntimeError, _aligned_contiguous
+
+    with pytest.raises(NeuronRuntimeError, match="plain CPU tensors, got NeuronTensor"):
+        _aligned_contiguous(torch.ones(4).to("neuron"))

@@ -26,6 +26,7 @@ from torch_neuronx.compiler import hlo
 from torch_neuronx.compiler.options import CompileOptions
 
 _log = logging.getLogger("torch_neuronx.dynamo.plans")
+_PLAIN = (torch.Tensor, torch.nn.Parameter, torch._subclasses.fake_tensor.FakeTensor)
 
 PLAN_VERSION = 2
 
@@ -56,6 +57,8 @@ def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
         return None
     if not all(isinstance(a, torch.Tensor) for a in example_inputs):
         return None
+    if any(type(a) not in _PLAIN for a in example_inputs):
+        return None  # tensor subclasses (neuron tensors) need aot_autograd's wrapping
     if torch.is_grad_enabled() and any(a.requires_grad for a in example_inputs):
         return None  # a training graph: aot_autograd builds its backward
     target = options.resolved_target()
@@ -70,6 +73,8 @@ def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
 
 def plain_inference(example_inputs: Sequence[Any], graph_inputs: Sequence[Any]) -> bool:
     """Whether aot_autograd's metadata for the graph being compiled allows running it from a plan."""
+    if any(type(t) not in _PLAIN for t in example_inputs):
+        return False  # tensor subclasses (neuron tensors) are unwrapped by aot_autograd's wrapper
     context = torch._guards.TracingContext.try_get()
     meta = getattr(context, "fw_metadata", None)
     if meta is None:

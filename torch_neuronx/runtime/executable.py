@@ -84,6 +84,10 @@ def device(driver: str) -> Device:
 
 
 def _aligned_contiguous(t: torch.Tensor) -> torch.Tensor:
+    if type(t) not in (torch.Tensor, torch.nn.Parameter):
+        # A subclass's data_ptr is not its values' address: exporting it would read wild memory.
+        raise NeuronRuntimeError(f"NEFF inputs must be plain CPU tensors, got {type(t).__name__} "
+                                 f"on {t.device}")
     if t.is_contiguous() and t.data_ptr() % _ALIGNMENT == 0:
         return t
     out = torch.empty(t.shape, dtype=t.dtype)  # fresh allocations are 64-byte aligned
@@ -133,7 +137,8 @@ class Executable:
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         # The hot path of every compiled call. Kept to one Python frame on purpose: Dynamo's
         # frame hook runs for each Python call made while a compiled graph executes.
-        from_capsule, parameter_views, parameter = self._from_capsule, self._parameter_views, torch.nn.Parameter
+        from_capsule, parameter_views = self._from_capsule, self._parameter_views
+        parameter, plain = torch.nn.Parameter, torch.Tensor
         args = self._list(len(inputs))
         for t in inputs:
             if type(t) is parameter:
@@ -141,7 +146,7 @@ class Executable:
                 if entry is not None and entry[0]() is t and entry[1] == t.data_ptr():
                     args.push_ref(entry[2])
                     continue
-            elif t.is_contiguous() and t.data_ptr() % _ALIGNMENT == 0:
+            elif type(t) is plain and t.is_contiguous() and t.data_ptr() % _ALIGNMENT == 0:
                 args.push_ref(from_capsule(_to_dlpack(t)))
                 continue
             args.push_ref(self._view(t))
