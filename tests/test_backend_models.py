@@ -166,3 +166,20 @@ def test_aligned_inputs_cross_without_copies():
     copied = _aligned_contiguous(shifted)
     assert copied is not shifted and copied.data_ptr() % 64 == 0
     torch.testing.assert_close(copied, shifted)
+
+
+_INDEX = torch.tensor([[0, 1], [2, 0]])
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("sort", lambda x: x.sort(dim=1).values),
+    ("topk", lambda x: x.topk(2).values),
+    ("scatter", lambda x: x.scatter(1, _INDEX, torch.ones(2, 2))),
+    ("index_put", lambda x: x.index_put((torch.tensor([0]),), torch.zeros(5))),
+])
+def test_ops_that_iree_runs_in_place_leave_the_callers_input_alone(name, fn):
+    x = torch.randn(2, 5)
+    original = x.clone()
+    out = torch.compile(fn, backend="neuron")(x)
+    assert torch.equal(x, original), f"{name} wrote into its input"
+    torch.testing.assert_close(out, fn(original))

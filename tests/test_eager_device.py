@@ -167,3 +167,11 @@ def test_runtime_refuses_tensor_subclasses_instead_of_reading_wild_memory():
 
     with pytest.raises(NeuronRuntimeError, match="plain CPU tensors, got NeuronTensor"):
         _aligned_contiguous(torch.ones(4).to("neuron"))
+
+
+def test_sort_on_neuron_leaves_its_input_alone():
+    x = torch.randn(3, 6)
+    nx = x.to("neuron")
+    values = nx.sort(dim=1).values
+    assert torch.equal(nx.cpu(), x)
+    torch.testing.assert_close(values.cpu(), x.sort(dim=1).values)

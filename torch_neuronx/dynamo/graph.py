@@ -75,8 +75,10 @@ class CompiledGraph:
 
     def __init__(self, name: str, neff_provider: Callable[[], Any], driver: str,
                  template: list[Any], outputs: list[Any], artifacts: GraphArtifacts,
-                 complex_inputs: Sequence[int] = (), complex_outputs: Sequence[int] = ()) -> None:
+                 complex_inputs: Sequence[int] = (), complex_outputs: Sequence[int] = (),
+                 copy_inputs: bool = False) -> None:
         self.name = name
+        self._copy_inputs = copy_inputs
         # Complex tensors cross as their (..., 2) real views (see passes/complex_to_real.py).
         self._complex_inputs = tuple(complex_inputs)
         self._complex_outputs = tuple(complex_outputs)
@@ -88,7 +90,7 @@ class CompiledGraph:
         self._executable = None
         self._calls = 0
         # No complex conversion, no constant outputs: results go back exactly as the NEFF returns them.
-        self._plain = not (self._complex_inputs or self._complex_outputs) and all(
+        self._plain = not (self._complex_inputs or self._complex_outputs or copy_inputs) and all(
             slot is None for slot in template)
 
     def _load(self):
@@ -104,6 +106,8 @@ class CompiledGraph:
         return zeros
 
     def _execute(self, executable: Any, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self._copy_inputs:  # the NEFF may write into its inputs: give it copies
+            tensors = [t.clone(memory_format=torch.contiguous_format) for t in tensors]
         for i in self._complex_inputs:
             tensors[i] = torch.view_as_real(tensors[i].resolve_conj())
         results = executable(tensors)
@@ -172,6 +176,17 @@ def _prepare(gm: torch.fx.GraphModule, name: str) -> tuple[torch.fx.GraphModule,
     return gm, template
 
 
+# StableHLO ops that IREE 3.13 lowers to operations tied to their operand (sort and scatter
+# run in place on it). When that operand is a function argument, IREE writes into the caller's
+# input buffer (iree-org/iree#16168): torch.compile(lambda x: x.sort().values) would sort x.
+_TIED_OPS = ("stablehlo.sort", "stablehlo.scatter")
+
+
+def writes_its_inputs(stablehlo: str) -> bool:
+    """Whether the compiled module may write into its input buffers (so callers must pass copies)."""
+    return any(op in stablehlo for op in _TIED_OPS)
+
+
 def _has_float64(gm: torch.fx.GraphModule) -> bool:
     for node in gm.graph.nodes:
         vals = node.meta.get("val")
@@ -194,7 +209,7 @@ def executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtifa
                                  "use TORCH_NEURONX_COMPILE_ONLY=1 to cross-compile", graph=plan.graph_name)
     outputs = [(tuple(o["shape"]), getattr(torch, o["dtype"])) for o in plan.outputs]
     return CompiledGraph(plan.graph_name, lambda: neff, driver, plan.template, outputs, artifacts,
-                         plan.complex_inputs, plan.complex_outputs)
+                         plan.complex_inputs, plan.complex_outputs, copy_inputs=plan.copy_inputs)
 
 
 def build_graph(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
@@ -226,7 +241,7 @@ def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
                 inputs=[tensor_spec(v) for v in placeholders if isinstance(v, torch.Tensor)],
                 complex_inputs=list(gm.meta.get("complex_inputs", ())),
                 complex_outputs=list(gm.meta.get("complex_outputs", ())), flops=graph_flops(gm),
-                keep_f64=_has_float64(gm))
+                keep_f64=_has_float64(gm), copy_inputs=writes_its_inputs(lowered.stablehlo))
     return executable_graph(plan, options, artifacts), plan
 
 

@@ -28,7 +28,7 @@ from torch_neuronx.compiler.options import CompileOptions
 _log = logging.getLogger("torch_neuronx.dynamo.plans")
 _PLAIN = (torch.Tensor, torch.nn.Parameter, torch._subclasses.fake_tensor.FakeTensor)
 
-PLAN_VERSION = 2
+PLAN_VERSION = 3
 
 
 @dataclasses.dataclass
@@ -45,6 +45,7 @@ class Plan:
     complex_outputs: list[int]
     flops: int
     keep_f64: bool = False
+    copy_inputs: bool = False  # see graph.writes_its_inputs
 
 
 def _tensor_spec(t: torch.Tensor) -> str:

@@ -30,7 +30,7 @@ from torch_neuronx.dynamo.artifacts import GraphArtifacts
 from torch_neuronx.dynamo.graph import CompiledGraph, build_graph, executable_graph
 from torch_neuronx.dynamo.plans import Plan
 
-FORMAT = 1  # bumped when the stored fields change, so old entries stop matching
+FORMAT = 2  # bumped when the stored fields change, so old entries stop matching
 
 _DATA_DEPENDENT = (GuardOnDataDependentSymNode, DataDependentOutputException, DynamicOutputShapeException)
 
