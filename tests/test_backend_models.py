@@ -183,3 +183,17 @@ def test_ops_that_iree_runs_in_place_leave_the_callers_input_alone(name, fn):
     out = torch.compile(fn, backend="neuron")(x)
     assert torch.equal(x, original), f"{name} wrote into its input"
     torch.testing.assert_close(out, fn(original))
+
+
+@pytest.mark.parametrize("name,fn", [
+    ("remainder_scalar", lambda x: torch.remainder(x * 10, 3)),
+    ("remainder_tensor", lambda x: torch.remainder(x * 10, torch.full((5,), -2.5))),
+    ("remainder_int", lambda x: torch.remainder((x * 10).to(torch.int64), 3)),
+    ("all", lambda x: (x > -3).all()),
+    ("any_dim", lambda x: (x > 0.5).any(dim=1)),
+])
+def test_ops_lowered_through_our_decompositions_match_eager(name, fn):
+    x = torch.randn(4, 5)
+    out, ref = torch.compile(fn, backend="neuron")(x), fn(x)
+    assert out.dtype == ref.dtype, name
+    torch.testing.assert_close(out, ref)

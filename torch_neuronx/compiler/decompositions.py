@@ -177,6 +177,25 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
     return grad_input, grad_weight, grad_bias
 
 
+def remainder(a, b):
+    """Python's modulo (the result takes the divisor's sign).
+
+    torch-mlir lowers ``aten.remainder`` to ``stablehlo.remainder``, which is C's
+    fmod (the dividend's sign): silently wrong for operands of mixed sign.
+    """
+    return a - aten.div.Tensor_mode(a, b, rounding_mode="floor") * b
+
+
+def remainder_scalar(a, b):
+    return remainder(a, torch.scalar_tensor(b, dtype=a.dtype, device=a.device))
+
+
+def any_dims(x, dim=None, keepdim=False):
+    """``aten.any.dims`` (which torch-mlir does not lower) as a sum of the true values."""
+    counts = aten.sum.dim_IntList(x.to(torch.int32), list(dim) if dim is not None else None, keepdim)
+    return counts > 0
+
+
 # Decompositions PyTorch has but does not count as "core"; torch-mlir lowers none of these ops.
 _FROM_TORCH = (
     aten._native_batch_norm_legit_functional.default,
@@ -191,6 +210,9 @@ _EXTRA: dict[torch._ops.OpOverload, Callable] = {
     aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
     aten._native_multi_head_attention.default: native_multi_head_attention,
     aten.convolution_backward.default: convolution_backward,
+    aten.remainder.Tensor: remainder,
+    aten.remainder.Scalar: remainder_scalar,
+    aten.any.dims: any_dims,
     aten._scaled_dot_product_flash_attention_for_cpu.default: flash_attention_for_cpu,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_attention_for_cpu_backward,
 }
