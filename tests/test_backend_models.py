@@ -189,6 +189,11 @@ def test_ops_that_iree_runs_in_place_leave_the_callers_input_alone(name, fn):
     ("remainder_scalar", lambda x: torch.remainder(x * 10, 3)),
     ("remainder_tensor", lambda x: torch.remainder(x * 10, torch.full((5,), -2.5))),
     ("remainder_int", lambda x: torch.remainder((x * 10).to(torch.int64), 3)),
+    ("fmod_int_scalar", lambda x: torch.fmod((x * 10).to(torch.int64), 4)),
+    ("fmod_float", lambda x: torch.fmod(x * 10, -3.0)),
+    ("roll", lambda x: torch.roll(x, 2, 1)),
+    ("diagonal", lambda x: torch.diagonal(x, 1)),
+    ("trace", lambda x: torch.trace(x[:, :4])),
     ("all", lambda x: (x > -3).all()),
     ("any_dim", lambda x: (x > 0.5).any(dim=1)),
 ])

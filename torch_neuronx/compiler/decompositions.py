@@ -190,6 +190,24 @@ def remainder_scalar(a, b):
     return remainder(a, torch.scalar_tensor(b, dtype=a.dtype, device=a.device))
 
 
+def fmod(a, b):
+    """C's remainder (the dividend's sign); torch-mlir lowers no ``fmod`` with a scalar divisor."""
+    return a - aten.div.Tensor_mode(a, b, rounding_mode="trunc") * b
+
+
+def fmod_scalar(a, b):
+    return fmod(a, torch.scalar_tensor(b, dtype=a.dtype, device=a.device))
+
+
+def diagonal(x, offset=0, dim1=0, dim2=1):
+    """``aten.diagonal`` (a strided view torch-mlir does not lower) as a gather of the diagonal."""
+    x = torch.movedim(x, (dim1, dim2), (-2, -1))
+    rows, cols = x.shape[-2], x.shape[-1]
+    length = max(0, min(rows + min(offset, 0), cols - max(offset, 0)))
+    index = torch.arange(length, device=x.device)
+    return x[..., index + max(-offset, 0), index + max(offset, 0)]
+
+
 def any_dims(x, dim=None, keepdim=False):
     """``aten.any.dims`` (which torch-mlir does not lower) as a sum of the true values."""
     counts = aten.sum.dim_IntList(x.to(torch.int32), list(dim) if dim is not None else None, keepdim)
@@ -213,6 +231,9 @@ _EXTRA: dict[torch._ops.OpOverload, Callable] = {
     aten.remainder.Tensor: remainder,
     aten.remainder.Scalar: remainder_scalar,
     aten.any.dims: any_dims,
+    aten.fmod.Tensor: fmod,
+    aten.fmod.Scalar: fmod_scalar,
+    aten.diagonal.default: diagonal,
     aten._scaled_dot_product_flash_attention_for_cpu.default: flash_attention_for_cpu,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_attention_for_cpu_backward,
 }
