@@ -10,7 +10,18 @@ from models import MLP, GPTBlock, LSTMHead, SmallCNN, encoder_layer
 
 from torch_neuronx import metrics
 
+
+class TransposedConv(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2)
+
+    def forward(self, x):
+        return torch.relu(self.up(x))
+
+
 TRAINING = {
+    "conv_transpose_grouped": (TransposedConv, lambda: torch.randn(2, 4, 5, 5)),
     "mlp": (MLP, lambda: torch.randn(32, 64)),
     "transformer_encoder_train": (encoder_layer, lambda: torch.randn(4, 10, 64)),
     "cnn_batchnorm_pool": (SmallCNN, lambda: torch.randn(4, 3, 8, 8)),

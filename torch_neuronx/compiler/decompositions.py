@@ -153,9 +153,17 @@ def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding
     grad_weight is the convolution of the input with grad_output as the kernel
     (stride and dilation swap roles), per group; grad_bias sums grad_output.
     """
-    if transposed:
-        raise NotImplementedError("convolution_backward of a transposed convolution")
     spatial = list(range(2, grad_output.dim()))
+    if transposed:
+        # A transposed convolution's adjoint is the forward convolution with the same weight,
+        # and its weight gradient is that of a forward convolution of grad_output producing input.
+        zeros = [0] * len(spatial)
+        grad_input = (aten.convolution(grad_output, weight, None, stride, padding, dilation, False, zeros, groups)
+                      if output_mask[0] else None)
+        grad_weight = (convolution_backward(input, grad_output, weight, None, stride, padding, dilation, False,
+                                            zeros, groups, [False, True, False])[1] if output_mask[1] else None)
+        grad_bias = grad_output.sum(dim=[0, *spatial]) if output_mask[2] else None
+        return grad_input, grad_weight, grad_bias
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
         extra = [i - ((g - 1) * s - 2 * p + d * (k - 1) + 1) for i, g, s, p, d, k in zip(
