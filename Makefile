@@ -3,13 +3,16 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
+# The CPU build of torch 2.13.0 lies on disk on this project's machines; point pip at it
+# explicitly so an unpinned index never hands out a multi-GB CUDA build instead.
+WHEELS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
 .PHONY: demo test test-slow lint bench docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet $(WHEELS) -e '.[test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
