@@ -205,6 +205,8 @@ def test_ops_that_iree_runs_in_place_leave_the_callers_input_alone(name, fn):
     ("roll", lambda x: torch.roll(x, 2, 1)),
     ("diagonal", lambda x: torch.diagonal(x, 1)),
     ("trace", lambda x: torch.trace(x[:, :4])),
+    ("xor_scalar", lambda x: (x * 10).to(torch.int64) ^ 3),
+    ("shifts", lambda x: ((x * 10).to(torch.int64) >> 1) + ((x * 10).abs().to(torch.int32) << 2)),
     ("all", lambda x: (x > -3).all()),
     ("any_dim", lambda x: (x > 0.5).any(dim=1)),
 ])

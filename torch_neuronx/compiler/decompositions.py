@@ -216,6 +216,29 @@ def diagonal(x, offset=0, dim1=0, dim2=1):
     return x[..., index + max(-offset, 0), index + max(offset, 0)]
 
 
+def _as_tensor(value, like):
+    return value if isinstance(value, torch.Tensor) else torch.scalar_tensor(value, dtype=like.dtype,
+                                                                            device=like.device)
+
+
+def shift_left(a, b):
+    """Integer ``a << b`` as ``a * 2**b`` (torch-mlir lowers no shift to StableHLO)."""
+    return a * torch.pow(_as_tensor(2, a), _as_tensor(b, a))
+
+
+def shift_right(a, b):
+    """Arithmetic ``a >> b`` as the floor division by ``2**b``, which rounds the same way for negatives."""
+    return aten.div.Tensor_mode(a, torch.pow(_as_tensor(2, a), _as_tensor(b, a)), rounding_mode="floor")
+
+
+def bitwise_xor_scalar(a, b):
+    return aten.bitwise_xor.Tensor(a, _as_tensor(b, a))
+
+
+def bitwise_or_scalar(a, b):
+    return aten.bitwise_or.Tensor(a, _as_tensor(b, a))
+
+
 def any_dims(x, dim=None, keepdim=False):
     """``aten.any.dims`` (which torch-mlir does not lower) as a sum of the true values."""
     counts = aten.sum.dim_IntList(x.to(torch.int32), list(dim) if dim is not None else None, keepdim)
@@ -242,6 +265,16 @@ _EXTRA: dict[torch._ops.OpOverload, Callable] = {
     aten.fmod.Tensor: fmod,
     aten.fmod.Scalar: fmod_scalar,
     aten.diagonal.default: diagonal,
+    aten.bitwise_xor.Scalar: bitwise_xor_scalar,
+    aten.bitwise_or.Scalar: bitwise_or_scalar,
+    aten.__lshift__.Scalar: shift_left,
+    aten.__lshift__.Tensor: shift_left,
+    aten.bitwise_left_shift.Tensor: shift_left,
+    aten.bitwise_left_shift.Tensor_Scalar: shift_left,
+    aten.__rshift__.Scalar: shift_right,
+    aten.__rshift__.Tensor: shift_right,
+    aten.bitwise_right_shift.Tensor: shift_right,
+    aten.bitwise_right_shift.Tensor_Scalar: shift_right,
     aten._scaled_dot_product_flash_attention_for_cpu.default: flash_attention_for_cpu,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_attention_for_cpu_backward,
 }
