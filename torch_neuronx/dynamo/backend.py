@@ -22,18 +22,17 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 
-from torch_neuronx import config, metrics
+from torch_neuronx import config
 from torch_neuronx.compiler import decompositions
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions
-from torch_neuronx.dynamo import plans, precompile
+from torch_neuronx.dynamo import fallback, plans, precompile
 from torch_neuronx.dynamo.graph import CompiledGraph, compile_graph, from_plan
 
 _log = logging.getLogger("torch_neuronx.dynamo")
@@ -59,23 +58,6 @@ def _is_symbolic(example_inputs: Sequence[Any]) -> bool:
                 not isinstance(d, int) for d in (*value.shape, *value.stride())):
             return True
     return False
-
-
-def _fallback_enabled() -> bool:
-    return not config.get("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION")
-
-
-_warned: set[str] = set()
-
-
-def warn_fallback(err: NeuronCompileError) -> None:
-    """Count a fallback and warn about it once per distinct failure."""
-    metrics.increment("fallback_graphs")
-    key = f"{err.stage}:{err.op}:{err.graph}"
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(f"{err}\n  falling back to eager execution of this graph "
-                      "(TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0)", RuntimeWarning, stacklevel=2)
 
 
 def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
@@ -108,9 +90,9 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         err = NeuronCompileError("trace", f"aot_autograd could not trace the graph: "
                                  f"{type(exc).__name__}: {exc}", graph=model)
         with options.applied():
-            if not _fallback_enabled():
+            if not fallback.enabled():
                 raise err from exc
-            warn_fallback(err)
+            fallback.warn(err)
         return gm.forward
     # A plain inference graph runs as-is on Dynamo's inputs: skip aot_autograd's runtime
     # wrapper, which costs more than the whole NEFF call for small graphs.

@@ -24,7 +24,7 @@ from torch_neuronx.compiler.cost import graph_flops
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, compile_only_enabled
 from torch_neuronx.compiler.targets import driver_available
-from torch_neuronx.dynamo import plans
+from torch_neuronx.dynamo import fallback, plans
 from torch_neuronx.dynamo.artifacts import GraphArtifacts
 from torch_neuronx.dynamo.plans import Plan
 
@@ -73,7 +73,7 @@ class CompiledGraph:
 
     _boxed_call = True
 
-    def __init__(self, name: str, neff_provider: Callable[[], Any], driver: str,
+    def __init__(self, name: str, neff: Any, driver: str,
                  template: list[Any], outputs: list[Any], artifacts: GraphArtifacts,
                  complex_inputs: Sequence[int] = (), complex_outputs: Sequence[int] = (),
                  copy_inputs: bool = False) -> None:
@@ -82,7 +82,7 @@ class CompiledGraph:
         # Complex tensors cross as their (..., 2) real views (see passes/complex_to_real.py).
         self._complex_inputs = tuple(complex_inputs)
         self._complex_outputs = tuple(complex_outputs)
-        self._neff_provider = neff_provider
+        self._neff = neff
         self._driver = driver
         self._template = template
         self._outputs = outputs  # (shape, dtype) of each compiled output
@@ -96,7 +96,7 @@ class CompiledGraph:
     def _load(self):
         from torch_neuronx.runtime.executable import Executable
 
-        self._executable = Executable(self._neff_provider(), self._driver)
+        self._executable = Executable(self._neff, self._driver)
         return self._executable
 
     def _zeros(self, device: torch.device) -> list[torch.Tensor]:
@@ -208,7 +208,7 @@ def executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtifa
         raise NeuronCompileError("load", f"NEFFs of target {target.name!r} cannot execute on this host; "
                                  "use TORCH_NEURONX_COMPILE_ONLY=1 to cross-compile", graph=plan.graph_name)
     outputs = [(tuple(o["shape"]), getattr(torch, o["dtype"])) for o in plan.outputs]
-    return CompiledGraph(plan.graph_name, lambda: neff, driver, plan.template, outputs, artifacts,
+    return CompiledGraph(plan.graph_name, neff, driver, plan.template, outputs, artifacts,
                          plan.complex_inputs, plan.complex_outputs, copy_inputs=plan.copy_inputs)
 
 
@@ -289,11 +289,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         try:
             compiled, plan = build_graph(gm, options, name, artifacts)
         except NeuronCompileError as err:
-            if config.get("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"):
+            if not fallback.enabled():
                 raise
-            from torch_neuronx.dynamo.backend import warn_fallback
-
-            warn_fallback(err)
+            fallback.warn(err)
             return _boxed_eager(gm)
         metrics.increment("compiled_graphs")
         if on_plan is not None and plans.plain_inference(dynamo_inputs, example_inputs):

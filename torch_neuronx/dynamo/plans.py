@@ -56,10 +56,8 @@ def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
     """The plan key of a Dynamo graph, or None when the graph cannot use a plan (training, symbolic)."""
     if config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
         return None
-    if not all(isinstance(a, torch.Tensor) for a in example_inputs):
-        return None
     if any(type(a) not in _PLAIN for a in example_inputs):
-        return None  # tensor subclasses (neuron tensors) need aot_autograd's wrapping
+        return None  # symbolic sizes, or tensor subclasses (neuron tensors) that need aot_autograd's wrapping
     if torch.is_grad_enabled() and any(a.requires_grad for a in example_inputs):
         return None  # a training graph: aot_autograd builds its backward
     target = options.resolved_target()
