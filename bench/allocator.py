@@ -122,41 +122,34 @@ def replay_memory(env: str, persistent: list[int], ops: list[tuple[int, int]], s
     return stats
 
 
-def replay_speed(env: str, ops: list[tuple[int, int]], seconds: float) -> float:
-    """Alloc+free pairs per second of the step trace, replayed in a loop."""
-    allocator = CachingAllocator(0, parse(env), HostSegmentSource())
-    malloc, free = allocator.malloc, allocator.free
-    addresses: dict[int, int] = {}
+def _pairs_per_second(ops: list[tuple[int, int]], seconds: float, alloc, free) -> float:
+    """Replay the trace in a loop through ``alloc(size) -> handle`` / ``free(handle)``."""
+    live: dict[int, object] = {}
     pairs = sum(1 for _, size in ops if size)
     done, elapsed = 0, 0.0
     while elapsed < seconds:
         start = time.perf_counter()
         for key, size in ops:
             if size:
-                addresses[key] = malloc(size)
+                live[key] = alloc(size)
             else:
-                free(addresses.pop(key))
+                free(live.pop(key))
         elapsed += time.perf_counter() - start
         done += pairs
-    allocator.empty_cache()
     return done / elapsed
+
+
+def replay_speed(env: str, ops: list[tuple[int, int]], seconds: float) -> float:
+    """Alloc+free pairs per second of the step trace, replayed in a loop."""
+    allocator = CachingAllocator(0, parse(env), HostSegmentSource())
+    speed = _pairs_per_second(ops, seconds, allocator.malloc, allocator.free)
+    allocator.empty_cache()
+    return speed
 
 
 def torch_cpu_speed(ops: list[tuple[int, int]], seconds: float) -> float:
     """The same trace through torch's CPU allocator (UntypedStorage create/delete; no caching)."""
-    storages: dict[int, torch.UntypedStorage] = {}
-    pairs = sum(1 for _, size in ops if size)
-    done, elapsed = 0, 0.0
-    while elapsed < seconds:
-        start = time.perf_counter()
-        for key, size in ops:
-            if size:
-                storages[key] = torch.UntypedStorage(size)
-            else:
-                del storages[key]
-        elapsed += time.perf_counter() - start
-        done += pairs
-    return done / elapsed
+    return _pairs_per_second(ops, seconds, torch.UntypedStorage, lambda storage: None)
 
 
 def main() -> None:
