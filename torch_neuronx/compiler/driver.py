@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from torch_neuronx import config
@@ -94,11 +95,10 @@ def work_dir(key: str) -> str:
     return os.path.join(config.get("TORCH_NEURONX_DEBUG_DIR"), "neuronx-cc", key[:32])
 
 
-def _command(job: CompileJob, workdir: str) -> list[str]:
+def _command(job: CompileJob, flags: Sequence[str]) -> list[str]:
     if job.target.compiler == "iree":
-        return [iree_compile_path(), *job.flags, "module.mlir", "-o", "payload.vmfb"]
-    return ["neuronx-cc", "compile", "--framework=XLA", "module.mlir", "--output", "payload.vmfb",
-            *job.flags]
+        return [iree_compile_path(), *flags, "module.mlir", "-o", "payload.vmfb"]
+    return ["neuronx-cc", "compile", "--framework=XLA", "module.mlir", "--output", "payload.vmfb", *flags]
 
 
 def _write(path: str, text: str) -> None:
@@ -106,40 +106,64 @@ def _write(path: str, text: str) -> None:
         f.write(text)
 
 
-def compile_neff(job: CompileJob) -> bytes:
-    """Compile ``job`` to a NEFF container and return its bytes; raise NeuronCompileError on failure."""
+def _attempt(job: CompileJob, flags: Sequence[str], workdir: str, *, append: bool) -> subprocess.CompletedProcess:
+    """Run the compiler once with ``flags``; record the command line and its log in ``workdir``."""
     global invocations
-    workdir = work_dir(job.key)
-    shutil.rmtree(workdir, ignore_errors=True)
-    os.makedirs(workdir, exist_ok=True)
-    _write(os.path.join(workdir, "module.mlir"), job.stablehlo)
     try:
-        cmd = _command(job, workdir)
+        cmd = _command(job, flags)
     except CompilerNotFoundError as err:
         err.artifacts = workdir
         raise
-    _write(os.path.join(workdir, "compiler_args.txt"), " ".join(cmd) + "\n")
-    version = compiler_version(job.target)
-    started = time.perf_counter()
+    mode = "a" if append else "w"
+    with open(os.path.join(workdir, "compiler_args.txt"), mode) as f:
+        f.write(" ".join(cmd) + "\n")
     invocations += 1
-    _log.info("compiling %s for %s in %s", job.graph_name, job.target.name, workdir)
     try:
         proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
     except OSError as exc:
         raise NeuronCompileError("compile", f"could not run {cmd[0]}: {exc}", artifacts=workdir,
                                  graph=job.graph_name) from exc
+    with open(os.path.join(workdir, "log-neuron-cc.txt"), mode) as f:
+        f.write(proc.stdout + proc.stderr)
+    return proc
+
+
+def _failure(job: CompileJob, proc: subprocess.CompletedProcess, workdir: str) -> NeuronCompileError:
+    log = (proc.stderr or proc.stdout).strip()
+    first = "\n".join(log.splitlines()[:12])
+    return NeuronCompileError(
+        "compile", f"{job.target.compiler} exited with status {proc.returncode}:\n{first}",
+        op=op_from_message(log), artifacts=workdir, graph=job.graph_name)
+
+
+def compile_neff(job: CompileJob) -> bytes:
+    """Compile ``job`` to a NEFF container and return its bytes; raise NeuronCompileError on failure.
+
+    When the compiler rejects the module and the target has fallback flags for some of
+    ``job.flags`` (:attr:`Target.flag_fallbacks`), it runs once more with those; both
+    attempts are in ``compiler_args.txt`` and ``log-neuron-cc.txt``.
+    """
+    workdir = work_dir(job.key)
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir, exist_ok=True)
+    _write(os.path.join(workdir, "module.mlir"), job.stablehlo)
+    version = compiler_version(job.target)
+    started = time.perf_counter()
+    _log.info("compiling %s for %s in %s", job.graph_name, job.target.name, workdir)
+    flags = list(job.flags)
+    proc = _attempt(job, flags, workdir, append=False)
+    retry = job.target.fallback_flags(flags) if proc.returncode != 0 else None
+    if retry is not None:
+        _log.info("%s rejected %s; compiling again with %s", job.target.compiler, job.graph_name,
+                  " ".join(f for f in retry if f not in flags))
+        flags, proc = retry, _attempt(job, retry, workdir, append=True)
     elapsed = time.perf_counter() - started
-    _write(os.path.join(workdir, "log-neuron-cc.txt"), proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        log = (proc.stderr or proc.stdout).strip()
-        first = "\n".join(log.splitlines()[:12])
-        raise NeuronCompileError(
-            "compile", f"{job.target.compiler} exited with status {proc.returncode}:\n{first}",
-            op=op_from_message(log), artifacts=workdir, graph=job.graph_name)
+        raise _failure(job, proc, workdir)
     with open(os.path.join(workdir, "payload.vmfb"), "rb") as f:
         payload = f.read()
     os.unlink(os.path.join(workdir, "payload.vmfb"))
-    metadata = {"graph": job.graph_name, "compile_seconds": round(elapsed, 3), "flags": list(job.flags)}
+    metadata = {"graph": job.graph_name, "compile_seconds": round(elapsed, 3), "flags": flags}
     data = neff.encode(payload, target=job.target.name, compiler_version=version, key=job.key,
                        signature=job.signature, metadata=metadata)
     with open(os.path.join(workdir, "module.neff"), "wb") as f:

@@ -334,6 +334,12 @@ _register(
     Var("TORCH_NEURONX_COMPILER_FLAGS", "str", "",
         "Extra flags appended to every compiler invocation (space separated). Part of the cache key.",
         _OURS, parse_str, readers=("compiler.options",), ours=True),
+    Var("TORCH_NEURONX_RESIDENT_PARAMETERS", "bool", True,
+        "When 1 (the default), inference graphs keep their nn.Parameter inputs resident in the runtime: "
+        "weights are bound (and packed for the matmuls) once, and bound again only when a parameter "
+        "changes (another tensor, or an in-place update). Costs one packed copy of the weights. When 0, "
+        "parameters are passed and packed on every call. Part of the NEFF (its signature changes).",
+        _OURS, parse_bool, readers=("dynamo.graph",), ours=True),
     Var("TORCH_NEURONX_IREE_COMPILE", "path", "",
         "Path of the iree-compile executable. Empty (the default): the one shipped with "
         "iree-base-compiler.",

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from torch_neuronx import config, metrics
-from torch_neuronx.compiler import hlo, lower, passes
+from torch_neuronx.compiler import hlo, lower, passes, resident
 from torch_neuronx.compiler.compile import NeffRequest, get_neff
 from torch_neuronx.compiler.cost import graph_flops
 from torch_neuronx.compiler.errors import NeuronCompileError
@@ -196,12 +196,35 @@ def _has_float64(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
+def resident_inputs(dynamo_inputs: Sequence[Any]) -> list[int]:
+    """Positions of the inputs an inference graph may keep resident in the runtime: its parameters.
+
+    Only for graphs that run as-is on Dynamo's inputs (positions are the NEFF's input positions).
+    """
+    return [i for i, t in enumerate(dynamo_inputs)
+            if type(t) is torch.nn.Parameter and t.numel() > 0 and not t.is_complex()]
+
+
+def _with_resident_parameters(plan: Plan) -> tuple[str, list[int]]:
+    """The StableHLO to compile for ``plan`` and the input positions bound as parameters."""
+    if not plan.resident or plan.copy_inputs or not config.get("TORCH_NEURONX_RESIDENT_PARAMETERS"):
+        return plan.stablehlo, []
+    kept = sorted(set(plan.resident) - set(plan.complex_inputs))
+    rewritten = resident.bind_parameters(plan.stablehlo, kept) if kept else None
+    if rewritten is None:
+        _log.debug("%s: parameters stay call arguments (module signature not rewritable)", plan.graph_name)
+        return plan.stablehlo, []
+    return rewritten, kept
+
+
 def executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtifacts) -> CompiledGraph:
     """Get the NEFF of a lowered graph (cache or compiler) and wrap it for execution."""
     target = options.resolved_target()
-    request = NeffRequest(stablehlo=plan.stablehlo, options=options, target=target, graph_name=plan.graph_name,
-                          base_repr=plan.raw, signature={"inputs": plan.inputs, "outputs": plan.outputs},
-                          keep_f64=plan.keep_f64)
+    stablehlo, kept = _with_resident_parameters(plan)
+    inputs = [dict(spec, resident=True) if i in kept else spec for i, spec in enumerate(plan.inputs)]
+    signature = {"inputs": inputs, "outputs": plan.outputs, **({"resident": kept} if kept else {})}
+    request = NeffRequest(stablehlo=stablehlo, options=options, target=target, graph_name=plan.graph_name,
+                          base_repr=plan.raw, signature=signature, keep_f64=plan.keep_f64)
     neff = get_neff(request)
     driver = target.driver_for(plan.flops)
     if not compile_only_enabled() and not driver_available(driver):
@@ -213,14 +236,16 @@ def executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtifa
 
 
 def build_graph(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
-                artifacts: GraphArtifacts, *, hlo_cache: bool = True) -> tuple[CompiledGraph, Plan]:
+                artifacts: GraphArtifacts, *, hlo_cache: bool = True,
+                resident: Sequence[int] = ()) -> tuple[CompiledGraph, Plan]:
     """Compile an aot_autograd-style graph: FX passes, lowering (HLO cache), NEFF; return it and its plan.
 
-    ``hlo_cache=False`` lowers without reading or writing the HLO cache. A
+    ``hlo_cache=False`` lowers without reading or writing the HLO cache. ``resident``: input
+    positions to keep resident in the runtime (see :func:`resident_inputs`). A
     :class:`NeuronCompileError` leaves with the graph's name and artifact directory filled in.
     """
     try:
-        return _build(gm, options, name, artifacts, hlo_cache)
+        return _build(gm, options, name, artifacts, hlo_cache, resident)
     except NeuronCompileError as err:
         err.graph = err.graph or name
         err.artifacts = err.artifacts or artifacts.root
@@ -228,7 +253,7 @@ def build_graph(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
 
 
 def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
-           artifacts: GraphArtifacts, hlo_cache: bool) -> tuple[CompiledGraph, Plan]:
+           artifacts: GraphArtifacts, hlo_cache: bool, resident: Sequence[int]) -> tuple[CompiledGraph, Plan]:
     artifacts.fx_graph(gm)
     gm, template = _prepare(gm, name)
     artifacts.transformed_fx(gm)
@@ -241,7 +266,8 @@ def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
                 inputs=[tensor_spec(v) for v in placeholders if isinstance(v, torch.Tensor)],
                 complex_inputs=list(gm.meta.get("complex_inputs", ())),
                 complex_outputs=list(gm.meta.get("complex_outputs", ())), flops=graph_flops(gm),
-                keep_f64=_has_float64(gm), copy_inputs=writes_its_inputs(lowered.stablehlo))
+                keep_f64=_has_float64(gm), copy_inputs=writes_its_inputs(lowered.stablehlo),
+                resident=list(resident))
     return executable_graph(plan, options, artifacts), plan
 
 
@@ -286,15 +312,17 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     name = f"{model}_{kind}"
     with options.applied():
         artifacts = GraphArtifacts(name)
+        plain = on_plan is not None and plans.plain_inference(dynamo_inputs, example_inputs)
         try:
-            compiled, plan = build_graph(gm, options, name, artifacts)
+            compiled, plan = build_graph(gm, options, name, artifacts,
+                                         resident=resident_inputs(dynamo_inputs) if plain else ())
         except NeuronCompileError as err:
             if not fallback.enabled():
                 raise
             fallback.warn(err)
             return _boxed_eager(gm)
         metrics.increment("compiled_graphs")
-        if on_plan is not None and plans.plain_inference(dynamo_inputs, example_inputs):
+        if plain:
             on_plan(plan, compiled)
         if compile_only_enabled():
             artifacts.release()

@@ -28,7 +28,7 @@ from torch_neuronx.compiler.options import CompileOptions
 _log = logging.getLogger("torch_neuronx.dynamo.plans")
 _PLAIN = (torch.Tensor, torch.nn.Parameter, torch._subclasses.fake_tensor.FakeTensor)
 
-PLAN_VERSION = 3
+PLAN_VERSION = 4
 
 
 @dataclasses.dataclass
@@ -46,10 +46,12 @@ class Plan:
     flops: int
     keep_f64: bool = False
     copy_inputs: bool = False  # see graph.writes_its_inputs
+    resident: list[int] = dataclasses.field(default_factory=list)  # see graph.resident_inputs
 
 
 def _tensor_spec(t: torch.Tensor) -> str:
-    return f"{tuple(t.shape)}:{t.stride()}:{t.dtype}:{t.requires_grad}"
+    # The type tells parameters (kept resident by the runtime) from other inputs.
+    return f"{type(t).__name__}:{tuple(t.shape)}:{t.stride()}:{t.dtype}:{t.requires_grad}"
 
 
 def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: CompileOptions) -> str | None:

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from torch_neuronx import metrics
 from torch_neuronx.compiler import neff as neff_format
 from torch_neuronx.compiler.errors import NeuronCompileError
 
@@ -96,7 +97,13 @@ def _aligned_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 class Executable:
-    """A loaded NEFF: call it with CPU tensors, get CPU tensors back."""
+    """A loaded NEFF: call it with CPU tensors, get CPU tensors back.
+
+    Inputs listed as ``resident`` in the NEFF's signature are module parameters
+    (``compiler/resident.py``): they are bound into a VM context once, and bound
+    again when the tensor at their position is another object, sits at another
+    address, or was updated in place (its version counter moved).
+    """
 
     def __init__(self, module: neff_format.Neff, driver: str, function: str = "main") -> None:
         rt = _rt()
@@ -108,16 +115,24 @@ class Executable:
             vm_module = rt.VmModule.wrap_buffer(self.device.instance, module.payload)
         except Exception:
             vm_module = rt.VmModule.copy_buffer(self.device.instance, module.payload)
+        self._module = vm_module
+        signature = module.header.signature
+        self._resident = tuple(signature.get("resident", ()))
+        # Positions of the inputs passed as call arguments (None: all of them).
+        self._arguments = tuple(i for i in range(len(signature.get("inputs", ())))
+                                if i not in self._resident) if self._resident else None
+        self._bound: tuple | None = None  # (context, ((position, tensor, version, address), ...), index)
         try:
-            self._context = rt.VmContext(self.device.instance, [self.device.hal_module, vm_module])
             self._function = vm_module.lookup_function(function)
+            # Modules with parameters get their context when the parameters are first bound.
+            self._context = None if self._resident else rt.VmContext(
+                self.device.instance, [self.device.hal_module, vm_module])
         except Exception as exc:
             raise NeuronCompileError("load", f"the runtime rejected the NEFF: {exc}",
                                      artifacts=module.path) from exc
         if self._function is None:
             raise NeuronCompileError("load", f"the NEFF has no function {function!r}")
-        self._module = vm_module
-        self._num_outputs = len(module.header.signature.get("outputs", [])) or None
+        self._num_outputs = len(signature.get("outputs", [])) or None
         self._hal = self.device.hal
         self._from_capsule = self._hal.from_dlpack_capsule
         self._list = rt.VmVariantList
@@ -134,13 +149,55 @@ class Executable:
             self._parameter_views[id(t)] = (weakref.ref(t), t.data_ptr(), view)
         return view
 
+    def bind(self, inputs: Sequence[torch.Tensor]) -> object:
+        """Bind the resident inputs of ``inputs`` into a fresh VM context and return it.
+
+        The module's initializer runs here: it reads the parameters (zero-copy from the
+        tensors' memory where aligned) and packs what its matmuls need.
+        """
+        rt = _rt()
+        from torch_neuronx.compiler import resident
+
+        index, checks = rt.ParameterIndex(), []
+        for position in self._resident:
+            t = inputs[position]
+            usable = _aligned_contiguous(t).detach()
+            index.add_buffer(resident.parameter_key(position), usable.reshape(-1).view(torch.uint8).numpy())
+            checks.append((position, t, _version(t), t.data_ptr()))
+        try:
+            parameters = rt.create_io_parameters_module(
+                self.device.instance, index.create_provider(scope=resident.SCOPE))
+            context = rt.VmContext(self.device.instance, [self.device.hal_module, parameters, self._module])
+        except Exception as exc:
+            raise NeuronRuntimeError(f"binding the NEFF's parameters failed: {exc}") from exc
+        self._bound = (context, tuple(checks), index)
+        metrics.increment("parameter_bindings")
+        _log.debug("bound %d resident parameters of %s", len(checks), self.neff.header.key[:16])
+        return context
+
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         # The hot path of every compiled call. Kept to one Python frame on purpose: Dynamo's
         # frame hook runs for each Python call made while a compiled graph executes.
+        context = self._context
+        if context is None:  # resident parameters: still the ones bound?
+            bound = self._bound
+            if bound is None:
+                context = self.bind(inputs)
+            else:
+                context = bound[0]
+                try:
+                    for position, t, version, address in bound[1]:
+                        u = inputs[position]
+                        if u is not t or u._version != version or u.data_ptr() != address:
+                            context = self.bind(inputs)
+                            break
+                except RuntimeError:  # inference tensors have no version counter
+                    context = self.bind(inputs)
         from_capsule, parameter_views = self._from_capsule, self._parameter_views
         parameter, plain = torch.nn.Parameter, torch.Tensor
-        args = self._list(len(inputs))
-        for t in inputs:
+        arguments = inputs if self._arguments is None else [inputs[i] for i in self._arguments]
+        args = self._list(len(arguments))
+        for t in arguments:
             if type(t) is parameter:
                 entry = parameter_views.get(id(t))
                 if entry is not None and entry[0]() is t and entry[1] == t.data_ptr():
@@ -152,7 +209,7 @@ class Executable:
             args.push_ref(self._view(t))
         results = self._list(self._num_outputs or 4)
         try:
-            self._context.invoke(self._function, args, results)
+            context.invoke(self._function, args, results)
         except Exception as exc:
             raise NeuronRuntimeError(f"executing the NEFF failed: {exc}") from exc
         outputs = []
@@ -160,3 +217,11 @@ class Executable:
         for i in range(results.size):
             outputs.append(_from_dlpack(to_capsule(get(i, view_type), _KDL_CPU, 0)))
         return outputs
+
+
+def _version(t: torch.Tensor) -> int:
+    """The version counter of ``t``; -1 for inference tensors (which have none: bound on every call)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return -1

@@ -1,0 +1,154 @@
+"""Resident parameters: inference graphs bind their weights once and rebind when they change."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+
+from torch_neuronx import metrics
+from torch_neuronx.compiler import driver, resident, targets
+from torch_neuronx.compiler.errors import NeuronCompileError
+
+_MODULE = """module {
+  func.func @main(%arg0: tensor<4x3xf32>, %arg1: tensor<4xf32>, %arg2: tensor<2x3xf32>) -> tensor<2x4xf32> {
+    %0 = stablehlo.dot_general %arg2, %arg0, contracting_dims = [1] x [1]
+      : (tensor<2x3xf32>, tensor<4x3xf32>) -> tensor<2x4xf32>
+    return %0 : tensor<2x4xf32>
+  }
+}
+"""
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+
+
+def _graph() -> object:
+    """The CompiledGraph of the last neuron compile that has run."""
+    import gc
+
+    from torch_neuronx.dynamo.graph import CompiledGraph
+
+    return [o for o in gc.get_objects() if type(o) is CompiledGraph and o._executable is not None][-1]
+
+
+def test_rewrite_turns_chosen_arguments_into_parameter_globals():
+    text = resident.bind_parameters(_MODULE, [0, 1])
+    assert ('util.global private @__neuron_input0 = #stream.parameter.named<"neuron"::"input0"> '
+            ": tensor<4x3xf32>") in text
+    assert "@__neuron_input1" in text and "@__neuron_input2" not in text
+    assert "func.func @main(%arg2: tensor<2x3xf32>) -> tensor<2x4xf32> {" in text
+    assert "%arg0 = util.global.load @__neuron_input0 : tensor<4x3xf32>" in text
+    assert text.index("util.global private") < text.index("func.func @main")
+
+
+@pytest.mark.parametrize("text, indices", [
+    (_MODULE.replace("%arg1: tensor<4xf32>", "%arg1: tensor<4xf32> {jax.arg = 1}"), [0]),  # attributes
+    (_MODULE.replace("}\n}\n", "}\n  func.func @main(%arg0: tensor<f32>) -> tensor<f32> {\n  }\n}\n"), [0]),
+    (_MODULE, [3]),  # no such input
+    (_MODULE, []),
+])
+def test_rewrite_declines_modules_it_does_not_know(text, indices):
+    assert resident.bind_parameters(text, indices) is None
+
+
+def test_inference_graph_binds_parameters_once_and_matches_eager():
+    model, x = _mlp(), torch.randn(4, 16)
+    compiled = torch.compile(model, backend="neuron")
+    with torch.no_grad():
+        before = metrics.counter("parameter_bindings")
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x))
+        assert metrics.counter("parameter_bindings") == before + 1
+    executable = _graph()._executable
+    signature = executable.neff.header.signature
+    assert len(signature["resident"]) == 4  # two weights, two biases; x stays an argument
+    assert [bool(spec.get("resident")) for spec in signature["inputs"]].count(False) == 1
+
+
+def test_in_place_update_and_new_parameter_are_seen():
+    model, x = _mlp(), torch.randn(4, 16)
+    compiled = torch.compile(model, backend="neuron")
+    with torch.no_grad():
+        compiled(x)
+        model[0].weight.mul_(-2.0)  # in place: the version counter moves
+        torch.testing.assert_close(compiled(x), model(x))
+        model[2].bias.copy_(torch.arange(8.0))
+        torch.testing.assert_close(compiled(x), model(x))
+        model[0].weight = nn.Parameter(torch.randn(32, 16))  # another tensor
+        torch.testing.assert_close(compiled(x), model(x))
+        model[0].weight.data = torch.randn(32, 16)  # other memory under the same Parameter
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_training_step_then_eval_rebinds_updated_weights():
+    model, x = _mlp(), torch.randn(4, 16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    compiled = torch.compile(model, backend="neuron")
+    for _ in range(2):
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+        model.train()
+        compiled(x).square().sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_parameters_made_in_inference_mode_stay_correct():
+    with torch.inference_mode():
+        model = _mlp()
+    x = torch.randn(4, 16)
+    compiled = torch.compile(model, backend="neuron")
+    with torch.inference_mode():
+        torch.testing.assert_close(compiled(x), model(x))
+        model[0].weight.add_(1.0)  # inference tensors have no version counter: bound every call
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_disabled_by_variable(monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_RESIDENT_PARAMETERS", "0")
+    model, x = _mlp(), torch.randn(4, 16)
+    compiled = torch.compile(model, backend="neuron")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    assert "resident" not in _graph()._executable.neff.header.signature
+
+
+def test_misaligned_parameter_is_bound_from_an_aligned_copy():
+    model, x = _mlp(), torch.randn(4, 16)
+    storage = torch.empty(32 * 16 + 1)
+    model[0].weight = nn.Parameter(storage[1:].view(32, 16))  # 4 bytes off the allocation's start
+    model[0].weight.data.copy_(torch.randn(32, 16))
+    compiled = torch.compile(model, backend="neuron")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+        model[0].weight.mul_(3.0)
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_driver_retries_with_the_targets_fallback_flags(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_DEBUG_DIR", str(tmp_path))
+    monkeypatch.setenv("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS", "1")
+    cpu = targets.resolve("cpu")
+    target = dataclasses.replace(cpu, flag_fallbacks=(("--not-an-iree-flag", "--iree-opt-level=O1"),))
+    flags = (*cpu.flags, "--not-an-iree-flag")
+    job = driver.CompileJob(stablehlo=_MODULE, target=target, flags=flags, key="f" * 64, graph_name="retry")
+    driver.compile_neff(job)
+    workdir = driver.work_dir(job.key)
+    with open(os.path.join(workdir, "compiler_args.txt")) as f:
+        lines = f.read().splitlines()
+    assert len(lines) == 2 and "--not-an-iree-flag" in lines[0] and "--not-an-iree-flag" not in lines[1]
+    with open(os.path.join(workdir, "metadata.txt")) as f:
+        assert "--iree-opt-level=O1" in json.load(f)["flags"]
+    # Without a fallback for the rejected flag, the error is the compiler's.
+    with pytest.raises(NeuronCompileError, match="compile stage"):
+        driver.compile_neff(dataclasses.replace(job, target=cpu))
