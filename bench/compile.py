@@ -47,22 +47,40 @@ def block() -> tuple[nn.Module, torch.Tensor]:
     return Block().eval(), torch.randn(8, 64, 256)
 
 
-def per_call_us(fn, x, seconds: float) -> float:
-    """Median of several timed batches, each at least ``seconds / 5`` long."""
+ROUNDS = 15
+
+
+def _calls_per_batch(fn, x, seconds: float) -> int:
+    """How many calls of ``fn`` take about ``seconds`` (at least 3)."""
     fn(x)
     start, n = time.perf_counter(), 0
-    while time.perf_counter() - start < seconds / 10 or n < 3:
+    while time.perf_counter() - start < seconds or n < 3:
         fn(x)
         n += 1
-    per = (time.perf_counter() - start) / n
-    reps = max(3, int(seconds / 5 / per))
-    samples = []
-    for _ in range(5):
-        t = time.perf_counter()
-        for _ in range(reps):
-            fn(x)
-        samples.append((time.perf_counter() - t) / reps * 1e6)
-    return statistics.median(samples)
+    return max(3, int(n * seconds / (time.perf_counter() - start)))
+
+
+def interleaved_us(competitors: dict, x, seconds: float) -> dict[str, list[float]]:
+    """Per-call times of every competitor, in ``ROUNDS`` rounds that each time every competitor once.
+
+    Rounds are short and alternate competitors, so the drift of a noisy machine hits them
+    alike; ratios are then taken round by round (:func:`paired_ratio`).
+    """
+    batch = seconds / ROUNDS / len(competitors)
+    reps = {label: _calls_per_batch(fn, x, batch) for label, fn in competitors.items()}
+    samples: dict[str, list[float]] = {label: [] for label in competitors}
+    for _ in range(ROUNDS):
+        for label, fn in competitors.items():
+            t = time.perf_counter()
+            for _ in range(reps[label]):
+                fn(x)
+            samples[label].append((time.perf_counter() - t) / reps[label] * 1e6)
+    return samples
+
+
+def paired_ratio(a: list[float], b: list[float]) -> float:
+    """Median over rounds of a/b."""
+    return statistics.median(x / y for x, y in zip(a, b))
 
 
 def raw_iree_call(compiled_graph, inputs: list[torch.Tensor]) -> object:
@@ -107,6 +125,12 @@ def last_compiled_graph():
     return found
 
 
+def dynamo_floor(model: nn.Module, x: torch.Tensor) -> nn.Module:
+    """``model`` compiled with a backend that computes nothing: what Dynamo alone costs per call."""
+    outputs = model(x)
+    return torch.compile(model, backend=lambda gm, example_inputs: lambda *args: outputs)
+
+
 def per_call_row(name: str, model: nn.Module, x: torch.Tensor, seconds: float, raw: bool) -> dict:
     torch._dynamo.reset()
     neuron = torch.compile(model, backend="neuron")
@@ -114,18 +138,20 @@ def per_call_row(name: str, model: nn.Module, x: torch.Tensor, seconds: float, r
     with torch.no_grad():
         neuron(x)
         inductor(x)
+        floor = dynamo_floor(model, x)
+        floor(x)
         row = {"name": name}
-        competitors = {"eager": model, "inductor": inductor, "neuron": neuron}
+        competitors = {"eager": model, "inductor": inductor, "neuron": neuron, "floor": floor}
         if raw:
             graph = last_compiled_graph()
             order = graph._executable.neff.header.signature["inputs"]
             # aot_autograd's input order: parameters in the order the graph uses them, then x.
             call = raw_iree_call(graph, _match_inputs(order, [*model.parameters(), x]))
             competitors["raw_iree"] = lambda _x: call()
-        for _round in range(2):  # interleaved: each competitor twice, best of the two
-            for label, fn in competitors.items():
-                value = per_call_us(fn, x, seconds)
-                row[label] = min(row.get(label, float("inf")), value)
+        samples = interleaved_us(competitors, x, seconds * len(competitors))
+    row["samples"] = samples
+    for label, values in samples.items():
+        row[label] = statistics.median(values)
     return row
 
 
@@ -180,15 +206,21 @@ def main() -> None:
         per_call_row("transformer block (8x64x256)", *block(), seconds, raw=False),
         per_call_row("4x Linear 2048, batch 256", *big_mlp(), seconds, raw=False),
     ]
-    print(f"\nper-call latency, us (torch threads: {THREADS}; lower is better)")
-    print("| workload | eager | inductor | neuron | raw IREE call | neuron/eager | neuron/inductor | neuron/raw |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(f"\nper-call latency, us (torch threads: {THREADS}; lower is better). Dynamo floor: the same")
+    print("model compiled with a backend that computes nothing (Dynamo's own cost per call).")
+    print("| workload | eager | inductor | neuron | raw IREE call | Dynamo floor | neuron/eager | "
+          "neuron/inductor | neuron/raw | (neuron-floor)/raw |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
+        smp = r["samples"]
         raw = r.get("raw_iree")
         raw_us = f"{raw:.0f}" if raw else "-"
-        raw_ratio = f"{r['neuron'] / raw:.2f}" if raw else "-"
+        raw_ratio = f"{paired_ratio(smp['neuron'], smp['raw_iree']):.2f}" if raw else "-"
+        net = [n - f for n, f in zip(smp["neuron"], smp["floor"])]
+        net_ratio = f"{paired_ratio(net, smp['raw_iree']):.2f}" if raw else "-"
         print(f"| {r['name']} | {r['eager']:.0f} | {r['inductor']:.0f} | {r['neuron']:.0f} | {raw_us} | "
-              f"{r['neuron'] / r['eager']:.2f} | {r['neuron'] / r['inductor']:.2f} | {raw_ratio} |")
+              f"{r['floor']:.0f} | {paired_ratio(smp['neuron'], smp['eager']):.2f} | "
+              f"{paired_ratio(smp['neuron'], smp['inductor']):.2f} | {raw_ratio} | {net_ratio} |")
 
     neuron_cold, inductor_cold = cold_compile_s("neuron"), cold_compile_s("inductor")
     print("\ncold compile of the transformer block (fresh process, empty caches), s")

@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from torch_neuronx import config
 
 # Below this, IREE's task executor costs more in thread hand-offs than its second worker
-# saves. Measured on 2 cores: a 1.2 MFLOP MLP runs in 31 us on local-sync and 85-100 us on
-# local-task; a 13.6 MFLOP one in 314 us and 245 us; 8.6 GFLOP in 100 ms and 50 ms.
-SMALL_GRAPH_FLOPS = 6_000_000
+# saves. Measured on 2 cores through torch.compile (bench/compile.py's harness, where the task
+# workers are asleep when a call starts): MLPs of 25 MFLOP ran in 280-310 us on local-sync and
+# 340 us on local-task; of 51 MFLOP in 515 us and 410-430 us; of 100 MFLOP in 990 and 650 us.
+SMALL_GRAPH_FLOPS = 32_000_000
 
 
 class UnknownTargetError(ValueError):
