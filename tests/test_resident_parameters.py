@@ -152,3 +152,33 @@ def test_driver_retries_with_the_targets_fallback_flags(tmp_path, monkeypatch):
     # Without a fallback for the rejected flag, the error is the compiler's.
     with pytest.raises(NeuronCompileError, match="compile stage"):
         driver.compile_neff(dataclasses.replace(job, target=cpu))
+
+
+def test_weights_changing_between_every_call_switch_to_arguments():
+    model, x = _mlp(), torch.randn(4, 16)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    compiled = torch.compile(model, backend="neuron")
+    before = metrics.counter("volatile_parameter_graphs")
+    for _ in range(6):  # inference between training steps: the weights differ at every call
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+        optimizer.zero_grad()
+        model(x).sum().backward()  # eager training step
+        optimizer.step()
+    assert metrics.counter("volatile_parameter_graphs") == before + 1
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    assert "resident" not in _graph()._executable.neff.header.signature
+
+
+def test_weights_stable_over_several_calls_stay_resident():
+    model, x = _mlp(), torch.randn(4, 16)
+    compiled = torch.compile(model, backend="neuron")
+    before = metrics.counter("volatile_parameter_graphs")
+    with torch.no_grad():
+        for _ in range(5):
+            for _ in range(3):
+                torch.testing.assert_close(compiled(x), model(x))
+            model[0].bias.add_(0.5)
+    assert metrics.counter("volatile_parameter_graphs") == before
+    assert "resident" in _graph()._executable.neff.header.signature

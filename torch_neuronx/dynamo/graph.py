@@ -76,8 +76,10 @@ class CompiledGraph:
     def __init__(self, name: str, neff: Any, driver: str,
                  template: list[Any], outputs: list[Any], artifacts: GraphArtifacts,
                  complex_inputs: Sequence[int] = (), complex_outputs: Sequence[int] = (),
-                 copy_inputs: bool = False) -> None:
+                 copy_inputs: bool = False, argument_neff: Callable[[], Any] | None = None) -> None:
         self.name = name
+        # For a NEFF with resident parameters: how to get the one that takes them as arguments.
+        self._argument_neff = argument_neff
         self._copy_inputs = copy_inputs
         # Complex tensors cross as their (..., 2) real views (see passes/complex_to_real.py).
         self._complex_inputs = tuple(complex_inputs)
@@ -96,8 +98,31 @@ class CompiledGraph:
     def _load(self):
         from torch_neuronx.runtime.executable import Executable
 
-        self._executable = Executable(self._neff, self._driver)
+        on_volatile = self._pass_parameters_as_arguments if self._argument_neff is not None else None
+        self._executable = Executable(self._neff, self._driver, on_volatile=on_volatile)
         return self._executable
+
+    def _pass_parameters_as_arguments(self) -> None:
+        """The weights change between calls: switch to the NEFF that takes them as arguments.
+
+        Rebinding resident parameters costs a new VM context per call, more than packing
+        them in the call; the switch happens once (calls in flight finish on the old NEFF).
+        """
+        from torch_neuronx.runtime.executable import Executable
+
+        make, self._argument_neff = self._argument_neff, None
+        if make is None:
+            return
+        try:
+            neff = make()
+            executable = Executable(neff, self._driver)
+        except Exception as exc:  # keep the resident NEFF, which works, just slower here
+            _log.warning("%s: could not switch to parameters as arguments: %s", self.name, exc)
+            return
+        _log.info("%s: parameters change between calls; passing them as call arguments from now on",
+                  self.name)
+        self._neff, self._executable = neff, executable
+        metrics.increment("volatile_parameter_graphs")
 
     def _zeros(self, device: torch.device) -> list[torch.Tensor]:
         zeros = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in self._outputs]
@@ -226,13 +251,22 @@ def executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtifa
     request = NeffRequest(stablehlo=stablehlo, options=options, target=target, graph_name=plan.graph_name,
                           base_repr=plan.raw, signature=signature, keep_f64=plan.keep_f64)
     neff = get_neff(request)
+    argument_neff = None
+    if kept:
+        arguments = dataclasses.replace(request, stablehlo=plan.stablehlo,
+                                        signature={"inputs": plan.inputs, "outputs": plan.outputs})
+
+        def argument_neff() -> Any:
+            with options.applied():
+                return get_neff(arguments)
     driver = target.driver_for(plan.flops)
     if not compile_only_enabled() and not driver_available(driver):
         raise NeuronCompileError("load", f"NEFFs of target {target.name!r} cannot execute on this host; "
                                  "use TORCH_NEURONX_COMPILE_ONLY=1 to cross-compile", graph=plan.graph_name)
     outputs = [(tuple(o["shape"]), getattr(torch, o["dtype"])) for o in plan.outputs]
     return CompiledGraph(plan.graph_name, neff, driver, plan.template, outputs, artifacts,
-                         plan.complex_inputs, plan.complex_outputs, copy_inputs=plan.copy_inputs)
+                         plan.complex_inputs, plan.complex_outputs, copy_inputs=plan.copy_inputs,
+                         argument_neff=argument_neff)
 
 
 def build_graph(gm: torch.fx.GraphModule, options: CompileOptions, name: str,

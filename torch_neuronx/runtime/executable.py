@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -24,6 +24,8 @@ from torch_neuronx.compiler.errors import NeuronCompileError
 _log = logging.getLogger("torch_neuronx.runtime")
 
 _ALIGNMENT = 64  # IREE's local HAL imports host memory only at this alignment
+#: Bindings in a row, each serving one call, after which resident parameters count as volatile.
+VOLATILE_BINDINGS = 3
 _to_dlpack = torch._C._to_dlpack  # the builtins behind torch.utils.dlpack: no Python frame per call
 _from_dlpack = torch._C._from_dlpack
 _KDL_CPU = 1
@@ -102,10 +104,15 @@ class Executable:
     Inputs listed as ``resident`` in the NEFF's signature are module parameters
     (``compiler/resident.py``): they are bound into a VM context once, and bound
     again when the tensor at their position is another object, sits at another
-    address, or was updated in place (its version counter moved).
+    address, or was updated in place (its version counter moved). When
+    :data:`VOLATILE_BINDINGS` bindings in a row each served a single call (the
+    weights change between every call, as when inference alternates with
+    training steps), ``on_volatile`` is called once: its owner can switch to a
+    NEFF that takes the parameters as arguments.
     """
 
-    def __init__(self, module: neff_format.Neff, driver: str, function: str = "main") -> None:
+    def __init__(self, module: neff_format.Neff, driver: str, function: str = "main",
+                 on_volatile: Callable[[], None] | None = None) -> None:
         rt = _rt()
         self.neff = module
         self.device = device(driver)
@@ -122,6 +129,10 @@ class Executable:
         self._arguments = tuple(i for i in range(len(signature.get("inputs", ())))
                                 if i not in self._resident) if self._resident else None
         self._bound: tuple | None = None  # (context, ((position, tensor, version, address), ...), index)
+        self._calls = 0  # calls of a module with resident parameters (counted for on_volatile)
+        self._calls_at_bind = 0
+        self._short_bindings = 0  # bindings in a row that served one call each
+        self._on_volatile = on_volatile
         try:
             self._function = vm_module.lookup_function(function)
             # Modules with parameters get their context when the parameters are first bound.
@@ -158,6 +169,7 @@ class Executable:
         rt = _rt()
         from torch_neuronx.compiler import resident
 
+        self._note_binding()
         index, checks = rt.ParameterIndex(), []
         for position in self._resident:
             t = inputs[position]
@@ -175,11 +187,21 @@ class Executable:
         _log.debug("bound %d resident parameters of %s", len(checks), self.neff.header.key[:16])
         return context
 
+    def _note_binding(self) -> None:
+        if self._bound is not None:
+            served = self._calls - self._calls_at_bind
+            self._short_bindings = self._short_bindings + 1 if served <= 1 else 0
+        self._calls_at_bind = self._calls
+        if self._short_bindings == VOLATILE_BINDINGS and self._on_volatile is not None:
+            callback, self._on_volatile = self._on_volatile, None
+            callback()
+
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         # The hot path of every compiled call. Kept to one Python frame on purpose: Dynamo's
         # frame hook runs for each Python call made while a compiled graph executes.
         context = self._context
         if context is None:  # resident parameters: still the ones bound?
+            self._calls += 1
             bound = self._bound
             if bound is None:
                 context = self.bind(inputs)
