@@ -215,3 +215,24 @@ def test_ops_lowered_through_our_decompositions_match_eager(name, fn):
     out, ref = torch.compile(fn, backend="neuron")(x), fn(x)
     assert out.dtype == ref.dtype, name
     torch.testing.assert_close(out, ref)
+
+
+def test_attention_row_masked_everywhere_matches_eager_forward_and_backward():
+    """Torch's CPU attention kernel gives zeros (not NaN) for a query that may attend to nothing."""
+    mask = torch.zeros(6, 6)
+    mask[3] = float("-inf")
+    q, k, v = (torch.randn(2, 2, 6, 8, requires_grad=True) for _ in range(3))
+
+    def attend(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    expected = attend(q, k, v)
+    expected.sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    out = torch.compile(attend, backend="neuron")(q, k, v)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()
+    for t, g in zip((q, k, v), grads):
+        torch.testing.assert_close(t.grad, g)
