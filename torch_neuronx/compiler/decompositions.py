@@ -252,6 +252,69 @@ def any_dims(x, dim=None, keepdim=False):
     return counts > 0
 
 
+def _scan(xs: tuple[torch.Tensor, ...], dim: int, combine: Callable) -> tuple[torch.Tensor, ...]:
+    """Inclusive prefix scan of ``xs`` along ``dim`` by doubling (Hillis-Steele): log2(n) static steps.
+
+    ``combine(earlier, later)`` merges the results (tuples like ``xs``) over an earlier range
+    with those over the range right after it; each step merges every position with the one
+    ``shift`` before it.
+    """
+    n, shift = xs[0].shape[dim], 1
+    while shift < n:
+        merged = combine(tuple(x.narrow(dim, 0, n - shift) for x in xs),
+                         tuple(x.narrow(dim, shift, n - shift) for x in xs))
+        xs = tuple(torch.cat([x.narrow(dim, 0, shift), m], dim) for x, m in zip(xs, merged))
+        shift *= 2
+    return xs
+
+
+def cumprod(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``aten.cumprod`` (torch-mlir lowers it to nothing) as a doubling scan of products."""
+    if dtype is None and not (x.is_floating_point() or x.is_complex()):
+        dtype = torch.int64  # as torch: integer and bool inputs accumulate in int64
+    x = x if dtype is None else x.to(dtype)
+    if x.dim() == 0:
+        return x.clone()
+    return _scan((x,), dim % x.dim(), lambda a, b: (a[0] * b[0],))[0]
+
+
+def _cumulative_extreme(x: torch.Tensor, dim: int, later_wins: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    dim = dim % x.dim()
+    shape = [1] * x.dim()
+    shape[dim] = x.shape[dim]
+    index = torch.arange(x.shape[dim], device=x.device).view(shape).expand(x.shape)
+
+    def combine(earlier: tuple, later: tuple) -> tuple:
+        take = later_wins(earlier[0], later[0])
+        return torch.where(take, later[0], earlier[0]), torch.where(take, later[1], earlier[1])
+
+    values, indices = _scan((x, index), dim, combine)
+    return values, indices
+
+
+def _nan_aware(better: Callable) -> Callable:
+    # The later element wins when it is NaN, or when neither is NaN and it is at least as good:
+    # ties and NaNs move the index forward, as torch's kernels do.
+    def later_wins(earlier: torch.Tensor, later: torch.Tensor) -> torch.Tensor:
+        if not later.is_floating_point():
+            return better(later, earlier)
+        return later.isnan() | (earlier.isnan().logical_not() & better(later, earlier))
+
+    return later_wins
+
+
+def cummax(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.cummax``: running maximum and the index of its latest occurrence."""
+    return _cumulative_extreme(x, dim, _nan_aware(torch.ge))
+
+
+def cummin(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.cummin``: running minimum and the index of its latest occurrence."""
+    return _cumulative_extreme(x, dim, _nan_aware(torch.le))
+
+
 # Decompositions PyTorch has but does not count as "core"; torch-mlir lowers none of these ops.
 _FROM_TORCH = (
     aten._native_batch_norm_legit_functional.default,
@@ -272,6 +335,9 @@ _EXTRA: dict[torch._ops.OpOverload, Callable] = {
     aten.fmod.Tensor: fmod,
     aten.fmod.Scalar: fmod_scalar,
     aten.diagonal.default: diagonal,
+    aten.cumprod.default: cumprod,
+    aten.cummax.default: cummax,
+    aten.cummin.default: cummin,
     aten.bitwise_xor.Scalar: bitwise_xor_scalar,
     aten.bitwise_or.Scalar: bitwise_or_scalar,
     aten.__lshift__.Scalar: shift_left,
