@@ -120,16 +120,12 @@ def flash_attention_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *
     bias = _attention_bias(query, key, is_causal, attn_mask)
     if bias is not None:
         scores = scores + bias
-    # One exp per score: softmax from the shifted exponentials, logsumexp from their row sums
-    # (torch.logsumexp then exp(scores - lse) took a second exp and a log per score).
-    rowmax = scores.amax(dim=-1, keepdim=True)
-    rowmax = torch.where(rowmax.abs() == float("inf"), torch.zeros_like(rowmax), rowmax)
-    exps = torch.exp(scores - rowmax)
-    sums = exps.sum(dim=-1, keepdim=True)
     # A row masked everywhere gives zeros and a logsumexp of 0, as torch's CPU kernel does.
-    empty = sums == 0
-    logsumexp = torch.where(empty, 0.0, rowmax + torch.log(sums)).squeeze(-1)
-    return (exps / torch.where(empty, 1.0, sums)) @ value, logsumexp
+    # (Recomputing exp from logsumexp compiles faster in IREE than dividing shared exponentials.)
+    logsumexp = torch.logsumexp(scores, dim=-1)
+    logsumexp = torch.where(logsumexp == float("-inf"), 0.0, logsumexp)
+    probs = torch.exp(scores - logsumexp.unsqueeze(-1))
+    return probs @ value, logsumexp
 
 
 def flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
