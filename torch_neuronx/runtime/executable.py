@@ -196,25 +196,27 @@ class Executable:
             callback, self._on_volatile = self._on_volatile, None
             callback()
 
+    def _resident_context(self, inputs: Sequence[torch.Tensor]) -> object:
+        """The VM context bound to the resident inputs of ``inputs`` (binding them again if changed)."""
+        self._calls += 1
+        bound = self._bound
+        if bound is None:
+            return self.bind(inputs)
+        try:
+            for position, t, version, address in bound[1]:
+                u = inputs[position]
+                if u is not t or u._version != version or u.data_ptr() != address:
+                    return self.bind(inputs)
+        except RuntimeError:  # inference tensors have no version counter
+            return self.bind(inputs)
+        return bound[0]
+
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        # The hot path of every compiled call. Kept to one Python frame on purpose: Dynamo's
-        # frame hook runs for each Python call made while a compiled graph executes.
+        # The hot path of every compiled call: few Python frames, no per-call allocation
+        # beyond IREE's argument lists and the DLPack capsules.
         context = self._context
-        if context is None:  # resident parameters: still the ones bound?
-            self._calls += 1
-            bound = self._bound
-            if bound is None:
-                context = self.bind(inputs)
-            else:
-                context = bound[0]
-                try:
-                    for position, t, version, address in bound[1]:
-                        u = inputs[position]
-                        if u is not t or u._version != version or u.data_ptr() != address:
-                            context = self.bind(inputs)
-                            break
-                except RuntimeError:  # inference tensors have no version counter
-                    context = self.bind(inputs)
+        if context is None:
+            context = self._resident_context(inputs)
         from_capsule, parameter_views = self._from_capsule, self._parameter_views
         parameter, plain = torch.nn.Parameter, torch.Tensor
         arguments = inputs if self._arguments is None else [inputs[i] for i in self._arguments]
