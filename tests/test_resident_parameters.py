@@ -182,3 +182,38 @@ def test_weights_stable_over_several_calls_stay_resident():
             model[0].bias.add_(0.5)
     assert metrics.counter("volatile_parameter_graphs") == before
     assert "resident" in _graph()._executable.neff.header.signature
+
+
+def test_threads_share_one_binding_and_see_updates():
+    import threading
+
+    model, x = _mlp(), torch.randn(4, 16)
+    compiled = torch.compile(model, backend="neuron")
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(4)
+
+    def worker() -> None:
+        try:
+            barrier.wait()
+            with torch.no_grad():
+                for _ in range(20):
+                    torch.testing.assert_close(compiled(x), expected)
+        except BaseException as exc:  # noqa: BLE001 (reported by the main thread)
+            errors.append(exc)
+
+    with torch.no_grad():
+        compiled(x)  # compiled and bound once, before the threads
+    for step in range(2):
+        with torch.no_grad():
+            if step:
+                model[0].weight.mul_(0.5)  # between rounds: every thread must see it
+            expected = model(x)
+        before = metrics.counter("parameter_bindings")
+        threads = [threading.Thread(target=worker) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors[0]
+        assert metrics.counter("parameter_bindings") == before + step  # round 1 binds once, for all threads
+    assert "resident" in _graph()._executable.neff.header.signature

@@ -133,6 +133,7 @@ class Executable:
         self._calls_at_bind = 0
         self._short_bindings = 0  # bindings in a row that served one call each
         self._on_volatile = on_volatile
+        self._bind_lock = threading.Lock()
         try:
             self._function = vm_module.lookup_function(function)
             # Modules with parameters get their context when the parameters are first bound.
@@ -196,20 +197,28 @@ class Executable:
             callback, self._on_volatile = self._on_volatile, None
             callback()
 
-    def _resident_context(self, inputs: Sequence[torch.Tensor]) -> object:
-        """The VM context bound to the resident inputs of ``inputs`` (binding them again if changed)."""
-        self._calls += 1
-        bound = self._bound
+    @staticmethod
+    def _still_bound(bound: tuple | None, inputs: Sequence[torch.Tensor]) -> bool:
         if bound is None:
-            return self.bind(inputs)
+            return False
         try:
             for position, t, version, address in bound[1]:
                 u = inputs[position]
                 if u is not t or u._version != version or u.data_ptr() != address:
-                    return self.bind(inputs)
+                    return False
         except RuntimeError:  # inference tensors have no version counter
-            return self.bind(inputs)
-        return bound[0]
+            return False
+        return True
+
+    def _resident_context(self, inputs: Sequence[torch.Tensor]) -> object:
+        """The VM context bound to the resident inputs of ``inputs`` (binding them again if changed)."""
+        self._calls += 1
+        bound = self._bound
+        if self._still_bound(bound, inputs):
+            return bound[0]
+        with self._bind_lock:  # threads that find the same change bind once
+            bound = self._bound
+            return bound[0] if self._still_bound(bound, inputs) else self.bind(inputs)
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         # The hot path of every compiled call: few Python frames, no per-call allocation
