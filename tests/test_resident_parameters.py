@@ -217,3 +217,22 @@ def test_threads_share_one_binding_and_see_updates():
         assert not errors, errors[0]
         assert metrics.counter("parameter_bindings") == before + step  # round 1 binds once, for all threads
     assert "resident" in _graph()._executable.neff.header.signature
+
+
+def test_bindings_beyond_the_byte_budget_release_the_least_recently_used(monkeypatch):
+    from torch_neuronx.runtime.executable import bindings
+
+    torch.manual_seed(0)
+    models = [nn.Sequential(nn.Linear(16, width), nn.ReLU(), nn.Linear(width, 8)).eval() for width in (30, 31, 32)]
+    sizes = [sum(p.numel() * p.element_size() for p in m.parameters()) for m in models]
+    budget = sizes[0] + sizes[1]  # any two bindings fit, never three
+    monkeypatch.setenv("TORCH_NEURONX_RESIDENT_PARAMETERS_BYTES", str(budget))
+    x = torch.randn(4, 16)
+    compiled = [torch.compile(m, backend="neuron") for m in models]
+    before = metrics.counter("parameter_releases")
+    with torch.no_grad():
+        for _ in range(2):
+            for model, fn in zip(models, compiled):  # three graphs, room for two bindings
+                torch.testing.assert_close(fn(x), model(x))
+                assert bindings.held_bytes() <= budget
+    assert metrics.counter("parameter_releases") - before >= 3

@@ -340,6 +340,13 @@ _register(
         "changes (another tensor, or an in-place update). Costs one packed copy of the weights. When 0, "
         "parameters are passed and packed on every call. Part of the NEFF (its signature changes).",
         _OURS, parse_bool, readers=("dynamo.graph",), ours=True),
+    Var("TORCH_NEURONX_RESIDENT_PARAMETERS_BYTES", "int", 0,
+        "Budget, in bytes of parameters, for the resident parameters bound at once across all compiled "
+        "graphs of the process. When a binding would exceed it, the graphs used least recently release "
+        "theirs (they bind again on their next call). 0 (the default) means a quarter of the host's "
+        "physical memory.",
+        _OURS, parse_non_negative_int, default_doc="0 (a quarter of host memory)",
+        readers=("runtime.executable",), ours=True),
     Var("TORCH_NEURONX_IREE_COMPILE", "path", "",
         "Path of the iree-compile executable. Empty (the default): the one shipped with "
         "iree-base-compiler.",

@@ -9,6 +9,7 @@ contiguous and aligned; a misaligned or non-contiguous input is copied once.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import os
 import threading
@@ -17,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from torch_neuronx import metrics
+from torch_neuronx import config, metrics
 from torch_neuronx.compiler import neff as neff_format
 from torch_neuronx.compiler.errors import NeuronCompileError
 
@@ -30,6 +31,57 @@ _to_dlpack = torch._C._to_dlpack  # the builtins behind torch.utils.dlpack: no P
 _from_dlpack = torch._C._from_dlpack
 _KDL_CPU = 1
 _lock = threading.Lock()
+
+
+class _Bindings:
+    """Every executable holding bound resident parameters, within one process-wide byte budget.
+
+    Binding beyond TORCH_NEURONX_RESIDENT_PARAMETERS_BYTES releases the bindings used least
+    recently (a released executable binds again on its next call), so many graphs over the
+    same or different weights (shape specializations, graph breaks) cannot pile up packed
+    copies without bound.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: dict[int, tuple[weakref.ref, int]] = {}  # id(executable) -> (ref, bytes)
+        self.clock = itertools.count()  # executables stamp their calls with it (LRU order)
+
+    @staticmethod
+    def budget() -> int:
+        explicit = config.get("TORCH_NEURONX_RESIDENT_PARAMETERS_BYTES")
+        if explicit:
+            return explicit
+        from torch_neuronx.memory.segments import host_memory_bytes
+
+        return host_memory_bytes() // 4
+
+    def held_bytes(self) -> int:
+        """Bytes of parameters bound right now."""
+        with self._lock:
+            return sum(size for ref, size in self._held.values() if ref() is not None)
+
+    def add(self, executable: Executable, size: int) -> None:
+        """Record ``executable``'s new binding of ``size`` bytes; release others to fit the budget."""
+        budget = self.budget()
+        with self._lock:
+            self._held = {k: v for k, v in self._held.items() if v[0]() is not None and k != id(executable)}
+            total = size + sum(v[1] for v in self._held.values())
+            others = sorted((v[0]() for v in self._held.values()), key=lambda e: e._last_used)
+            for other in others:
+                if total <= budget:
+                    break
+                other.release()
+                total -= self._held.pop(id(other))[1]
+                metrics.increment("parameter_releases")
+            self._held[id(executable)] = (weakref.ref(executable), size)
+
+    def remove(self, executable: Executable) -> None:
+        with self._lock:
+            self._held.pop(id(executable), None)
+
+
+bindings = _Bindings()
 
 
 class NeuronRuntimeError(RuntimeError):
@@ -134,6 +186,7 @@ class Executable:
         self._short_bindings = 0  # bindings in a row that served one call each
         self._on_volatile = on_volatile
         self._bind_lock = threading.Lock()
+        self._last_used = 0
         try:
             self._function = vm_module.lookup_function(function)
             # Modules with parameters get their context when the parameters are first bound.
@@ -184,9 +237,14 @@ class Executable:
         except Exception as exc:
             raise NeuronRuntimeError(f"binding the NEFF's parameters failed: {exc}") from exc
         self._bound = (context, tuple(checks), index)
+        bindings.add(self, sum(t.numel() * t.element_size() for _, t, _, _ in checks))
         metrics.increment("parameter_bindings")
         _log.debug("bound %d resident parameters of %s", len(checks), self.neff.header.key[:16])
         return context
+
+    def release(self) -> None:
+        """Drop the bound parameters (their packed copies go once no call uses them); rebound on demand."""
+        self._bound = None
 
     def _note_binding(self) -> None:
         if self._bound is not None:
@@ -213,6 +271,7 @@ class Executable:
     def _resident_context(self, inputs: Sequence[torch.Tensor]) -> object:
         """The VM context bound to the resident inputs of ``inputs`` (binding them again if changed)."""
         self._calls += 1
+        self._last_used = next(bindings.clock)
         bound = self._bound
         if self._still_bound(bound, inputs):
             return bound[0]
