@@ -1,10 +1,11 @@
 """Benchmark of the torch.compile path: neuron vs torch eager vs inductor vs the raw IREE call.
 
-One run, competitors interleaved, ratios printed. Measures the targets of the
-compile-path issue:
+One run; competitors alternate in short rounds and ratios are medians of
+per-round ratios. Measures the targets of the compile-path issue:
 
 - per-call latency of a compiled MLP at batch 32 (and the same module called
-  through IREE's Python API directly: DLPack in, ``VmContext.invoke``, DLPack out);
+  through IREE's Python API directly: DLPack in, ``VmContext.invoke``, DLPack out),
+  next to the "Dynamo floor": the model compiled with a backend that computes nothing;
 - per-call latency of a transformer block;
 - cold compile time of the transformer block (each competitor in a fresh
   process with empty caches);
