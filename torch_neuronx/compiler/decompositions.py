@@ -286,8 +286,7 @@ def _cumulative_extreme(x: torch.Tensor, dim: int, later_wins: Callable) -> tupl
         take = later_wins(earlier[0], later[0])
         return torch.where(take, later[0], earlier[0]), torch.where(take, later[1], earlier[1])
 
-    values, indices = _scan((x, index), dim, combine)
-    return values, indices
+    return _scan((x, index), dim, combine)
 
 
 def _nan_aware(better: Callable) -> Callable:

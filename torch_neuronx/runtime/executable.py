@@ -20,6 +20,7 @@ import torch
 
 from torch_neuronx import config, metrics
 from torch_neuronx.compiler import neff as neff_format
+from torch_neuronx.compiler import resident
 from torch_neuronx.compiler.errors import NeuronCompileError
 
 _log = logging.getLogger("torch_neuronx.runtime")
@@ -75,10 +76,6 @@ class _Bindings:
                 total -= self._held.pop(id(other))[1]
                 metrics.increment("parameter_releases")
             self._held[id(executable)] = (weakref.ref(executable), size)
-
-    def remove(self, executable: Executable) -> None:
-        with self._lock:
-            self._held.pop(id(executable), None)
 
 
 bindings = _Bindings()
@@ -221,8 +218,6 @@ class Executable:
         tensors' memory where aligned) and packs what its matmuls need.
         """
         rt = _rt()
-        from torch_neuronx.compiler import resident
-
         self._note_binding()
         index, checks = rt.ParameterIndex(), []
         for position in self._resident:
