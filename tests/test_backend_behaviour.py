@@ -105,6 +105,27 @@ def test_unlowerable_op_raises_with_stage_op_and_artifacts(debug_dir, monkeypatc
     assert find(debug_dir, "fx_graphs/*.fx.txt"), "artifacts of a failed graph must be kept"
 
 
+
+def test_op_torch_mlir_does_not_define_is_named_in_the_error(monkeypatch):
+    """An aten op torch-mlir has no definition for reaches the lowering as a generic torch.operator."""
+    monkeypatch.delenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", raising=False)
+    with pytest.raises(Exception, match=r"lowering stage failed(?s:.*)op: torch\.aten\._cdist_forward"):
+        torch.compile(lambda a, b: torch.cdist(a, b), backend="neuron")(torch.randn(5, 3), torch.randn(4, 3))
+
+
+def test_editing_the_lowering_code_changes_every_graph_key(tmp_path, monkeypatch):
+    """Plans, HLO entries and eager kernels are keyed on the decomposition and lowering sources."""
+    from torch_neuronx.compiler import hlo
+
+    (tmp_path / "passes").mkdir()
+    for name in ("decompositions.py", "lower.py", "passes/a.py"):
+        (tmp_path / name).write_text("x = 1\n")
+    monkeypatch.setattr(hlo, "__file__", str(tmp_path / "hlo.py"))
+    before = hlo.sources_digest()
+    assert hlo.sources_digest() == before
+    (tmp_path / "passes" / "a.py").write_text("x = 2\n")
+    assert hlo.sources_digest() != before
+
 def test_fallback_runs_eagerly_warns_once_and_counts(monkeypatch):
     monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "0")
     before = metrics.counter("fallback_graphs")

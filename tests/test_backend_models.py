@@ -249,3 +249,62 @@ def test_attention_row_masked_everywhere_matches_eager_forward_and_backward():
     out.sum().backward()
     for t, g in zip((q, k, v), grads):
         torch.testing.assert_close(t.grad, g)
+
+
+def _with_nan_ties_and_zeros(dtype: torch.dtype) -> torch.Tensor:
+    x = (torch.randn(3, 9, generator=torch.Generator().manual_seed(0)) * 3).round()
+    if dtype.is_floating_point:
+        x[0, 2] = x[1, 4] = x[1, 7] = float("nan")
+        x[2, 1], x[2, 5], x[0, 6], x[2, 8] = -0.0, 0.0, float("inf"), float("-inf")
+    return x.abs().to(dtype) if dtype == torch.uint8 else x.to(dtype)
+
+
+def _orderings(x: torch.Tensor) -> tuple:
+    return (x.sort(dim=1), x.sort(dim=0, descending=True), torch.sort(x, stable=True, dim=1, descending=True),
+            x.argsort(dim=1), x.argmax(dim=1), x.argmin(dim=0, keepdim=True), x.argmax(), x.max(dim=1),
+            x.min(dim=0, keepdim=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int8,
+                                   torch.uint8])
+def test_sort_and_extremes_order_nan_and_ties_as_torch(dtype):
+    """NaN sorts as the largest value and wins max/argmax; equal values keep their order (stable)."""
+    x = _with_nan_ties_and_zeros(dtype)
+    got, expected = torch.compile(_orderings, backend="neuron")(x), _orderings(x)
+    for g, e in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected)):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        assert torch.equal(g, e) or torch.allclose(g.double(), e.double(), equal_nan=True), (g, e)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.float64, torch.int64])
+def test_topk_values_and_indices_forward_and_backward(dtype):
+    """topk with its indices used (any training graph) compiles; ties may pick either index, as torch's may."""
+    x = _with_nan_ties_and_zeros(dtype)
+    values, index = torch.compile(lambda t: t.topk(4, dim=1), backend="neuron")(x)
+    expected = x.topk(4, dim=1).values
+    torch.testing.assert_close(values, expected, equal_nan=True)
+    torch.testing.assert_close(x.gather(1, index), values, equal_nan=True)
+    if dtype.is_floating_point:
+        leaf = torch.randn(4, 9, dtype=dtype, requires_grad=True)
+        (leaf.topk(3, dim=1).values * 2).sum().backward()
+        grad, leaf.grad = leaf.grad, None
+        (torch.compile(lambda t: t.topk(3, dim=1).values, backend="neuron")(leaf) * 2).sum().backward()
+        torch.testing.assert_close(leaf.grad, grad)
+
+
+def test_64_bit_sort_values_match_and_stable_sort_is_refused():
+    x = _with_nan_ties_and_zeros(torch.float64)
+    values = torch.compile(lambda t: t.sort(dim=1, descending=True).values, backend="neuron")(x)
+    torch.testing.assert_close(values, x.sort(dim=1, descending=True).values, equal_nan=True)
+    with pytest.raises(Exception, match=r"(?s)trace.*sort\(stable=True\) of torch.int64"):
+        torch.compile(lambda t: torch.sort(t, stable=True), backend="neuron")(torch.tensor([3, 1, 3]))
+
+
+def test_eval_mode_rrelu_gradient_matches_eager():
+    """torch-mlir's rrelu backward ignored `training` and returned the gradient of uninitialized noise."""
+    x = torch.randn(4, 5, requires_grad=True)
+    torch.nn.functional.rrelu(x, training=False).sum().backward()
+    expected, x.grad = x.grad, None
+    compiled = torch.compile(lambda t: torch.nn.functional.rrelu(t, training=False), backend="neuron")
+    compiled(x).sum().backward()
+    torch.testing.assert_close(x.grad, expected)

@@ -310,6 +310,146 @@ def cummin(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     return _cumulative_extreme(x, dim, _nan_aware(torch.le))
 
 
+
+# Sorting: torch-mlir lowers aten.sort to a stablehlo.sort of (values, iota) whose comparator
+# knows nothing of NaN (torch sorts NaN as the largest value) and whose ties IREE breaks in no
+# fixed order; IREE also rewrites a descending sort that feeds a slice (topk) into a chlo.top_k
+# it then rejects for its int64 indices. Floating and narrow integer keys instead sort as one
+# int64 per element: the value's rank in torch's order in the high 32 bits, its position in
+# the low 32 bits, so every key is distinct and the order is torch's, stable for ties.
+_POSITION = 1 << 32
+
+
+def _rank_bits(x: torch.Tensor) -> torch.Tensor | None:
+    """An int64 tensor ordered as torch orders ``x``'s values (NaN largest, -0.0 == 0.0), or None."""
+    if x.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        f = x.to(torch.float32)
+        f = torch.where(f.isnan(), float("nan"), torch.where(f == 0, 0.0, f))  # one NaN, one zero
+        bits = f.view(torch.int32)
+        # Negative floats order backwards as integers: flip their magnitude bits.
+        return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
+    if x.dtype in (torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool):
+        return x.to(torch.int64)
+    return None  # int64 and float64 leave no room for the position
+
+
+def _float64_rank(x: torch.Tensor) -> torch.Tensor:
+    """:func:`_rank_bits` for float64: int64 keys in torch's order, equal for equal values."""
+    f = torch.where(x.isnan(), float("nan"), torch.where(x == 0, 0.0, x))
+    bits = f.view(torch.int64)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFFFFFFFFFF, bits)
+
+
+def sort(x: torch.Tensor, dim: int = -1, descending: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.sort`` in torch's order (NaN largest) and stable, as one int64 key sort.
+
+    float64 sorts its int64 rank with torch-mlir's lowering (NaN placed right, ties in no
+    fixed order); int64 uses that lowering directly.
+    """
+    if x.dim() > 0 and x.dtype == torch.float64:
+        index = aten.sort.default(_float64_rank(x), dim, descending)[1]
+        return x.gather(dim, index), index
+    rank = _rank_bits(x) if x.dim() > 0 else None
+    if rank is None or x.shape[dim] > _POSITION:
+        return NotImplemented
+    dim = dim % x.dim()
+    shape = [1] * x.dim()
+    shape[dim] = x.shape[dim]
+    position = torch.arange(x.shape[dim], dtype=torch.int64, device=x.device).view(shape)
+    # Descending keeps equal values in their original order too: earlier positions rank higher.
+    key = rank * _POSITION + (_POSITION - 1 - position if descending else position)
+    key = aten.sort.default(key, dim, descending)[0]
+    index = key & (_POSITION - 1)
+    index = _POSITION - 1 - index if descending else index
+    return x.gather(dim, index), index
+
+
+def sort_stable(x: torch.Tensor, *, stable: bool | None = None, dim: int = -1,
+                descending: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.sort.stable``: :func:`sort`, which is stable except for int64 and float64 keys."""
+    if stable and x.dim() > 0 and x.dtype in (torch.int64, torch.float64):
+        raise NotImplementedError(f"sort(stable=True) of {x.dtype} values: the compiled sort orders equal "
+                                  "keys in no fixed order for 64-bit types; sort a 32-bit copy or run eagerly")
+    result = sort(x, dim, descending)
+    return aten.sort.default(x, dim, descending) if result is NotImplemented else result
+
+
+def topk(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True,
+         sorted: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.topk`` as the first ``k`` of a :func:`sort` (NaN counts as the largest value)."""
+    if x.dim() == 0:
+        return NotImplemented
+    values, index = sort_stable(x, dim=dim, descending=largest)
+    # index_select, not a slice: IREE turns a sort with indices feeding a slice into a top_k
+    # it cannot type for int64 indices.
+    first = torch.arange(k, device=x.device)
+    return values.index_select(dim, first), index.index_select(dim, first)
+
+
+def _extreme_index(x: torch.Tensor, dim: int | None, keepdim: bool, extreme: Callable) -> torch.Tensor | None:
+    """The first index of ``x``'s extreme along ``dim``, or of its first NaN (torch's rule).
+
+    torch-mlir's own lowering skips NaN and, for some integer types, does not return the
+    first of equal extremes: the index is the smallest position that holds the extreme.
+    """
+    if x.dtype == torch.bool or x.is_complex():
+        return None
+    if dim is None:
+        x, dim = x.reshape(-1), 0
+    if x.dtype == torch.uint8:
+        x = x.to(torch.int32)  # see amax_uint8
+    best = extreme(x, dim, keepdim=True)  # NaN where the slice has one: amax/amin propagate it
+    hit = torch.where(best.isnan(), x.isnan(), x == best) if x.is_floating_point() else x == best
+    n = x.shape[dim]
+    shape = [1] * x.dim()
+    shape[dim] = n
+    position = torch.arange(n, dtype=torch.int64, device=x.device).view(shape)
+    return torch.where(hit, position, n).amin(dim, keepdim=keepdim)
+
+
+def argmax(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """``aten.argmax`` with NaN as the maximum (torch-mlir's lowering skips NaN)."""
+    index = _extreme_index(x, dim, keepdim, torch.amax)
+    return NotImplemented if index is None else index
+
+
+def argmin(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """``aten.argmin`` with NaN as the minimum, as torch does."""
+    index = _extreme_index(x, dim, keepdim, torch.amin)
+    return NotImplemented if index is None else index
+
+
+def _extreme_dim(x: torch.Tensor, dim: int, keepdim: bool, extreme: Callable) -> tuple:
+    index = _extreme_index(x, dim, True, extreme) if x.dim() > 0 else None
+    if index is None:
+        return NotImplemented
+    values = x.gather(dim, index)
+    return (values, index) if keepdim else (values.squeeze(dim), index.squeeze(dim))
+
+
+def amax_uint8(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> torch.Tensor:
+    """``aten.amax`` of uint8 in int32: torch-mlir reduces uint8 from a signed initial value."""
+    if x.dtype != torch.uint8:
+        return NotImplemented
+    return aten.amax.default(x.to(torch.int32), dim, keepdim).to(torch.uint8)
+
+
+def amin_uint8(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> torch.Tensor:
+    """``aten.amin`` of uint8 in int32 (see :func:`amax_uint8`)."""
+    if x.dtype != torch.uint8:
+        return NotImplemented
+    return aten.amin.default(x.to(torch.int32), dim, keepdim).to(torch.uint8)
+
+
+def max_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.max.dim`` propagating NaN (value and index), as torch does."""
+    return _extreme_dim(x, dim, keepdim, torch.amax)
+
+
+def min_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.min.dim`` propagating NaN (value and index), as torch does."""
+    return _extreme_dim(x, dim, keepdim, torch.amin)
+
 # Decompositions PyTorch has but does not count as "core"; torch-mlir lowers none of these ops.
 _FROM_TORCH = (
     aten._native_batch_norm_legit_functional.default,
@@ -318,6 +458,8 @@ _FROM_TORCH = (
     aten._native_batch_norm_legit_no_training.default,
     aten.native_batch_norm_backward.default,
     aten.max_pool2d_with_indices_backward.default,
+    # torch-mlir's lowering ignores `training`: eval-mode rrelu got the gradient of its noise.
+    aten.rrelu_with_noise_backward.default,
 )
 
 _EXTRA: dict[torch._ops.OpOverload, Callable] = {
@@ -333,6 +475,15 @@ _EXTRA: dict[torch._ops.OpOverload, Callable] = {
     aten.cumprod.default: cumprod,
     aten.cummax.default: cummax,
     aten.cummin.default: cummin,
+    aten.sort.default: sort,
+    aten.sort.stable: sort_stable,
+    aten.topk.default: topk,
+    aten.argmax.default: argmax,
+    aten.argmin.default: argmin,
+    aten.max.dim: max_dim,
+    aten.amax.default: amax_uint8,
+    aten.amin.default: amin_uint8,
+    aten.min.dim: min_dim,
     aten.bitwise_xor.Scalar: bitwise_xor_scalar,
     aten.bitwise_or.Scalar: bitwise_or_scalar,
     aten.__lshift__.Scalar: shift_left,

@@ -12,6 +12,7 @@ import functools
 import hashlib
 import json
 import logging
+import os
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -21,12 +22,31 @@ from torch_neuronx.compiler import lower
 
 _log = logging.getLogger("torch_neuronx.compiler.hlo")
 
-#: Bump when a change to passes or lowering changes the HLO for the same graph.
+#: Bump when a change to passes or lowering changes the HLO for the same graph. (Edits to
+#: the files in :data:`_LOWERING_SOURCES` change every key by themselves.)
 LOWERING_VERSION = 4
+# The code that decides what a graph lowers to: decompositions run when aot_autograd traces
+# (so they shape the FX graph a plan or HLO entry stands for), passes and lowering after it.
+_LOWERING_SOURCES = ("decompositions.py", "lower.py", "passes")
+
+
+def sources_digest() -> str:
+    """A digest of this package's lowering code, so a changed decomposition never hits old entries."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for name in _LOWERING_SOURCES:
+        path = os.path.join(root, name)
+        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".py")) \
+            if os.path.isdir(path) else [path]
+        for file in files:
+            with open(file, "rb") as f:
+                h.update(os.path.relpath(file, root).encode() + b"\0" + f.read())
+    return h.hexdigest()[:16]
 
 
 @functools.cache
-def _versions() -> str:
+def lowering_versions() -> str:
+    """torch, torch-mlir and this package's lowering (version and sources): part of every lowering key."""
     from importlib import metadata
 
     def version(dist: str) -> str:
@@ -35,7 +55,8 @@ def _versions() -> str:
         except metadata.PackageNotFoundError:
             return "none"
 
-    return f"torch {torch.__version__} torch-mlir {version('torch-mlir')} lowering {LOWERING_VERSION}"
+    return (f"torch {torch.__version__} torch-mlir {version('torch-mlir')} "
+            f"lowering {LOWERING_VERSION} {sources_digest()}")
 
 
 def _placeholder_spec(node: torch.fx.Node) -> str:
@@ -48,7 +69,7 @@ def _placeholder_spec(node: torch.fx.Node) -> str:
 def graph_key(gm: torch.fx.GraphModule) -> str:
     """A digest of everything that determines ``gm``'s lowering."""
     h = hashlib.sha256()
-    h.update(_versions().encode())
+    h.update(lowering_versions().encode())
     h.update(gm.code.encode())
     for node in gm.graph.nodes:
         if node.op == "placeholder":

@@ -16,6 +16,8 @@ import torch
 from torch_neuronx.compiler.errors import NeuronCompileError
 
 _OP_PATTERNS = (
+    # An op torch-mlir has no definition for is a generic torch.operator carrying its name.
+    re.compile(r"'torch\.operator'[^\n]*?name = \"([\w.]+)\""),
     re.compile(r"failed to legalize operation '([\w.]+)'"),
     re.compile(r"unsupported (?:by backend contract|op)[^']*'([\w.]+)'"),
     re.compile(r"'(torch\.aten\.[\w.]+)'"),

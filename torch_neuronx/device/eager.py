@@ -137,9 +137,9 @@ def dispatch_key(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tupl
 
 
 def _hlo_key(key: tuple) -> str:
-    from torch_neuronx.compiler.hlo import LOWERING_VERSION
+    from torch_neuronx.compiler.hlo import lowering_versions
 
-    return "eager-" + hashlib.sha256(f"{LOWERING_VERSION}|{key!r}".encode()).hexdigest()
+    return "eager-" + hashlib.sha256(f"{lowering_versions()}|{key!r}".encode()).hexdigest()
 
 
 def _compile(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

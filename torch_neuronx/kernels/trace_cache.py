@@ -90,7 +90,8 @@ def _toolchain() -> dict[str, Any]:
     except importlib.metadata.PackageNotFoundError:
         torch_mlir = "unknown"
     return {"torch": torch.__version__, "torch_mlir": torch_mlir, "torch_neuronx": torch_neuronx.__version__,
-            "lowering": hlo.LOWERING_VERSION, "trace_format": trace_mod.FORMAT}
+            "lowering": hlo.lowering_versions(),
+            "trace_format": trace_mod.FORMAT}
 
 
 def trace_key(*, kernel: str, source: str, declared: Any, tensors: Any,
