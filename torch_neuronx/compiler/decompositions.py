@@ -9,6 +9,7 @@ softmax and layer norms that torch-mlir imports.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 
 import torch
@@ -386,6 +387,103 @@ def topk(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True,
     return values.index_select(dim, first), index.index_select(dim, first)
 
 
+
+def _pick_sorted(x: torch.Tensor, dim: int, keepdim: bool, position: Callable[[int], int]) -> tuple:
+    """The element at ``position(n)`` of :func:`sort`'s order along ``dim``, with its index."""
+    values, index = sort_stable(x, dim=dim)
+    at = position(x.shape[dim])
+    value, where = values.narrow(dim, at, 1), index.narrow(dim, at, 1)
+    return (value, where) if keepdim else (value.squeeze(dim), where.squeeze(dim))
+
+
+def median_dim(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.median.dim``: the lower median and its index; a slice with NaN gives its first NaN."""
+    if x.dim() == 0:
+        return NotImplemented
+    dim = dim % x.dim()
+    value, index = _pick_sorted(x, dim, True, lambda n: (n - 1) // 2)
+    if x.is_floating_point():
+        # NaN sorts last: a slice with k NaNs has the first of them (in position order) at n - k.
+        nans = x.isnan().sum(dim, keepdim=True)
+        first_nan = sort_stable(x, dim=dim)[1].gather(dim, x.shape[dim] - nans.clamp(min=1))
+        value = torch.where(nans > 0, float("nan"), value)
+        index = torch.where(nans > 0, first_nan, index)
+    return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
+
+
+def median(x: torch.Tensor) -> torch.Tensor:
+    """``aten.median``: the lower median of all elements (NaN if any)."""
+    return median_dim(x.reshape(-1), 0)[0]
+
+
+def kthvalue(x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.kthvalue``: the k-th smallest in :func:`sort`'s order (NaN largest), with its index."""
+    if x.dim() == 0:
+        return NotImplemented
+    return _pick_sorted(x, dim % x.dim(), keepdim, lambda n: k - 1)
+
+
+def eq_tensor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``aten.eq.Tensor`` of a float tensor with itself: NaN is not equal to itself.
+
+    torch-mlir folds ``x == x`` to a constant true (so ``isfinite``, which torch writes as
+    ``(x == x) & (x.abs() != inf)``, called NaN finite).
+    """
+    if a is b and (a.is_floating_point() or a.is_complex()):
+        return a.isnan().logical_not()
+    return NotImplemented
+
+
+def isfinite(x: torch.Tensor) -> torch.Tensor:
+    """``aten.isfinite``: torch-mlir's lowering (|x| != inf) calls NaN finite."""
+    if not (x.is_floating_point() or x.is_complex()):
+        return torch.ones_like(x, dtype=torch.bool)
+    return x.isnan().logical_not() & (x.abs() != float("inf"))
+
+
+_inside = threading.local()
+
+
+def _calls_itself(decomposition: Callable) -> Callable:
+    """For a decomposition that calls the op it decomposes: that inner call lowers as the op."""
+
+    @functools.wraps(decomposition)
+    def wrapper(*args, **kwargs):
+        if getattr(_inside, decomposition.__name__, False):
+            return NotImplemented
+        setattr(_inside, decomposition.__name__, True)
+        try:
+            return decomposition(*args, **kwargs)
+        finally:
+            setattr(_inside, decomposition.__name__, False)
+
+    return wrapper
+
+
+@_calls_itself
+def atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``aten.atan2`` with IEEE's zeros and infinities (IREE's approximation gives NaN for them)."""
+    if not (y.is_floating_point() or x.is_floating_point()):
+        return NotImplemented
+    y, x = torch.broadcast_tensors(y, x)
+    dtype = torch.promote_types(y.dtype, x.dtype)
+    y, x = y.to(dtype), x.to(dtype)
+    result = aten.atan2.default(y, x)
+    pi = torch.pi
+    zeros = torch.copysign(torch.where(x.signbit(), pi, 0.0), y)  # y and x both +-0
+    infinities = torch.copysign(torch.where(x.signbit(), 0.75 * pi, 0.25 * pi), y)  # both +-inf
+    result = torch.where((y == 0) & (x == 0), zeros.to(dtype), result)
+    return torch.where(y.isinf() & x.isinf(), infinities.to(dtype), result)
+
+
+def hypot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``aten.hypot`` without overflow: the larger magnitude times sqrt(1 + ratio**2); inf wins over NaN."""
+    a, b = torch.broadcast_tensors(a.abs(), b.abs())
+    big, small = torch.maximum(a, b), torch.minimum(a, b)
+    ratio = torch.where(big == 0, 0.0, small / big)
+    result = big * torch.sqrt(1 + ratio * ratio)
+    return torch.where(a.isinf() | b.isinf(), float("inf"), result)
+
 def _extreme_index(x: torch.Tensor, dim: int | None, keepdim: bool, extreme: Callable) -> torch.Tensor | None:
     """The first index of ``x``'s extreme along ``dim``, or of its first NaN (torch's rule).
 
@@ -450,6 +548,178 @@ def min_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Ten
     """``aten.min.dim`` propagating NaN (value and index), as torch does."""
     return _extreme_dim(x, dim, keepdim, torch.amin)
 
+
+# Pooling and padding gradients torch-mlir lowers only in part (avg_pool2d without ceil_mode
+# and with count_include_pad) or not at all.
+def _avg_pool_divisors(out: int, size: int, kernel: int, stride: int, pad: int, include_pad: bool,
+                       device: torch.device) -> torch.Tensor:
+    """Per output position along one dim: the count torch's avg_pool2d divides by (unclipped to
+    the padded extent with ``count_include_pad``, else clipped to the input)."""
+    start = torch.arange(out, dtype=torch.int64, device=device) * stride - pad
+    end = torch.clamp(start + kernel, max=size + pad)
+    if include_pad:
+        return end - start
+    return torch.clamp(end, max=size) - torch.clamp(start, min=0)
+
+
+def _pair(value, default=None) -> tuple[int, int]:
+    if not value:
+        return default
+    return (value[0], value[-1]) if len(value) in (1, 2) else tuple(value)
+
+
+def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
+               divisor_override=None):
+    """``aten.avg_pool2d`` with ``ceil_mode`` (torch-mlir's reduce_window mis-sizes it): window
+    sums by a depthwise convolution with a kernel of ones, divided as torch divides."""
+    if not ceil_mode:
+        return NotImplemented
+    (kh, kw) = _pair(kernel_size)
+    sh, sw = _pair(stride, (kh, kw))
+    ph, pw = _pair(padding if isinstance(padding, list | tuple) else [padding])
+    unbatched = x.dim() == 3
+    xb = x.unsqueeze(0) if unbatched else x
+    (h, w), channels = xb.shape[-2:], xb.shape[1]
+
+    def out_size(size: int, k: int, st: int, p: int) -> int:
+        out = -(-(size + 2 * p - k) // st) + 1
+        return out - 1 if (out - 1) * st >= size + p else out
+
+    oh, ow = out_size(h, kh, sh, ph), out_size(w, kw, sw, pw)
+    # Zeros around the input out to the last window's end (ceil_mode windows may pass the padding).
+    padded = F.pad(xb, (pw, max(0, (ow - 1) * sw + kw - w - pw), ph, max(0, (oh - 1) * sh + kh - h - ph)))
+    ones = torch.ones(channels, 1, kh, kw, dtype=x.dtype, device=x.device)
+    sums = F.conv2d(padded, ones, stride=(sh, sw), groups=channels)
+    if divisor_override:
+        out = sums / divisor_override
+    else:
+        rows = _avg_pool_divisors(oh, h, kh, sh, ph, count_include_pad, x.device)
+        cols = _avg_pool_divisors(ow, w, kw, sw, pw, count_include_pad, x.device)
+        out = sums / (rows[:, None] * cols[None, :]).to(x.dtype)
+    return out.squeeze(0) if unbatched else out
+
+
+def avg_pool2d_backward(grad_output, x, kernel_size, stride, padding, ceil_mode, count_include_pad,
+                        divisor_override=None):
+    """``aten.avg_pool2d_backward`` for every mode: each window's share of the gradient, spread
+    back over it by a depthwise transposed convolution with a kernel of ones."""
+    kh, kw = _pair(kernel_size)
+    sh, sw = _pair(stride, (kh, kw))
+    ph, pw = _pair(padding)
+    unbatched = grad_output.dim() == 3
+    g = grad_output.unsqueeze(0) if unbatched else grad_output
+    (oh, ow), (h, w), channels = g.shape[-2:], x.shape[-2:], g.shape[1]
+    if divisor_override:
+        g = g / divisor_override
+    else:
+        rows = _avg_pool_divisors(oh, h, kh, sh, ph, count_include_pad, g.device)
+        cols = _avg_pool_divisors(ow, w, kw, sw, pw, count_include_pad, g.device)
+        g = g / (rows[:, None] * cols[None, :]).to(g.dtype)
+    ones = torch.ones(channels, 1, kh, kw, dtype=g.dtype, device=g.device)
+    spread = F.conv_transpose2d(g, ones, stride=(sh, sw), groups=channels)  # over the padded input
+    spread = F.pad(spread, (0, max(0, pw + w - spread.shape[-1]), 0, max(0, ph + h - spread.shape[-2])))
+    grad = spread[..., ph:ph + h, pw:pw + w]
+    return grad.squeeze(0) if unbatched else grad
+
+
+def _adaptive_average_matrix(out: int, size: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """[out, size]: row i averages input positions floor(i*size/out) .. ceil((i+1)*size/out)."""
+    i = torch.arange(out, dtype=torch.int64, device=device)[:, None]
+    j = torch.arange(size, dtype=torch.int64, device=device)[None, :]
+    start, end = (i * size) // out, ((i + 1) * size + out - 1) // out
+    inside = (j >= start) & (j < end)
+    return inside.to(dtype) / (end - start).to(dtype)
+
+
+def adaptive_avg_pool2d(x: torch.Tensor, output_size) -> torch.Tensor:
+    """``aten._adaptive_avg_pool2d`` as two averaging matrices (torch-mlir lowers only sizes that
+    divide evenly)."""
+    oh, ow = _pair(output_size)
+    (h, w) = x.shape[-2:]
+    oh, ow = oh or h, ow or w
+    dtype = torch.promote_types(x.dtype, torch.float32)  # half types average in float32, as torch does
+    rows = _adaptive_average_matrix(oh, h, dtype, x.device)
+    cols = _adaptive_average_matrix(ow, w, dtype, x.device)
+    return (rows @ x.to(dtype) @ cols.t()).to(x.dtype)
+
+
+def adaptive_avg_pool2d_backward(grad_output: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``aten._adaptive_avg_pool2d_backward``: the gradient through each dim's averaging matrix."""
+    (oh, ow), (h, w) = grad_output.shape[-2:], x.shape[-2:]
+    dtype = torch.promote_types(grad_output.dtype, torch.float32)
+    rows = _adaptive_average_matrix(oh, h, dtype, grad_output.device)
+    cols = _adaptive_average_matrix(ow, w, dtype, grad_output.device)
+    return (rows.t() @ grad_output.to(dtype) @ cols).to(x.dtype)
+
+
+def replication_pad_backward(grad_output: torch.Tensor, x: torch.Tensor, padding) -> torch.Tensor:
+    """``aten.replication_pad{1,2,3}d_backward``: each border's gradient summed onto its edge."""
+    g = grad_output
+    for k in range(len(padding) // 2):
+        dim, left, right = g.dim() - 1 - k, int(padding[2 * k]), int(padding[2 * k + 1])
+        if left < 0 or right < 0:
+            return NotImplemented
+        size = x.shape[dim]
+        center = g.narrow(dim, left, size)
+        first = center.narrow(dim, 0, 1)
+        last = center.narrow(dim, size - 1, 1)
+        if left:
+            first = first + g.narrow(dim, 0, left).sum(dim, keepdim=True)
+        if right:
+            last = last + g.narrow(dim, left + size, right).sum(dim, keepdim=True)
+        if size == 1:
+            g = first + last - center
+        else:
+            g = torch.cat([first, center.narrow(dim, 1, size - 2), last], dim)
+    return g
+
+
+def cdist_forward(x1: torch.Tensor, x2: torch.Tensor, p: float, compute_mode: int | None = None) -> torch.Tensor:
+    """``aten._cdist_forward`` from the pairwise differences (torch-mlir has no lowering)."""
+    diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)  # [..., P, R, M]
+    if p == 0:
+        return (diff != 0).sum(-1).to(x1.dtype)
+    if p == float("inf"):
+        return diff.abs().amax(-1)
+    if p == 1:
+        return diff.abs().sum(-1)
+    if p == 2:
+        return diff.square().sum(-1).sqrt()
+    return diff.abs().pow(p).sum(-1).pow(1.0 / p)
+
+
+def cdist_backward(grad: torch.Tensor, x1: torch.Tensor, x2: torch.Tensor, p: float,
+                   dist: torch.Tensor) -> torch.Tensor:
+    """``aten._cdist_backward``: the gradient for ``x1``, term by term as torch's kernel computes it."""
+    diff = x1.unsqueeze(-2) - x2.unsqueeze(-3)
+    d = dist.unsqueeze(-1)
+    if p == 0:
+        return torch.zeros_like(x1)
+    if p == 1:
+        term = diff.sign()
+    elif p == float("inf"):
+        term = diff.sign() * (diff.abs() == d).to(diff.dtype)
+    else:
+        term = diff.sign() * diff.abs().pow(p - 1) / d.pow(p - 1)
+        dead = (d == 0) | (diff == 0) if p < 1 else d == 0
+        term = torch.where(dead, 0.0, term)
+    return (grad.unsqueeze(-1) * term).sum(-2)
+
+
+def searchsorted(sorted_sequence: torch.Tensor, values, *, out_int32: bool = False, right: bool = False,
+                 side: str | None = None, sorter: torch.Tensor | None = None) -> torch.Tensor:
+    """``aten.searchsorted`` as a count of the sequence's elements before each value."""
+    if not isinstance(values, torch.Tensor):
+        values = torch.tensor(values, dtype=sorted_sequence.dtype, device=sorted_sequence.device)
+    right = side == "right" if side is not None else right
+    seq = sorted_sequence if sorter is None else sorted_sequence.gather(-1, sorter)
+    seq = seq if seq.dim() == 1 else seq.unsqueeze(-2)  # [N] or [..., 1, N] against [..., M, 1]
+    v = values.unsqueeze(-1)
+    # torch's binary search: left finds the first element >= the value, right the first one
+    # > it; written as negations, so a NaN value (no element compares) lands at the end, as in torch.
+    before = (seq > v).logical_not() if right else (seq >= v).logical_not()
+    return before.sum(-1).to(torch.int32 if out_int32 else torch.int64)
+
 # Decompositions PyTorch has but does not count as "core"; torch-mlir lowers none of these ops.
 _FROM_TORCH = (
     aten._native_batch_norm_legit_functional.default,
@@ -481,7 +751,25 @@ _EXTRA: dict[torch._ops.OpOverload, Callable] = {
     aten.argmax.default: argmax,
     aten.argmin.default: argmin,
     aten.max.dim: max_dim,
+    aten.median.dim: median_dim,
+    aten.median.default: median,
+    aten.kthvalue.default: kthvalue,
+    aten.isfinite.default: isfinite,
+    aten.eq.Tensor: eq_tensor,
+    aten.atan2.default: atan2,
+    aten.hypot.default: hypot,
     aten.amax.default: amax_uint8,
+    aten.avg_pool2d.default: avg_pool2d,
+    aten._cdist_forward.default: cdist_forward,
+    aten._cdist_backward.default: cdist_backward,
+    aten.searchsorted.Tensor: searchsorted,
+    aten.searchsorted.Scalar: searchsorted,
+    aten.avg_pool2d_backward.default: avg_pool2d_backward,
+    aten._adaptive_avg_pool2d.default: adaptive_avg_pool2d,
+    aten._adaptive_avg_pool2d_backward.default: adaptive_avg_pool2d_backward,
+    aten.replication_pad1d_backward.default: replication_pad_backward,
+    aten.replication_pad2d_backward.default: replication_pad_backward,
+    aten.replication_pad3d_backward.default: replication_pad_backward,
     aten.amin.default: amin_uint8,
     aten.min.dim: min_dim,
     aten.bitwise_xor.Scalar: bitwise_xor_scalar,
