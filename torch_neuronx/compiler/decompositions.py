@@ -562,6 +562,16 @@ def _avg_pool_divisors(out: int, size: int, kernel: int, stride: int, pad: int, 
     return torch.clamp(end, max=size) - torch.clamp(start, min=0)
 
 
+def _divide_by_windows(t: torch.Tensor, size: tuple, kernel: tuple, stride: tuple, padding: tuple,
+                       include_pad: bool, divisor_override: int | None) -> torch.Tensor:
+    """``t`` (one value per 2-d pooling window) divided as torch's avg_pool2d divides each window."""
+    if divisor_override:
+        return t / divisor_override
+    rows, cols = (_avg_pool_divisors(t.shape[d - 2], size[d], kernel[d], stride[d], padding[d], include_pad,
+                                     t.device) for d in (0, 1))
+    return t / (rows[:, None] * cols[None, :]).to(t.dtype)
+
+
 def _pair(value, default=None) -> tuple[int, int]:
     if not value:
         return default
@@ -590,12 +600,7 @@ def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
     padded = F.pad(xb, (pw, max(0, (ow - 1) * sw + kw - w - pw), ph, max(0, (oh - 1) * sh + kh - h - ph)))
     ones = torch.ones(channels, 1, kh, kw, dtype=x.dtype, device=x.device)
     sums = F.conv2d(padded, ones, stride=(sh, sw), groups=channels)
-    if divisor_override:
-        out = sums / divisor_override
-    else:
-        rows = _avg_pool_divisors(oh, h, kh, sh, ph, count_include_pad, x.device)
-        cols = _avg_pool_divisors(ow, w, kw, sw, pw, count_include_pad, x.device)
-        out = sums / (rows[:, None] * cols[None, :]).to(x.dtype)
+    out = _divide_by_windows(sums, (h, w), (kh, kw), (sh, sw), (ph, pw), count_include_pad, divisor_override)
     return out.squeeze(0) if unbatched else out
 
 
@@ -608,13 +613,8 @@ def avg_pool2d_backward(grad_output, x, kernel_size, stride, padding, ceil_mode,
     ph, pw = _pair(padding)
     unbatched = grad_output.dim() == 3
     g = grad_output.unsqueeze(0) if unbatched else grad_output
-    (oh, ow), (h, w), channels = g.shape[-2:], x.shape[-2:], g.shape[1]
-    if divisor_override:
-        g = g / divisor_override
-    else:
-        rows = _avg_pool_divisors(oh, h, kh, sh, ph, count_include_pad, g.device)
-        cols = _avg_pool_divisors(ow, w, kw, sw, pw, count_include_pad, g.device)
-        g = g / (rows[:, None] * cols[None, :]).to(g.dtype)
+    (h, w), channels = x.shape[-2:], g.shape[1]
+    g = _divide_by_windows(g, (h, w), (kh, kw), (sh, sw), (ph, pw), count_include_pad, divisor_override)
     ones = torch.ones(channels, 1, kh, kw, dtype=g.dtype, device=g.device)
     spread = F.conv_transpose2d(g, ones, stride=(sh, sw), groups=channels)  # over the padded input
     spread = F.pad(spread, (0, max(0, pw + w - spread.shape[-1]), 0, max(0, ph + h - spread.shape[-2])))
