@@ -423,6 +423,17 @@ def kthvalue(x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False) -> t
     return _pick_sorted(x, dim % x.dim(), keepdim, lambda n: k - 1)
 
 
+def native_dropout(x: torch.Tensor, p: float, train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.native_dropout`` from ``rand_like`` (which the compile path draws on the host per call;
+    torch-mlir's lowering drew the same mask every call)."""
+    if not train or p == 0:
+        return x.clone(), torch.ones_like(x, dtype=torch.bool)
+    if p == 1:
+        return torch.zeros_like(x), torch.zeros_like(x, dtype=torch.bool)
+    keep = torch.rand_like(x) < 1 - p
+    return x * keep * (1.0 / (1 - p)), keep
+
+
 def eq_tensor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``aten.eq.Tensor`` of a float tensor with itself: NaN is not equal to itself.
 
@@ -756,6 +767,7 @@ _EXTRA: dict[torch._ops.OpOverload, Callable] = {
     aten.kthvalue.default: kthvalue,
     aten.isfinite.default: isfinite,
     aten.eq.Tensor: eq_tensor,
+    aten.native_dropout.default: native_dropout,
     aten.atan2.default: atan2,
     aten.hypot.default: hypot,
     aten.amax.default: amax_uint8,

@@ -23,6 +23,7 @@ from torch_neuronx.compiler.compile import NeffRequest, get_neff
 from torch_neuronx.compiler.cost import graph_flops
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, compile_only_enabled
+from torch_neuronx.compiler.passes import random_inputs
 from torch_neuronx.compiler.targets import driver_available
 from torch_neuronx.dynamo import fallback, plans
 from torch_neuronx.dynamo.artifacts import GraphArtifacts
@@ -76,8 +77,11 @@ class CompiledGraph:
     def __init__(self, name: str, neff: Any, driver: str,
                  template: list[Any], outputs: list[Any], artifacts: GraphArtifacts,
                  complex_inputs: Sequence[int] = (), complex_outputs: Sequence[int] = (),
-                 copy_inputs: bool = False, argument_neff: Callable[[], Any] | None = None) -> None:
+                 copy_inputs: bool = False, argument_neff: Callable[[], Any] | None = None,
+                 random_inputs: Sequence[dict[str, Any]] = ()) -> None:
         self.name = name
+        # Random values the graph takes as its last inputs, drawn on the host at every call.
+        self._random_inputs = tuple(random_inputs)
         # For a NEFF with resident parameters: how to get the one that takes them as arguments.
         self._argument_neff = argument_neff
         self._copy_inputs = copy_inputs
@@ -92,7 +96,7 @@ class CompiledGraph:
         self._executable = None
         self._calls = 0
         # No complex conversion, no constant outputs: results go back exactly as the NEFF returns them.
-        self._plain = not (self._complex_inputs or self._complex_outputs or copy_inputs) and all(
+        self._plain = not (self._complex_inputs or self._complex_outputs or copy_inputs or random_inputs) and all(
             slot is None for slot in template)
 
     def _load(self):
@@ -131,6 +135,7 @@ class CompiledGraph:
         return zeros
 
     def _execute(self, executable: Any, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        tensors.extend(random_inputs.draw(spec) for spec in self._random_inputs)
         if self._copy_inputs:  # the NEFF may write into its inputs: give it copies
             tensors = [t.clone(memory_format=torch.contiguous_format) for t in tensors]
         for i in self._complex_inputs:
@@ -266,7 +271,7 @@ def executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtifa
     outputs = [(tuple(o["shape"]), getattr(torch, o["dtype"])) for o in plan.outputs]
     return CompiledGraph(plan.graph_name, neff, driver, plan.template, outputs, artifacts,
                          plan.complex_inputs, plan.complex_outputs, copy_inputs=plan.copy_inputs,
-                         argument_neff=argument_neff)
+                         argument_neff=argument_neff, random_inputs=plan.random_inputs)
 
 
 def build_graph(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
@@ -301,7 +306,7 @@ def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
                 complex_inputs=list(gm.meta.get("complex_inputs", ())),
                 complex_outputs=list(gm.meta.get("complex_outputs", ())), flops=graph_flops(gm),
                 keep_f64=_has_float64(gm), copy_inputs=writes_its_inputs(lowered.stablehlo),
-                resident=list(resident))
+                resident=list(resident), random_inputs=list(gm.meta.get("random_inputs", ())))
     return executable_graph(plan, options, artifacts), plan
 
 

@@ -28,7 +28,7 @@ from torch_neuronx.compiler.options import CompileOptions
 _log = logging.getLogger("torch_neuronx.dynamo.plans")
 _PLAIN = (torch.Tensor, torch.nn.Parameter, torch._subclasses.fake_tensor.FakeTensor)
 
-PLAN_VERSION = 4
+PLAN_VERSION = 5
 
 
 @dataclasses.dataclass
@@ -47,6 +47,8 @@ class Plan:
     keep_f64: bool = False
     copy_inputs: bool = False  # see graph.writes_its_inputs
     resident: list[int] = dataclasses.field(default_factory=list)  # see graph.resident_inputs
+    # Trailing NEFF inputs drawn on every call (compiler/passes/random_inputs.py).
+    random_inputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def _tensor_spec(t: torch.Tensor) -> str:

@@ -13,6 +13,8 @@ from collections.abc import Callable
 import torch
 
 from torch_neuronx.compiler.passes.complex_to_real import complex_to_real
+from torch_neuronx.compiler.passes.constant_fold import constant_fold
+from torch_neuronx.compiler.passes.random_inputs import random_ops_to_inputs
 from torch_neuronx.compiler.passes.scalar_inputs import inline_scalar_inputs
 from torch_neuronx.compiler.passes.squeeze_dims import squeeze_dims_to_view
 
@@ -20,6 +22,8 @@ Pass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 
 PIPELINE: list[Pass] = [
     complex_to_real,  # first: the other passes and the importer see real tensors only
+    random_ops_to_inputs,  # before folding: a random op is no constant
+    constant_fold,
     inline_scalar_inputs,
     squeeze_dims_to_view,
 ]

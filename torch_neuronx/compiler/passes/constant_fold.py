@@ -1,0 +1,94 @@
+"""Fold computations on constants with torch itself, before torch-mlir sees them.
+
+torch-mlir's folders get float splat comparisons wrong: ``torch.full((3,), 2.0) > 0``
+folds to all-false, and ``torch.full((3,), 0.0) > 0`` crashes the process (both in
+``torchdynamo-export-to-torch-backend-pipeline``); ``sign`` and ``trunc`` of a
+positive constant fold to negative values. Such subgraphs come from user code and
+from decompositions alike. This pass evaluates every op whose inputs are all
+constants with torch's own kernels (exact semantics) and, where the result is a
+splat, hands torch-mlir an ``aten.full`` (a literal its folders handle). Other
+constant results stay as they were: tensor constants upset the importer when
+further ops consume them, and IREE rejects unsigned constants.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+aten = torch.ops.aten
+
+# Ops that only create a constant: already what torch-mlir should see, nothing to fold.
+_SOURCES = {aten.full.default, aten.scalar_tensor.default, aten.arange.default, aten.arange.start,
+            aten.arange.start_step, aten.zeros.default, aten.ones.default, aten.empty.memory_format}
+_UNSIGNED = (torch.uint8, torch.uint16, torch.uint32, torch.uint64)
+
+
+def _foldable(node: torch.fx.Node, constant: set[torch.fx.Node]) -> bool:
+    if node.op == "get_attr":
+        return True
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded in node.target.tags or node.target._schema.is_mutable:
+        return False
+    if node.target in (aten.empty.memory_format, aten.empty_strided.default, aten.empty_like.default):
+        return False  # uninitialized values: nothing to fold to
+    inputs = node.all_input_nodes
+    return all(n in constant for n in inputs) and isinstance(node.meta.get("val"), torch.Tensor)
+
+
+def _value(node: torch.fx.Node, gm: torch.fx.GraphModule, values: dict[torch.fx.Node, Any]) -> Any:
+    if node not in values:
+        if node.op == "get_attr":
+            values[node] = getattr(gm, str(node.target))
+        else:
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: _value(n, gm, values))
+            values[node] = node.target(*args, **kwargs)
+    return values[node]
+
+
+def _splat(t: torch.Tensor) -> Any | None:
+    """The single value every element of ``t`` holds, or None (NaN counts as one value)."""
+    if t.numel() == 0 or t.is_complex():
+        return None
+    first = t.reshape(-1)[0]
+    same = (t == first) | (t.isnan() & first.isnan()) if t.is_floating_point() else t == first
+    return first.item() if bool(same.all()) else None
+
+
+def constant_fold(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Replace ops computed from constants only by their values (see the module docstring)."""
+    constant: set[torch.fx.Node] = set()
+    for node in gm.graph.nodes:
+        if _foldable(node, constant):
+            constant.add(node)
+    # Fold where constants meet the rest of the graph: the last constant node before a use.
+    frontier = [n for n in constant if n.op == "call_function" and n.target not in _SOURCES
+                and any(user not in constant for user in n.users)]
+    if not frontier:
+        return gm
+    values: dict[torch.fx.Node, Any] = {}
+    with unset_fake_temporarily():
+        for node in frontier:
+            try:
+                result = _value(node, gm, values)
+            except Exception:  # an op torch cannot run eagerly here: leave it to the compiler
+                continue
+            if not isinstance(result, torch.Tensor):
+                continue
+            _replace(gm, node, result)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def _replace(gm: torch.fx.GraphModule, node: torch.fx.Node, result: torch.Tensor) -> None:
+    splat = None if result.dtype in _UNSIGNED else _splat(result)
+    if splat is None:
+        return
+    with gm.graph.inserting_before(node):
+        new = gm.graph.call_function(aten.full.default, (list(result.shape), splat), {"dtype": result.dtype})
+    new.meta = dict(node.meta)
+    node.replace_all_uses_with(new)

@@ -1,0 +1,108 @@
+"""Random ops → graph inputs drawn from torch's generator on every call.
+
+torch-mlir lowers ``aten.rand`` and its kin to a generator with a fixed state baked
+into the module: every call of a compiled graph drew the same numbers (the same
+dropout mask at every training step). This pass replaces each random op whose
+result has a static shape by a new trailing graph input and records how to draw it
+(``gm.meta["random_inputs"]``: :func:`spec` dicts, JSON-serializable for plans);
+:func:`draw` makes the values on every call with the op itself on the host, so
+they come from torch's global generator (``torch.manual_seed`` applies).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+# Tensor arguments of these ops only give the result's shape and dtype (the *_like ops).
+_LIKE = {aten.rand_like.default, aten.randn_like.default, aten.randint_like.default,
+         aten.randint_like.low_dtype}
+# Placement arguments: the draw happens on the host, which is where the NEFF's inputs live.
+_PLACEMENT = ("device", "pin_memory", "layout", "memory_format", "generator")
+
+
+def _random_op(node: torch.fx.Node) -> bool:
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded not in node.target.tags:
+        return False
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or any(not isinstance(d, int) for d in val.shape):
+        return False
+    tensors = node.all_input_nodes
+    return not tensors or node.target in _LIKE
+
+
+def _encode(value: Any) -> Any:
+    if isinstance(value, torch.fx.Node):
+        val = value.meta["val"]
+        return {"like": [list(val.shape), str(val.dtype).removeprefix("torch.")]}
+    if isinstance(value, torch.dtype):
+        return {"dtype": str(value).removeprefix("torch.")}
+    if isinstance(value, list | tuple):
+        return [_encode(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _encode(v) for k, v in value.items()}
+    if isinstance(value, bool | int | float | str) or value is None:
+        return value
+    raise TypeError(f"cannot record argument {value!r} of a random op")
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, dict) and "like" in value:
+        shape, dtype = value["like"]
+        return torch.empty(shape, dtype=getattr(torch, dtype))
+    if isinstance(value, dict) and "dtype" in value:
+        return getattr(torch, value["dtype"])
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _decode(v) for k, v in value.items()}
+    return value
+
+
+def spec(node: torch.fx.Node) -> dict[str, Any]:
+    """How to draw ``node``'s value again: its op and arguments (placement dropped)."""
+    kwargs = {k: v for k, v in node.kwargs.items() if k not in _PLACEMENT}
+    return {"op": node.target._schema.name, "overload": node.target._overloadname,
+            "args": _encode(list(node.args)), "kwargs": _encode(kwargs)}
+
+
+def draw(random_spec: dict[str, Any]) -> torch.Tensor:
+    """A fresh value of a recorded random op, from torch's generator."""
+    namespace, name = random_spec["op"].split("::")
+    op = getattr(getattr(getattr(torch.ops, namespace), name), random_spec["overload"])
+    return op(*_decode(random_spec["args"]), **_decode(random_spec["kwargs"])).contiguous()
+
+
+def random_ops_to_inputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Replace every static-shape random op by a trailing graph input (see the module docstring)."""
+    specs: list[dict[str, Any]] = []
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    last = placeholders[-1] if placeholders else None
+    for node in list(gm.graph.nodes):
+        if not _random_op(node):
+            continue
+        try:
+            recorded = spec(node)
+        except TypeError:
+            continue  # an argument we cannot replay: the op stays in the graph
+        if last is None:
+            with gm.graph.inserting_before(next(iter(gm.graph.nodes))):
+                placeholder = gm.graph.placeholder(f"random_{len(specs)}")
+        else:
+            with gm.graph.inserting_after(last):
+                placeholder = gm.graph.placeholder(f"random_{len(specs)}")
+        placeholder.meta = dict(node.meta)
+        last = placeholder
+        node.replace_all_uses_with(placeholder)
+        gm.graph.erase_node(node)
+        specs.append(recorded)
+    if specs:
+        gm.meta["random_inputs"] = specs
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return gm
