@@ -132,3 +132,29 @@ with torch.no_grad():
     names = {f.split("_inference")[0] for _, _, files in os.walk(tmp_path / "debug" / "torch_neuronx")
              for f in files if f.endswith(".stablehlo.mlir")}
     assert names == {"first", "second"}
+
+
+_RANDOM = """
+import json, torch
+from torch_neuronx import metrics
+f = torch.compile(lambda x: torch.rand(3) + torch.randn(3) + x, backend="neuron")
+x = torch.zeros(3)
+with torch.no_grad():
+    torch.manual_seed(1)
+    got = [f(x).tolist(), f(x).tolist()]
+    torch.manual_seed(1)
+    expected = [(torch.rand(3) + torch.randn(3)).tolist() for _ in range(2)]
+print(json.dumps({"plans": metrics.counter("warm_start_plans"), "got": got, "expected": expected}))
+"""
+
+
+def test_plans_of_graphs_with_random_ops_draw_fresh_values(tmp_path):
+    env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+           "TORCH_NEURONX_HLO_CACHE_DIR": str(tmp_path / "hlo")}
+    for plans in (0, 1):  # cold, then from the plan the cold run stored
+        out = subprocess.run([sys.executable, "-c", _RANDOM], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result["plans"] == plans
+        assert [pytest.approx(e) for e in result["expected"]] == result["got"]
+        assert result["got"][0] != result["got"][1]
