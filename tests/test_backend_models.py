@@ -444,3 +444,33 @@ def test_dropout_masks_change_per_step_and_backward_uses_the_forward_mask():
         outputs.append(kept)
         assert 0.70 < kept.float().mean() < 0.80
     assert not torch.equal(outputs[0], outputs[1])
+
+
+def test_bool_mask_built_inside_the_compiled_function():
+    """A bool tensor constant used to fail twice: at import (converted under the fake mode) and in
+    IREE (imported as an unsigned literal)."""
+    def masked(x):
+        mask = torch.tensor([[False, True, False]])
+        return x.masked_fill(mask, 0.0) + mask.float()
+
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(torch.compile(masked, backend="neuron")(x), masked(x))
+
+
+def test_multihead_attention_with_a_padding_mask_built_inside_forward_and_backward():
+    torch.manual_seed(0)
+    attention = torch.nn.MultiheadAttention(8, 2, batch_first=True, kdim=6, vdim=5)
+
+    def attend(q, k, v):
+        padding = torch.tensor([[False, False, True], [False, False, False]])
+        return attention(q, k, v, key_padding_mask=padding)[0]
+
+    inputs = [torch.randn(2, 4, 8), torch.randn(2, 3, 6), torch.randn(2, 3, 5)]
+    expected = attend(*inputs)
+    expected.square().sum().backward()
+    grads = [p.grad.clone() for p in attention.parameters()]
+    attention.zero_grad()
+    got = torch.compile(attend, backend="neuron")(*inputs)
+    torch.testing.assert_close(got, expected)
+    got.square().sum().backward()
+    torch.testing.assert_close([p.grad for p in attention.parameters()], grads)

@@ -51,10 +51,14 @@ def _asm(module: object) -> str:
 
 def import_raw(gm: torch.fx.GraphModule, func_name: str = "main") -> object:
     """Import a stateless FX graph (parameters already lifted to inputs) as the raw torch dialect."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch_mlir import fx as tmfx
 
     try:
-        return tmfx.stateless_fx_import(gm, output_type="raw", model_name=func_name)
+        # aot_autograd calls compilers under its fake mode, but tensor constants are real: the
+        # importer converts bool ones (.to(uint8)), which a fake mode refuses on real tensors.
+        with unset_fake_temporarily():
+            return tmfx.stateless_fx_import(gm, output_type="raw", model_name=func_name)
     except Exception as exc:  # torch-mlir raises many types; all mean "cannot import"
         message = f"{type(exc).__name__}: {exc}"
         raise NeuronCompileError("import", f"torch-mlir could not import the FX graph: {message}",

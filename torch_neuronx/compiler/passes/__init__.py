@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 
+from torch_neuronx.compiler.passes.bool_constants import bool_constants_to_int8
 from torch_neuronx.compiler.passes.complex_to_real import complex_to_real
 from torch_neuronx.compiler.passes.constant_fold import constant_fold
 from torch_neuronx.compiler.passes.random_inputs import random_ops_to_inputs
@@ -26,6 +27,7 @@ PIPELINE: list[Pass] = [
     constant_fold,
     inline_scalar_inputs,
     squeeze_dims_to_view,
+    bool_constants_to_int8,
 ]
 
 
