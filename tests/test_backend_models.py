@@ -322,9 +322,11 @@ def test_eval_mode_rrelu_gradient_matches_eager():
     ("replicate_pad_1d", lambda x: F.pad(x, (1, 3), mode="replicate"), (2, 3, 5)),
     ("replicate_pad_2d_one_wide", lambda x: F.pad(x, (2, 2, 0, 1), mode="replicate"), (1, 2, 1, 4)),
     ("replicate_pad_3d", lambda x: F.pad(x, (1, 1, 1, 1, 1, 1), mode="replicate"), (1, 1, 3, 3, 3)),
+    ("tensor_unfold", lambda x: x.unfold(-1, 3, 2), (2, 9)),
 ])
-def test_pooling_and_padding_forward_and_backward_match_eager(name, fn, shape):
-    """Modes torch-mlir mis-sizes (ceil_mode) or has no gradient for go through our decompositions."""
+def test_windowed_ops_forward_and_backward_match_eager(name, fn, shape):
+    """Pooling, padding and unfold modes torch-mlir mis-sizes (ceil_mode), rejects (unfold's
+    strided view) or has no gradient for go through our decompositions."""
     x = torch.randn(*shape, requires_grad=True)
     out = fn(x)
     weights = torch.randn_like(out)

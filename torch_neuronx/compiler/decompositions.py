@@ -741,6 +741,7 @@ _FROM_TORCH = (
     aten.max_pool2d_with_indices_backward.default,
     # torch-mlir's lowering ignores `training`: eval-mode rrelu got the gradient of its noise.
     aten.rrelu_with_noise_backward.default,
+    aten.unfold.default,  # a strided view torch-mlir does not lower
 )
 
 _EXTRA: dict[torch._ops.OpOverload, Callable] = {
