@@ -214,6 +214,8 @@ def test_ops_that_iree_runs_in_place_leave_the_callers_input_alone(name, fn):
     ("cumprod_int_to_int64", lambda x: torch.cumprod((x * 3).to(torch.int32), 0)),
     ("cummax_ties_and_nan", lambda x: torch.cummax(torch.where(x > 1.5, float("nan"), x.round()), 1)),
     ("cummin_int", lambda x: torch.cummin((x * 2).to(torch.int64), -1)),
+    ("flip_uint8", lambda x: (x.abs() * 50).to(torch.uint8).flip(0, 1)),
+    ("amax_uint8_keepdim", lambda x: (x.abs() * 50).to(torch.uint8).amax(1, keepdim=True)),
 ])
 def test_ops_lowered_through_our_decompositions_match_eager(name, fn):
     x = torch.randn(4, 5)

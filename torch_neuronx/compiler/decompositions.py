@@ -536,6 +536,16 @@ def _extreme_dim(x: torch.Tensor, dim: int, keepdim: bool, extreme: Callable) ->
     return (values, index) if keepdim else (values.squeeze(dim), index.squeeze(dim))
 
 
+def flip_unsigned(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
+    """``aten.flip`` of unsigned integers as gathers: IREE cannot compile ``stablehlo.reverse`` of them."""
+    if x.dtype not in (torch.uint8, torch.uint16, torch.uint32, torch.uint64):
+        return NotImplemented
+    for dim in dims:
+        n = x.shape[dim]
+        x = x.index_select(dim, torch.arange(n - 1, -1, -1, device=x.device))
+    return x
+
+
 def amax_uint8(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> torch.Tensor:
     """``aten.amax`` of uint8 in int32: torch-mlir reduces uint8 from a signed initial value."""
     if x.dtype != torch.uint8:
@@ -772,6 +782,7 @@ _EXTRA: dict[torch._ops.OpOverload, Callable] = {
     aten.atan2.default: atan2,
     aten.hypot.default: hypot,
     aten.amax.default: amax_uint8,
+    aten.flip.default: flip_unsigned,
     aten.avg_pool2d.default: avg_pool2d,
     aten._cdist_forward.default: cdist_forward,
     aten._cdist_backward.default: cdist_backward,
