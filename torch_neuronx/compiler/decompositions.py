@@ -388,12 +388,10 @@ def topk(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True,
 
 
 
-def _pick_sorted(x: torch.Tensor, dim: int, keepdim: bool, position: Callable[[int], int]) -> tuple:
-    """The element at ``position(n)`` of :func:`sort`'s order along ``dim``, with its index."""
-    values, index = sort_stable(x, dim=dim)
-    at = position(x.shape[dim])
-    value, where = values.narrow(dim, at, 1), index.narrow(dim, at, 1)
-    return (value, where) if keepdim else (value.squeeze(dim), where.squeeze(dim))
+def _sorted_at(ordered: tuple[torch.Tensor, torch.Tensor], dim: int, at: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position ``at`` along ``dim`` of a :func:`sort` result: its value and index (dim kept)."""
+    values, index = ordered
+    return values.narrow(dim, at, 1), index.narrow(dim, at, 1)
 
 
 def median_dim(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -401,11 +399,12 @@ def median_dim(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[t
     if x.dim() == 0:
         return NotImplemented
     dim = dim % x.dim()
-    value, index = _pick_sorted(x, dim, True, lambda n: (n - 1) // 2)
+    ordered = sort_stable(x, dim=dim)
+    value, index = _sorted_at(ordered, dim, (x.shape[dim] - 1) // 2)
     if x.is_floating_point():
         # NaN sorts last: a slice with k NaNs has the first of them (in position order) at n - k.
         nans = x.isnan().sum(dim, keepdim=True)
-        first_nan = sort_stable(x, dim=dim)[1].gather(dim, x.shape[dim] - nans.clamp(min=1))
+        first_nan = ordered[1].gather(dim, x.shape[dim] - nans.clamp(min=1))
         value = torch.where(nans > 0, float("nan"), value)
         index = torch.where(nans > 0, first_nan, index)
     return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
@@ -420,7 +419,9 @@ def kthvalue(x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False) -> t
     """``aten.kthvalue``: the k-th smallest in :func:`sort`'s order (NaN largest), with its index."""
     if x.dim() == 0:
         return NotImplemented
-    return _pick_sorted(x, dim % x.dim(), keepdim, lambda n: k - 1)
+    dim = dim % x.dim()
+    value, index = _sorted_at(sort_stable(x, dim=dim), dim, k - 1)
+    return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
 
 
 def native_dropout(x: torch.Tensor, p: float, train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:

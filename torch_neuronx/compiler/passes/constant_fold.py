@@ -22,7 +22,7 @@ aten = torch.ops.aten
 
 # Ops that only create a constant: already what torch-mlir should see, nothing to fold.
 _SOURCES = {aten.full.default, aten.scalar_tensor.default, aten.arange.default, aten.arange.start,
-            aten.arange.start_step, aten.zeros.default, aten.ones.default, aten.empty.memory_format}
+            aten.arange.start_step, aten.zeros.default, aten.ones.default}
 _UNSIGNED = (torch.uint8, torch.uint16, torch.uint32, torch.uint64)
 
 

@@ -90,12 +90,11 @@ def random_ops_to_inputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             recorded = spec(node)
         except TypeError:
             continue  # an argument we cannot replay: the op stays in the graph
-        if last is None:
-            with gm.graph.inserting_before(next(iter(gm.graph.nodes))):
-                placeholder = gm.graph.placeholder(f"random_{len(specs)}")
-        else:
-            with gm.graph.inserting_after(last):
-                placeholder = gm.graph.placeholder(f"random_{len(specs)}")
+        # After the last input, so the new inputs trail the ones the caller passes.
+        where = gm.graph.inserting_after(last) if last is not None else gm.graph.inserting_before(
+            next(iter(gm.graph.nodes)))
+        with where:
+            placeholder = gm.graph.placeholder(f"random_{len(specs)}")
         placeholder.meta = dict(node.meta)
         last = placeholder
         node.replace_all_uses_with(placeholder)
