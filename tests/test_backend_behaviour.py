@@ -114,7 +114,8 @@ def test_editing_the_lowering_code_changes_every_graph_key(tmp_path, monkeypatch
     from torch_neuronx.compiler import hlo
 
     (tmp_path / "passes").mkdir()
-    for name in ("decompositions.py", "lower.py", "passes/a.py"):
+    (tmp_path / "decompositions").mkdir()
+    for name in ("decompositions/general.py", "lower.py", "passes/a.py"):
         (tmp_path / name).write_text("x = 1\n")
     monkeypatch.setattr(hlo, "__file__", str(tmp_path / "hlo.py"))
     before = hlo.sources_digest()

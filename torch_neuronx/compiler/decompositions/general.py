@@ -1,9 +1,10 @@
-"""The decomposition table the compile path traces with.
+"""General decompositions: ops torch-mlir rejects or lowers wrongly, rewritten in ops it lowers.
 
-PyTorch's core ATen decompositions, plus math decompositions of the fused
-"fast path" inference ops (``nn.TransformerEncoderLayer`` / ``nn.MultiheadAttention``
-in eval mode) that have no lowering anywhere: they become plain matmuls,
-softmax and layer norms that torch-mlir imports.
+Math decompositions of the fused "fast path" inference ops
+(``nn.TransformerEncoderLayer`` / ``nn.MultiheadAttention`` in eval mode),
+sorts and extremes with torch's NaN and tie rules, 2-d average pooling,
+cumulative ops, bitwise and remainder ops, and more (see the README's
+"Known limits of the compile path").
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch._decomp import core_aten_decompositions
 
 aten = torch.ops.aten
 
@@ -742,8 +742,8 @@ def searchsorted(sorted_sequence: torch.Tensor, values, *, out_int32: bool = Fal
     before = (seq > v).logical_not() if right else (seq >= v).logical_not()
     return before.sum(-1).to(torch.int32 if out_int32 else torch.int64)
 
-# Decompositions PyTorch has but does not count as "core"; torch-mlir lowers none of these ops.
-_FROM_TORCH = (
+#: Decompositions PyTorch has but does not count as "core"; torch-mlir lowers none of these ops.
+FROM_TORCH = (
     aten._native_batch_norm_legit_functional.default,
     aten._native_batch_norm_legit.default,
     aten._native_batch_norm_legit.no_stats,
@@ -755,7 +755,7 @@ _FROM_TORCH = (
     aten.unfold.default,  # a strided view torch-mlir does not lower
 )
 
-_EXTRA: dict[torch._ops.OpOverload, Callable] = {
+DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
     aten._native_multi_head_attention.default: native_multi_head_attention,
     aten.convolution_backward.default: convolution_backward,
@@ -810,11 +810,3 @@ _EXTRA: dict[torch._ops.OpOverload, Callable] = {
     aten._scaled_dot_product_flash_attention_for_cpu.default: flash_attention_for_cpu,
     aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_attention_for_cpu_backward,
 }
-
-
-@functools.cache
-def table() -> dict:
-    """The decomposition table every compilation traces with."""
-    from torch._decomp import get_decompositions
-
-    return {**core_aten_decompositions(), **get_decompositions(list(_FROM_TORCH)), **_EXTRA}

@@ -1,0 +1,26 @@
+"""The decomposition table the compile path traces with.
+
+PyTorch's core ATen decompositions, a few more of PyTorch's own, and ours: ops
+torch-mlir cannot lower (or lowers wrongly) rewritten in ops it lowers. Ours
+live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
+
+- :mod:`.general`: fast-path attention ops, sorts and extremes, 2-d average
+  pooling, cumulative, bitwise and remainder ops, special values.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from torch._decomp import core_aten_decompositions
+
+from torch_neuronx.compiler.decompositions import general
+
+
+@functools.cache
+def table() -> dict:
+    """The decomposition table every compilation traces with."""
+    from torch._decomp import get_decompositions
+
+    return {**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
+            **general.DECOMPOSITIONS}
