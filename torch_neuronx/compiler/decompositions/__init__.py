@@ -14,7 +14,7 @@ import functools
 
 from torch._decomp import core_aten_decompositions
 
-from torch_neuronx.compiler.decompositions import general
+from torch_neuronx.compiler.decompositions import general, pooling, special, spectral
 
 
 @functools.cache
@@ -23,4 +23,5 @@ def table() -> dict:
     from torch._decomp import get_decompositions
 
     return {**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
-            **general.DECOMPOSITIONS}
+            **general.DECOMPOSITIONS, **special.DECOMPOSITIONS, **pooling.DECOMPOSITIONS,
+            **spectral.DECOMPOSITIONS}
