@@ -86,7 +86,48 @@ def to_stablehlo(raw_module: object) -> str:
                                  op=op_from_message(message)) from exc
     finally:
         handler.detach()
+    _narrow_scatter_indices(module)
     return _asm(module)
+
+
+_INT32_LIMIT = 2**31
+
+
+def _narrow_scatter_indices(module: object) -> None:
+    """Give every ``stablehlo.scatter`` with int64 indices an explicit int32 copy of them.
+
+    IREE 3.13 narrows scatter indices to int32 itself, and fails ("failed to legalize
+    unresolved source materialization") when one index tensor feeds two scatters, as when
+    a graph sums values and counts into the same targets. Converting first avoids it. Only
+    where every dimension of the scattered-into operand is below 2**31, so every valid
+    index fits; out-of-range indices are already invalid in torch.
+    """
+    from torch_mlir import ir
+
+    scatters: list[object] = []
+
+    def visit(op: object) -> object:
+        if op.name == "stablehlo.scatter":  # type: ignore[attr-defined]
+            scatters.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)  # type: ignore[attr-defined]
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        i32 = ir.IntegerType.get_signless(32)
+        for op in scatters:
+            operands = op.operands  # type: ignore[attr-defined]
+            count = len(operands) // 2  # (inputs..., indices, updates...)
+            inputs, indices = operands[:count], operands[count]
+            index_type = ir.RankedTensorType(indices.type)
+            if str(index_type.element_type) != "i64":
+                continue
+            if not index_type.has_static_shape or any(
+                    d >= _INT32_LIMIT or d < 0 for v in inputs for d in ir.RankedTensorType(v.type).shape):
+                continue
+            narrowed = ir.Operation.create(
+                "stablehlo.convert", results=[ir.RankedTensorType.get(index_type.shape, i32)],
+                operands=[indices], ip=ir.InsertionPoint(op))  # type: ignore[attr-defined]
+            op.operands[count] = narrowed.result  # type: ignore[attr-defined]
 
 
 def lower(gm: torch.fx.GraphModule, func_name: str = "main") -> Lowered:

@@ -14,7 +14,7 @@ import functools
 
 from torch._decomp import core_aten_decompositions
 
-from torch_neuronx.compiler.decompositions import general, pooling, special, spectral
+from torch_neuronx.compiler.decompositions import general, pooling, scatter, special, spectral
 
 
 @functools.cache
@@ -24,4 +24,4 @@ def table() -> dict:
 
     return {**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
             **general.DECOMPOSITIONS, **special.DECOMPOSITIONS, **pooling.DECOMPOSITIONS,
-            **spectral.DECOMPOSITIONS}
+            **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS}

@@ -19,6 +19,25 @@ import torch.nn.functional as F
 aten = torch.ops.aten
 
 
+_inside = threading.local()
+
+
+def _calls_itself(decomposition: Callable) -> Callable:
+    """For a decomposition that calls the op it decomposes: that inner call lowers as the op."""
+
+    @functools.wraps(decomposition)
+    def wrapper(*args, **kwargs):
+        if getattr(_inside, decomposition.__name__, False):
+            return NotImplemented
+        setattr(_inside, decomposition.__name__, True)
+        try:
+            return decomposition(*args, **kwargs)
+        finally:
+            setattr(_inside, decomposition.__name__, False)
+
+    return wrapper
+
+
 def _additive_mask(mask: torch.Tensor | None, mask_type: int | None, batch: int, heads: int,
                    length: int, dtype: torch.dtype) -> torch.Tensor | None:
     """The fast-path mask as an additive (B, H, L, S) bias; True in a bool mask means "masked out"."""
@@ -195,15 +214,60 @@ def remainder(a, b):
     torch-mlir lowers ``aten.remainder`` to ``stablehlo.remainder``, which is C's
     fmod (the dividend's sign): silently wrong for operands of mixed sign.
     """
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and (
+            a.is_floating_point() or b.is_floating_point()):
+        a, b = _promoted(a, b)
+        mod = _fmod_float(a, b)  # torch: fmod, then moved into the divisor's sign
+        return torch.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
     return a - aten.div.Tensor_mode(a, b, rounding_mode="floor") * b
+
+
+def _promoted(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    dtype = torch.result_type(a, b)
+    a, b = torch.broadcast_tensors(a, b)
+    return a.to(dtype), b.to(dtype)
+
+
+def _fmod_float(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """C's fmod of floats: torch-mlir's own lowering (``stablehlo.remainder``), exact for large
+    quotients, with the dividend's sign on zeros and a finite dividend over an infinite divisor
+    kept (IREE gives +0.0 and NaN there)."""
+    mod = torch.copysign(aten.fmod.Tensor(a, b), a)  # :func:`fmod` lets this call through to torch-mlir
+    return torch.where(b.isinf() & a.isfinite(), a, mod)
+
+
+def div_mode(a, b, *, rounding_mode: str | None = None):
+    """``aten.div`` with ``rounding_mode="floor"`` of floats, computed as torch computes it.
+
+    torch-mlir lowers it to floor(a / b), which differs from torch at infinities (torch:
+    ``floor_divide(inf, 2)`` is NaN, ``floor_divide(-1, inf)`` is -1) and where a / b
+    rounds up to an integer. Other modes and integer operands lower as they are.
+    """
+    if rounding_mode != "floor":
+        return NotImplemented
+    if not isinstance(b, torch.Tensor):
+        b = torch.scalar_tensor(b, dtype=torch.result_type(a, b), device=a.device)
+    if not (a.is_floating_point() or b.is_floating_point()):
+        return NotImplemented
+    a, b = _promoted(a, b)
+    mod = _fmod_float(a, b)
+    div = (a - mod) / b
+    div = torch.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floor = torch.floor(div)
+    floor = torch.where(div - floor > 0.5, floor + 1, floor)
+    floor = torch.where(div == 0, torch.copysign(torch.zeros_like(div), a / b), floor)
+    return torch.where(b == 0, a / b, floor)
 
 
 def remainder_scalar(a, b):
     return remainder(a, torch.scalar_tensor(b, dtype=a.dtype, device=a.device))
 
 
+@_calls_itself
 def fmod(a, b):
     """C's remainder (the dividend's sign); torch-mlir lowers no ``fmod`` with a scalar divisor."""
+    if a.is_floating_point() or b.is_floating_point():
+        return _fmod_float(*_promoted(a, b))
     return a - aten.div.Tensor_mode(a, b, rounding_mode="trunc") * b
 
 
@@ -451,25 +515,6 @@ def isfinite(x: torch.Tensor) -> torch.Tensor:
     if not (x.is_floating_point() or x.is_complex()):
         return torch.ones_like(x, dtype=torch.bool)
     return x.isnan().logical_not() & (x.abs() != float("inf"))
-
-
-_inside = threading.local()
-
-
-def _calls_itself(decomposition: Callable) -> Callable:
-    """For a decomposition that calls the op it decomposes: that inner call lowers as the op."""
-
-    @functools.wraps(decomposition)
-    def wrapper(*args, **kwargs):
-        if getattr(_inside, decomposition.__name__, False):
-            return NotImplemented
-        setattr(_inside, decomposition.__name__, True)
-        try:
-            return decomposition(*args, **kwargs)
-        finally:
-            setattr(_inside, decomposition.__name__, False)
-
-    return wrapper
 
 
 @_calls_itself
@@ -761,6 +806,8 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.convolution_backward.default: convolution_backward,
     aten.remainder.Tensor: remainder,
     aten.remainder.Scalar: remainder_scalar,
+    aten.div.Tensor_mode: div_mode,
+    aten.div.Scalar_mode: div_mode,
     aten.any.dims: any_dims,
     aten.fmod.Tensor: fmod,
     aten.fmod.Scalar: fmod_scalar,

@@ -1,0 +1,164 @@
+"""Reductions over index tensors and float division modes, compiled vs eager, forward and backward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+def _grads(fn, args, weights=None):
+    """``fn(*args)`` and the gradients of ``(out * weights).sum()`` w.r.t. the float inputs."""
+    out = fn(*args)
+    weights = torch.randn_like(out) if weights is None else weights
+    leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+    return out, torch.autograd.grad((out * weights).sum(), leaves), weights
+
+
+def _check(fn, *args, **tolerance):
+    expected, expected_grads, weights = _grads(fn, args)
+    got, got_grads, _ = _grads(torch.compile(fn, backend="neuron"), args, weights)
+    torch.testing.assert_close(got, expected, equal_nan=True, **tolerance)
+    for g, e in zip(got_grads, expected_grads, strict=True):
+        torch.testing.assert_close(g, e, equal_nan=True, **tolerance)
+
+
+def _leaf(*shape, dtype=torch.float32):
+    return torch.randn(*shape, dtype=dtype).requires_grad_()
+
+
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_every_mode_forward_and_backward(include_self):
+    """Duplicate targets, untouched targets, a non-leading dim; backward through torch's formulas."""
+    torch.manual_seed(0)
+    index = torch.tensor([[0, 0, 3, 0, 3], [1, 1, 1, 4, 4], [2, 0, 2, 0, 2]])
+
+    def fn(x, src):
+        outs = [x.scatter_reduce(1, index, src, reduce, include_self=include_self)
+                for reduce in ("sum", "mean", "amax", "amin")]
+        # prod's backward divides by the sources: keep them away from zero
+        outs.append(x.scatter_reduce(1, index, src.abs() + 0.5, "prod", include_self=include_self))
+        return torch.stack(outs)
+
+    _check(fn, _leaf(3, 6), _leaf(3, 5))
+
+
+def test_scatter_reduce_along_dim_0_of_3d_with_larger_source_and_nan():
+    torch.manual_seed(1)
+    index = torch.randint(0, 4, (5, 2, 3))
+    src = torch.randn(6, 3, 3)
+    src[2, 1, 0] = float("nan")
+    x = torch.randn(4, 2, 3)
+
+    def fn(x, src):
+        return torch.stack([x.scatter_reduce(0, index, src, reduce) for reduce in ("amax", "amin", "sum")])
+
+    expected = fn(x, src)
+    assert expected.isnan().any()
+    torch.testing.assert_close(torch.compile(fn, backend="neuron")(x, src), expected, equal_nan=True)
+
+
+@pytest.mark.filterwarnings(r"ignore:index_reduce\(\) is in beta")
+def test_scatter_reduce_of_integers_and_index_reduce():
+    index = torch.tensor([0, 2, 0, 3, 2, 0])
+    ints = torch.tensor([7, -3, 5, 2, 9, -8])
+
+    def fn(x, src, y):
+        mean = torch.zeros(4, dtype=torch.int64).scatter_reduce(0, index, ints, "mean", include_self=False)
+        amax = x.index_reduce(0, index, src, "amax")
+        prod = y.index_reduce(1, torch.tensor([1, 1, 0]), src[:3].t(), "prod", include_self=False)
+        return mean, amax, prod
+
+    x, src, y = torch.randn(4, 3), torch.randn(6, 3), torch.randn(3, 2)
+    for got, expected in zip(torch.compile(fn, backend="neuron")(x, src, y), fn(x, src, y), strict=True):
+        torch.testing.assert_close(got, expected)
+
+
+def test_gnn_style_scatter_mean_trains_like_eager():
+    """Message passing: gather node features along edges, reduce them per target node."""
+    torch.manual_seed(2)
+    edges = torch.randint(0, 12, (2, 40))
+    layer = torch.nn.Linear(8, 8)
+
+    def step(x):
+        messages = layer(x)[edges[0]]
+        agg = torch.zeros_like(x).scatter_reduce(0, edges[1, :, None].expand(-1, 8), messages, "mean",
+                                                 include_self=False)
+        peak = torch.zeros_like(x).scatter_reduce(0, edges[1, :, None].expand(-1, 8), messages, "amax",
+                                                  include_self=False)
+        return torch.relu(agg + peak + x)
+
+    _check(step, _leaf(12, 8))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_modes_with_empty_bags_and_padding(mode):
+    torch.manual_seed(3)
+    indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0, 7])
+    offsets = torch.tensor([0, 2, 2, 6, 10])  # bag 1 and the last bag are empty
+
+    def fn(weight):
+        a = F.embedding_bag(indices, weight, offsets, mode=mode)
+        b = F.embedding_bag(indices, weight, offsets, mode=mode, padding_idx=4)
+        c = F.embedding_bag(indices, weight, torch.tensor([0, 3, 7, 10]), mode=mode, include_last_offset=True)
+        d = F.embedding_bag(indices.view(2, 5), weight, mode=mode)
+        return torch.cat([a, b, c, d])
+
+    _check(fn, _leaf(10, 4))
+
+
+def test_embedding_bag_max_picks_the_first_of_tied_rows():
+    weight = torch.tensor([[1.0, 5.0], [1.0, 2.0], [0.0, 5.0]], requires_grad=True)
+    indices, offsets = torch.tensor([1, 0, 2, 2, 0]), torch.tensor([0, 3])
+    _check(lambda w: F.embedding_bag(indices, w, offsets, mode="max"), weight)
+
+
+def test_embedding_bag_per_sample_weights_and_module_training():
+    torch.manual_seed(4)
+    indices, offsets = torch.tensor([3, 1, 1, 8, 6, 0]), torch.tensor([0, 1, 4])
+    _check(lambda w, p: F.embedding_bag(indices, w, offsets, mode="sum", per_sample_weights=p),
+           _leaf(10, 3), _leaf(6))
+
+    bag = torch.nn.EmbeddingBag(20, 6, mode="mean")
+    eager_bag = torch.nn.EmbeddingBag(20, 6, mode="mean")
+    eager_bag.load_state_dict(bag.state_dict())
+    compiled = torch.compile(bag, backend="neuron")
+    opt, eager_opt = (torch.optim.SGD(m.parameters(), lr=0.5) for m in (bag, eager_bag))
+    for step in range(3):
+        idx = torch.randint(0, 20, (4, 5))
+        for model, optimizer in ((compiled, opt), (eager_bag, eager_opt)):
+            optimizer.zero_grad()
+            model(idx).pow(2).sum().backward()
+            optimizer.step()
+        torch.testing.assert_close(bag.weight, eager_bag.weight, msg=f"step {step}")
+    with torch.no_grad():  # inference goes through _embedding_bag_forward_only
+        idx = torch.randint(0, 20, (3, 4))
+        torch.testing.assert_close(compiled(idx), eager_bag(idx))
+
+
+def test_embedding_with_scale_grad_by_freq_and_masked_scatter_backward():
+    indices = torch.tensor([[1, 2, 2], [9, 2, 0]])
+    mask = torch.tensor([[True, False, True, True], [False, False, True, False], [True, True, False, False]])
+
+    def fn(weight, x, source):
+        a = F.embedding(indices, weight, scale_grad_by_freq=True)
+        b = F.embedding(indices, weight, padding_idx=2, scale_grad_by_freq=True)
+        c = x.masked_scatter(mask, source)  # the source has more elements than the mask selects
+        return torch.cat([(a + b).reshape(-1), c.reshape(-1)])
+
+    _check(fn, _leaf(10, 4), _leaf(3, 4), _leaf(4, 3))
+
+
+def test_float_floor_division_remainder_and_fmod_match_eager_on_special_values():
+    inf, nan = float("inf"), float("nan")
+    values = torch.tensor([inf, -inf, nan, 0.0, -0.0, 1.0, -1.0, 5.3, -5.3, 7.0, -7.0, 0.3, 2.5, 1e6])
+    a, b = values.repeat_interleave(len(values)), values.repeat(len(values))
+
+    def fn(a, b):
+        return torch.stack([torch.floor_divide(a, b), torch.div(a, b, rounding_mode="floor"),
+                            torch.remainder(a, b), torch.fmod(a, b), torch.floor_divide(a, -2.5),
+                            torch.remainder(a, 2.5)])
+
+    got, expected = torch.compile(fn, backend="neuron")(a, b), fn(a, b)
+    same = (got == expected) & (got.signbit() == expected.signbit()) | (got.isnan() & expected.isnan())
+    assert same.all(), [(a[i % len(a)].item(), b[i % len(a)].item()) for i in (~same).flatten().nonzero()[:5]]

@@ -1,0 +1,285 @@
+"""Reductions over index tensors: ``scatter_reduce``, ``index_reduce``, embedding bags, masked scatter.
+
+torch-mlir lowers a scatter that adds (``index_put`` with ``accumulate``) and one
+that overwrites, but no scatter that takes a maximum, a minimum or a product,
+nor ``embedding_bag``. Here every target position's sources are brought
+together by sorting them on the flat target offset, a segmented doubling scan
+(log2(n) static steps) reduces each run of equal targets, and the last element
+of each run is written to its target. Sums and means use the adding scatter.
+Shapes stay static throughout: where a count depends on the data (how many
+targets are hit, how many mask elements are set), the writes that do not land
+go to one spare slot past the end, which is then cut off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from torch_neuronx.compiler.decompositions.general import _scan
+
+aten = torch.ops.aten
+
+_COMBINE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "amax": torch.maximum,  # NaN propagates, as in torch's scatter kernels
+    "amin": torch.minimum,
+    "prod": torch.mul,
+}
+
+
+def _segment_last(starts: torch.Tensor, values: torch.Tensor, combine: Callable) -> torch.Tensor:
+    """Inclusive segmented scan along dim 0: each position holds the reduction of its segment so far.
+
+    ``starts[i]`` is true where a segment begins. The last position of each segment
+    then holds the reduction of the whole segment.
+    """
+    flags = starts.view(-1, *([1] * (values.dim() - 1))).expand(values.shape)
+
+    def merge(earlier: tuple, later: tuple) -> tuple:
+        value = torch.where(later[0], later[1], combine(earlier[1], later[1]))
+        return earlier[0] | later[0], value
+
+    return _scan((flags, values), 0, merge)[1]
+
+
+def _write(size: int, targets: torch.Tensor, keep: torch.Tensor, values: torch.Tensor,
+           fill: torch.Tensor) -> torch.Tensor:
+    """A ``(size, *values.shape[1:])`` tensor of ``fill`` with ``values[i]`` at ``targets[i]`` where ``keep[i]``.
+
+    Kept targets must be distinct; the others are written to a spare row, then dropped.
+    """
+    spare = torch.full_like(targets, size)
+    slots = torch.where(keep, targets, spare)
+    out = fill.expand(size + 1, *values.shape[1:]).clone()
+    return aten.index_put.default(out, [slots], values, False)[:size]
+
+
+def _reduce_by_target(targets: torch.Tensor, values: torch.Tensor, size: int, combine: Callable,
+                      fill: float = 0) -> torch.Tensor:
+    """Per target in ``range(size)``: ``values`` (rows) reduced with ``combine``; untouched rows are ``fill``."""
+    order = torch.argsort(targets)
+    targets, values = targets[order], values[order]
+    n = targets.shape[0]
+    starts = torch.ones_like(targets, dtype=torch.bool)
+    if n > 1:
+        starts = torch.cat([starts[:1], targets[1:] != targets[:-1]])
+    reduced = _segment_last(starts, values, combine)
+    last = torch.cat([starts[1:], torch.ones_like(starts[:1])]) if n > 1 else starts
+    return _write(size, targets, last, reduced, torch.full((), fill, dtype=values.dtype, device=values.device))
+
+
+def _flat_targets(shape: tuple[int, ...], dim: int, index: torch.Tensor) -> torch.Tensor:
+    """Flat offsets into a contiguous tensor of ``shape`` of every element of ``index`` along ``dim``."""
+    offsets = torch.zeros(index.shape, dtype=torch.int64, device=index.device)
+    stride = 1
+    for axis in reversed(range(len(shape))):
+        if axis == dim:
+            coordinate = index.to(torch.int64)
+        else:
+            view = [1] * index.dim()
+            view[axis] = index.shape[axis]
+            coordinate = torch.arange(index.shape[axis], device=index.device).view(view)
+        offsets = offsets + coordinate * stride
+        stride *= shape[axis]
+    return offsets.reshape(-1)
+
+
+def scatter_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor, reduce: str,
+                   *, include_self: bool = True) -> torch.Tensor:
+    """``aten.scatter_reduce.two`` for every ``reduce`` ("sum", "prod", "mean", "amax", "amin")."""
+    if x.dim() == 0:
+        x, index, src = x.view(1), index.view(1), src.view(1)
+        return scatter_reduce(x, 0, index, src, reduce, include_self=include_self).view(())
+    dim = dim % x.dim()
+    if index.numel() == 0:
+        return x.clone()
+    for axis, size in enumerate(index.shape):
+        src = src.narrow(axis, 0, size)
+    targets = _flat_targets(tuple(x.shape), dim, index)
+    values = src.reshape(-1).to(x.dtype)
+    flat = x.reshape(-1)
+    counts = torch.zeros(flat.shape, dtype=torch.int64, device=x.device).index_add(
+        0, targets, torch.ones_like(targets))
+    hit = counts > 0
+    if reduce in ("sum", "mean"):
+        base = flat if include_self else torch.where(hit, torch.zeros_like(flat), flat)
+        total = base.index_add(0, targets, values)
+        if reduce == "sum":
+            return total.view(x.shape)
+        divisor = (counts + int(include_self)).clamp(min=1).to(x.dtype)
+        mean = total / divisor if x.is_floating_point() else torch.div(total, divisor, rounding_mode="floor")
+        return torch.where(hit, mean.to(x.dtype), flat).view(x.shape)
+    combine = _COMBINE.get(reduce)
+    if combine is None:
+        raise ValueError(f"scatter_reduce: reduce must be one of sum, prod, mean, amax, amin, not {reduce!r}")
+    reduced = _reduce_by_target(targets, values, flat.numel(), combine)
+    if include_self:
+        reduced = combine(flat, reduced)
+    return torch.where(hit, reduced, flat).view(x.shape)
+
+
+def index_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, reduce: str,
+                 *, include_self: bool = True) -> torch.Tensor:
+    """``aten.index_reduce``: ``scatter_reduce`` with ``index`` spread over ``source``'s other dims."""
+    if x.dim() == 0:
+        return scatter_reduce(x, 0, index.view(1), source.view(1), reduce, include_self=include_self)
+    dim = dim % x.dim()
+    view = [1] * source.dim()
+    view[dim] = index.numel()
+    spread = index.reshape(view).expand(source.shape)
+    return scatter_reduce(x, dim, spread, source, reduce, include_self=include_self)
+
+
+# Embedding bags. aten._embedding_bag returns (output, offset2bag, bag_size, max_indices); the
+# backward receives them back, so their meaning here is ours, consistent between the two:
+# offset2bag[i] is the bag of indices[i]; bag_size[b] counts bag b's non-padding indices;
+# max_indices[b, d] is the weight row of bag b's maximum in column d (mode "max"), else empty.
+_SUM, _MEAN, _MAX = 0, 1, 2
+
+
+def _bags(indices: torch.Tensor, offsets: torch.Tensor, include_last_offset: bool) -> tuple[torch.Tensor, int]:
+    """The bag of every index, and the number of bags."""
+    bags = offsets.numel() - (1 if include_last_offset else 0)
+    n = indices.numel()
+    starts = torch.zeros(n + 1, dtype=torch.int64, device=indices.device)
+    # Bag b starts at offsets[b]; empty bags share a start, and trailing ones start at n (the spare).
+    starts = starts.index_add(0, offsets[1:bags].to(torch.int64).clamp(max=n),
+                              torch.ones(max(bags - 1, 0), dtype=torch.int64, device=indices.device))
+    return torch.cumsum(starts[:n], 0), bags
+
+
+def embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                  scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
+                  per_sample_weights: torch.Tensor | None = None, include_last_offset: bool = False,
+                  padding_idx: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``aten._embedding_bag`` (and its forward-only twin) for modes sum, mean and max."""
+    indices = indices.reshape(-1)
+    bag, bags = _bags(indices, offsets, include_last_offset)
+    valid = indices != padding_idx if padding_idx >= 0 else torch.ones_like(indices, dtype=torch.bool)
+    rows = weight.index_select(0, indices)
+    bag_size = torch.zeros(bags + 1, dtype=torch.int64, device=weight.device).index_add(
+        0, bag, valid.to(torch.int64))[:bags]
+    if mode == _MAX:
+        out, max_indices = _bag_max(weight, indices, bag, bags, valid, rows)
+        return out, bag, bag_size, max_indices
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.reshape(-1, 1).to(rows.dtype)
+    rows = torch.where(valid.unsqueeze(1), rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+    out = torch.zeros(bags + 1, weight.shape[1], dtype=weight.dtype, device=weight.device).index_add(
+        0, bag, rows)[:bags]
+    if mode == _MEAN:
+        out = out / bag_size.clamp(min=1).unsqueeze(1).to(out.dtype)
+    return out, bag, bag_size, torch.zeros(0, dtype=torch.int64, device=weight.device)
+
+
+def _bag_max(weight: torch.Tensor, indices: torch.Tensor, bag: torch.Tensor, bags: int,
+             valid: torch.Tensor, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per bag and column: the maximum over the bag's valid rows and the weight row it came from.
+
+    Empty bags give 0 and row -1. Of equal maxima the first in the bag wins, as in torch.
+    """
+    low = torch.full((), float("-inf"), dtype=rows.dtype, device=rows.device)
+    candidates = torch.where(valid.unsqueeze(1), rows, low)
+    best = _reduce_by_target(bag, candidates, bags + 1, torch.maximum)
+    at = best.index_select(0, bag)
+    n = indices.numel()
+    position = torch.arange(n, device=rows.device).unsqueeze(1).expand(rows.shape)
+    first = torch.where(valid.unsqueeze(1) & (rows == at), position, torch.full_like(position, n))
+    first = _reduce_by_target(bag, first, bags + 1, torch.minimum, fill=n)[:bags]
+    found = first < n
+    padded = torch.cat([indices.to(torch.int64), indices.new_full((1,), -1, dtype=torch.int64)])
+    max_indices = torch.where(found, padded.index_select(0, first.clamp(max=n).reshape(-1)).view(first.shape),
+                              torch.full_like(first, -1))
+    out = torch.where(found, best[:bags], torch.zeros((), dtype=rows.dtype, device=rows.device))
+    return out, max_indices
+
+
+def embedding_bag_backward(grad: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
+                           offset2bag: torch.Tensor, bag_size: torch.Tensor, max_indices: torch.Tensor,
+                           num_weights: int, scale_grad_by_freq: bool, mode: int, sparse: bool,
+                           per_sample_weights: torch.Tensor | None, padding_idx: int = -1) -> torch.Tensor:
+    """``aten._embedding_bag_backward``: the weight's (dense) gradient."""
+    return embedding_bag_dense_backward(grad, indices, offset2bag, bag_size, max_indices, num_weights,
+                                        scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+
+
+def embedding_bag_dense_backward(grad: torch.Tensor, indices: torch.Tensor, offset2bag: torch.Tensor,
+                                 bag_size: torch.Tensor, max_indices: torch.Tensor, num_weights: int,
+                                 scale_grad_by_freq: bool, mode: int,
+                                 per_sample_weights: torch.Tensor | None, padding_idx: int = -1) -> torch.Tensor:
+    """``aten._embedding_bag_dense_backward``: scatter each bag's gradient back to its rows."""
+    indices = indices.reshape(-1).to(torch.int64)
+    columns = grad.shape[1]
+    grad_weight = torch.zeros(num_weights, columns, dtype=grad.dtype, device=grad.device)
+    if mode == _MAX:
+        rows = max_indices.reshape(-1)
+        found = rows >= 0
+        column = torch.arange(columns, device=grad.device).repeat(max_indices.shape[0])
+        values = torch.where(found, grad.reshape(-1), torch.zeros((), dtype=grad.dtype, device=grad.device))
+        return aten.index_put.default(grad_weight, [rows.clamp(min=0), column], values, True)
+    valid = indices != padding_idx if padding_idx >= 0 else torch.ones_like(indices, dtype=torch.bool)
+    bags = grad.shape[0]
+    padded = torch.cat([grad, grad.new_zeros(1, columns)])  # offset2bag may name the spare bag
+    rows = padded.index_select(0, offset2bag.clamp(max=bags))
+    if mode == _MEAN:
+        sizes = torch.cat([bag_size, bag_size.new_ones(1)]).index_select(0, offset2bag.clamp(max=bags))
+        rows = rows / sizes.clamp(min=1).unsqueeze(1).to(rows.dtype)
+    if per_sample_weights is not None:
+        rows = rows * per_sample_weights.reshape(-1, 1).to(rows.dtype)
+    if scale_grad_by_freq:
+        counts = torch.zeros(num_weights, dtype=torch.int64, device=grad.device).index_add(
+            0, indices, torch.ones_like(indices))
+        rows = rows / counts.index_select(0, indices).unsqueeze(1).to(rows.dtype)
+    rows = torch.where(valid.unsqueeze(1), rows, torch.zeros((), dtype=rows.dtype, device=rows.device))
+    return grad_weight.index_add(0, indices, rows)
+
+
+def embedding_bag_per_sample_weights_backward(grad: torch.Tensor, weight: torch.Tensor, indices: torch.Tensor,
+                                              offsets: torch.Tensor, offset2bag: torch.Tensor, mode: int,
+                                              padding_idx: int = -1) -> torch.Tensor:
+    """``aten._embedding_bag_per_sample_weights_backward``: each sample's row dotted with its bag's gradient."""
+    indices = indices.reshape(-1)
+    bags = grad.shape[0]
+    padded = torch.cat([grad, grad.new_zeros(1, grad.shape[1])])
+    per_row = (padded.index_select(0, offset2bag.clamp(max=bags)) * weight.index_select(0, indices)).sum(1)
+    if padding_idx >= 0:
+        per_row = torch.where(indices != padding_idx, per_row, torch.zeros_like(per_row))
+    return per_row
+
+
+def embedding(weight: torch.Tensor, indices: torch.Tensor, padding_idx: int = -1,
+              scale_grad_by_freq: bool = False, sparse: bool = False) -> torch.Tensor:
+    """``aten.embedding`` as a gather of rows (torch-mlir rejects ``scale_grad_by_freq=True``)."""
+    if not scale_grad_by_freq:
+        return NotImplemented
+    return weight.index_select(0, indices.reshape(-1)).view(*indices.shape, weight.shape[1])
+
+
+def masked_scatter_backward(grad: torch.Tensor, mask: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """``aten.masked_scatter_backward``: the gradient of the source, the masked gradient in order.
+
+    Source elements past the number of set mask elements got no use: their gradient is 0.
+    """
+    mask = mask.expand(grad.shape).reshape(-1)
+    numel = 1
+    for size in sizes:
+        numel *= size
+    slots = torch.cumsum(mask.to(torch.int64), 0) - 1
+    keep = mask & (slots < numel)
+    zero = torch.zeros((), dtype=grad.dtype, device=grad.device)
+    return _write(numel, slots.clamp(min=0), keep, grad.reshape(-1), zero).view(sizes)
+
+
+#: This module's decompositions, merged into the compile path's table.
+DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
+    aten.scatter_reduce.two: scatter_reduce,
+    aten.index_reduce.default: index_reduce,
+    aten._embedding_bag.default: embedding_bag,
+    aten._embedding_bag_forward_only.default: embedding_bag,
+    aten._embedding_bag_backward.default: embedding_bag_backward,
+    aten._embedding_bag_dense_backward.default: embedding_bag_dense_backward,
+    aten._embedding_bag_per_sample_weights_backward.default: embedding_bag_per_sample_weights_backward,
+    aten.embedding.default: embedding,
+    aten.masked_scatter_backward.default: masked_scatter_backward,
+}
