@@ -317,7 +317,8 @@ _FILL = {aten.full.default: "fill_value", aten.full_like.default: "fill_value",
          aten.new_full.default: "fill_value", aten.scalar_tensor.default: "s",
          aten.zeros.default: 0, aten.zeros_like.default: 0, aten.new_zeros.default: 0,
          aten.ones.default: 1, aten.ones_like.default: 1, aten.new_ones.default: 1,
-         aten.empty.memory_format: 0, aten.empty_like.default: 0, aten.new_empty.default: 0}
+         aten.empty.memory_format: 0, aten.empty_like.default: 0, aten.new_empty.default: 0,
+         aten.empty_strided.default: 0, aten.new_empty_strided.default: 0}
 
 
 def _fill(e: _Emitter, a: dict[str, Any]) -> Any:
@@ -423,6 +424,9 @@ _RULES: dict[Any, Rule] = {
     aten._to_copy.default: lambda e, a: _convert(e, a["self"], a["dtype"], layout=a["layout"],
                                                  device=a["device"], non_blocking=a["non_blocking"]),
     torch.ops.prims.convert_element_type.default: lambda e, a: _convert(e, a["a"], a["dtype"]),
+    # copy(self, src): src broadcast to self's shape and dtype (functionalized ``copy_``)
+    aten.copy.default: lambda e, a: (e.pack(*e.parts(a["src"])) if e.out.is_complex()
+                                     else e(aten.copy.default, a["self"], e.parts(a["src"])[0])),
     # the real form is always physical: no conjugate or negative bit to resolve
     aten.resolve_conj.default: lambda e, a: a["self"], aten.resolve_neg.default: lambda e, a: a["self"],
     # products and reductions
