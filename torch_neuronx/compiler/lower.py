@@ -87,10 +87,70 @@ def to_stablehlo(raw_module: object) -> str:
     finally:
         handler.detach()
     _narrow_scatter_indices(module)
+    _round_narrowed_constants(module)
     return _asm(module)
 
 
 _INT32_LIMIT = 2**31
+
+
+def _ops_named(module: object, name: str) -> list[object]:
+    from torch_mlir import ir
+
+    found: list[object] = []
+
+    def visit(op: object) -> object:
+        if op.name == name:  # type: ignore[attr-defined]
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)  # type: ignore[attr-defined]
+    return found
+
+
+_NARROW_FLOATS = ("f32", "f16", "bf16")
+
+
+def _round_narrowed_constants(module: object) -> None:
+    """Fold ``convert`` of a float64 constant to a narrower float into a correctly rounded constant.
+
+    Python floats reach StableHLO as float64 constants converted to the tensor's type.
+    IREE 3.13's float64 demotion truncates those constants instead of rounding them to
+    nearest (0.8 became 0.79999995 rather than 0.8000000119), so ``(i + 0.5) * 0.8``
+    computed 1.9999999 where torch computes 2.0, and ``nearest-exact`` interpolation
+    picked the wrong rows. The conversion is done here, as torch does it, for splat
+    constants and float32/float16 arrays.
+    """
+    import numpy as np
+    from torch_mlir import ir
+
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        for convert in _ops_named(module, "stablehlo.convert"):
+            source = convert.operands[0]  # type: ignore[attr-defined]
+            owner = source.owner
+            if not isinstance(owner, ir.Operation) and hasattr(owner, "operation"):
+                owner = owner.operation
+            if getattr(owner, "name", None) not in ("arith.constant", "stablehlo.constant"):
+                continue
+            source_type = ir.RankedTensorType(source.type)
+            target_type = ir.RankedTensorType(convert.results[0].type)  # type: ignore[attr-defined]
+            target = str(target_type.element_type)
+            if str(source_type.element_type) != "f64" or target not in _NARROW_FLOATS:
+                continue
+            value = ir.DenseFPElementsAttr(owner.attributes["value"])
+            if value.is_splat:
+                element = ir.FloatAttr.get(target_type.element_type, ir.FloatAttr(value.get_splat_value()).value)
+                attr = ir.DenseElementsAttr.get_splat(target_type, element)
+            elif target in ("f32", "f16"):
+                array = np.array([value[i] for i in range(len(value))], dtype=np.float64)
+                array = array.astype(np.float32 if target == "f32" else np.float16).reshape(target_type.shape)
+                attr = ir.DenseElementsAttr.get(array, type=target_type)
+            else:
+                continue
+            constant = ir.Operation.create("stablehlo.constant", results=[target_type],
+                                           attributes={"value": attr}, ip=ir.InsertionPoint(convert))
+            convert.results[0].replace_all_uses_with(constant.result)  # type: ignore[attr-defined]
+            convert.erase()  # type: ignore[attr-defined]
 
 
 def _narrow_scatter_indices(module: object) -> None:
@@ -104,14 +164,7 @@ def _narrow_scatter_indices(module: object) -> None:
     """
     from torch_mlir import ir
 
-    scatters: list[object] = []
-
-    def visit(op: object) -> object:
-        if op.name == "stablehlo.scatter":  # type: ignore[attr-defined]
-            scatters.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)  # type: ignore[attr-defined]
+    scatters = _ops_named(module, "stablehlo.scatter")
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
         i32 = ir.IntegerType.get_signless(32)
         for op in scatters:
