@@ -139,9 +139,9 @@ def _failure(job: CompileJob, proc: subprocess.CompletedProcess, workdir: str) -
 def compile_neff(job: CompileJob) -> bytes:
     """Compile ``job`` to a NEFF container and return its bytes; raise NeuronCompileError on failure.
 
-    When the compiler rejects the module and the target has fallback flags for some of
-    ``job.flags`` (:attr:`Target.flag_fallbacks`), it runs once more with those; both
-    attempts are in ``compiler_args.txt`` and ``log-neuron-cc.txt``.
+    When the compiler rejects the module, it runs again with each of the target's fallback
+    flag sets for ``job.flags`` (:attr:`Target.flag_fallbacks`) in turn, until one compiles;
+    every attempt is in ``compiler_args.txt`` and ``log-neuron-cc.txt``.
     """
     workdir = work_dir(job.key)
     shutil.rmtree(workdir, ignore_errors=True)
@@ -152,11 +152,13 @@ def compile_neff(job: CompileJob) -> bytes:
     _log.info("compiling %s for %s in %s", job.graph_name, job.target.name, workdir)
     flags = list(job.flags)
     proc = _attempt(job, flags, workdir, append=False)
-    retry = job.target.fallback_flags(flags) if proc.returncode != 0 else None
-    if retry is not None:
+    first = flags
+    for retry in job.target.fallback_flags(first) if proc.returncode != 0 else ():
         _log.info("%s rejected %s; compiling again with %s", job.target.compiler, job.graph_name,
-                  " ".join(f for f in retry if f not in flags))
+                  " ".join(f for f in retry if f not in first))
         flags, proc = retry, _attempt(job, retry, workdir, append=True)
+        if proc.returncode == 0:
+            break
     elapsed = time.perf_counter() - started
     if proc.returncode != 0:
         raise _failure(job, proc, workdir)

@@ -40,16 +40,20 @@ class Target:
     description: str
     default_opt_level: int = 2
     small_driver: str = ""  # driver for graphs under SMALL_GRAPH_FLOPS, when it beats ``driver``
-    # (flag, replacement) pairs for a second attempt when the compiler rejects a module with
-    # ``flags``: codegen paths that are faster but not yet robust in the compiler.
+    # (flag, replacement) pairs, each one retry when the compiler rejects a module compiled
+    # with ``flags``, tried in order: codegen paths that are faster but not yet robust in the
+    # compiler. An empty flag means "append the replacement".
     flag_fallbacks: tuple[tuple[str, str], ...] = ()
 
-    def fallback_flags(self, flags: Sequence[str]) -> list[str] | None:
-        """``flags`` with :attr:`flag_fallbacks` applied, or None when none of them applies."""
-        replacements = dict(self.flag_fallbacks)
-        if not any(flag in replacements for flag in flags):
-            return None
-        return [replacements.get(flag, flag) for flag in flags]
+    def fallback_flags(self, flags: Sequence[str]) -> list[list[str]]:
+        """The retries for ``flags``: one per applicable :attr:`flag_fallbacks` pair, in order."""
+        retries = []
+        for flag, replacement in self.flag_fallbacks:
+            if not flag and replacement not in flags:
+                retries.append([*flags, replacement])
+            elif flag and flag in flags:
+                retries.append([replacement if f == flag else f for f in flags])
+        return retries
 
     def driver_for(self, flops: int) -> str:
         """The runtime driver for a graph of ``flops`` contraction FLOPs."""
@@ -83,8 +87,11 @@ _CPU_FLAGS = (
 )
 # IREE 3.13's global-optimization data tiling fails on some padded batch matmuls of training
 # graphs ("map_store ... restricted to workgroup distributed contexts"); those modules are
-# compiled again with the dispatch-creation path, which handles them.
-_CPU_FALLBACKS = (("--iree-global-opt-data-tiling", "--iree-opt-data-tiling"),)
+# compiled again with the dispatch-creation path, which handles them. Its aggressive fusion
+# (on at O3) breaks dominance on some gather-heavy graphs (grid_sample: "operand #0 does not
+# dominate this use"); those are compiled once more without it.
+_CPU_FALLBACKS = (("--iree-global-opt-data-tiling", "--iree-opt-data-tiling"),
+                  ("", "--iree-dispatch-creation-enable-aggressive-fusion=false"))
 
 _TARGETS: dict[str, Target] = {
     # O3 + data tiling + ukernels: 4x2048 fp32 linears at batch 256 ran in 50 ms against 61 ms (O3),

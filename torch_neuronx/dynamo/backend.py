@@ -30,6 +30,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 
 from torch_neuronx import config
 from torch_neuronx.compiler import decompositions
+from torch_neuronx.compiler.decompositions import functional
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions
 from torch_neuronx.dynamo import fallback, plans, precompile
@@ -77,7 +78,7 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     try:
         with options.applied():
             wrapped = aot_module_simplified(
-                gm, list(example_inputs),
+                functional.substitute(gm), list(example_inputs),
                 fw_compiler=compiler("forward"),
                 bw_compiler=compiler("backward"),
                 inference_compiler=compiler("inference"),

@@ -1,0 +1,76 @@
+"""Functional calls rewritten before aot_autograd (grid_sample), compiled vs eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_neuronx.compiler.decompositions import functional
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+def test_grid_sample_every_padding_mode_forward_and_backward(mode):
+    """Grid points inside, on the border of and outside the input; gradients for input and grid."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 8, requires_grad=True)
+    grid = (torch.rand(2, 5, 6, 2) * 2.4 - 1.2).requires_grad_()
+
+    def fn(x, grid):
+        return torch.stack([F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=corners)
+                            for padding in ("zeros", "border", "reflection") for corners in (False, True)])
+
+    expected = fn(x, grid)
+    weights = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), [x, grid])
+    got = torch.compile(fn, backend="neuron")(x, grid)
+    got_grads = torch.autograd.grad((got * weights).sum(), [x, grid])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    for g, e in zip(got_grads, expected_grads, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=5e-5)
+
+
+def test_spatial_transformer_trains_like_eager():
+    torch.manual_seed(1)
+
+    class STN(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.loc = torch.nn.Linear(3 * 8 * 8, 6)
+            torch.nn.init.zeros_(self.loc.weight)
+            self.loc.bias.data = torch.tensor([1.0, 0.1, 0.0, -0.1, 1.0, 0.0])
+
+        def forward(self, x):
+            theta = self.loc(x.flatten(1)).view(-1, 2, 3)
+            grid = F.affine_grid(theta, list(x.shape), align_corners=False)
+            return F.grid_sample(x, grid, align_corners=False)
+
+    eager, compiled_model = STN(), STN()
+    compiled_model.load_state_dict(eager.state_dict())
+    compiled = torch.compile(compiled_model, backend="neuron")
+    x = torch.randn(4, 3, 8, 8)
+    for model in (eager, compiled):
+        model(x).square().mean().backward()
+    for (name, p), q in zip(eager.named_parameters(), compiled_model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_substitution_copies_the_graph_and_leaves_dynamos_alone():
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    grid = torch.rand(1, 2, 2, 2)
+    torch.compile(lambda x: F.grid_sample(x, grid, align_corners=True), backend=capture)(torch.randn(1, 1, 3, 3))
+    gm = graphs[0]
+    replaced = functional.substitute(gm)
+    assert replaced is not gm
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert F.grid_sample in targets and functional.grid_sample not in targets
+    assert functional.grid_sample in {n.target for n in replaced.graph.nodes if n.op == "call_function"}
+    x = torch.randn(1, 1, 3, 3)
+    out = replaced(x, grid)
+    out = out[0] if isinstance(out, tuple) else out
+    torch.testing.assert_close(out, F.grid_sample(x, grid, align_corners=True))
