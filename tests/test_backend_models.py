@@ -216,6 +216,11 @@ def test_ops_that_iree_runs_in_place_leave_the_callers_input_alone(name, fn):
     ("cummin_int", lambda x: torch.cummin((x * 2).to(torch.int64), -1)),
     ("flip_uint8", lambda x: (x.abs() * 50).to(torch.uint8).flip(0, 1)),
     ("amax_uint8_keepdim", lambda x: (x.abs() * 50).to(torch.uint8).amax(1, keepdim=True)),
+    ("mode_ties_smallest_last_index", lambda x: torch.mode((x * 1.5).round(), 1)),
+    ("mode_dim0_int", lambda x: torch.mode((x * 2).to(torch.int64), 0)),
+    ("nanmedian_dim", lambda x: torch.nanmedian(torch.where(x > 0.7, float("nan"), x), 1)),
+    ("nanmedian", lambda x: torch.nanmedian(torch.where(x > 0.7, float("nan"), x))),
+    ("slice_scatter_open_end", lambda x: torch.zeros(4, 7).slice_scatter(x, 1, 2)),
 ])
 def test_ops_lowered_through_our_decompositions_match_eager(name, fn):
     x = torch.randn(4, 5)
@@ -223,6 +228,15 @@ def test_ops_lowered_through_our_decompositions_match_eager(name, fn):
     for o, r in zip(out, ref) if isinstance(ref, tuple) else [(out, ref)]:
         assert o.dtype == r.dtype, name
         torch.testing.assert_close(o, r, equal_nan=True)
+
+
+def test_cumulative_trapezoid_backward_matches_eager():
+    """Its backward slice-scatters to an open end (2**63-1), which torch-mlir rejected."""
+    x = torch.randn(3, 6, requires_grad=True)
+    torch.cumulative_trapezoid(x, dim=1).square().sum().backward()
+    expected, x.grad = x.grad, None
+    torch.compile(lambda t: torch.cumulative_trapezoid(t, dim=1), backend="neuron")(x).square().sum().backward()
+    torch.testing.assert_close(x.grad, expected)
 
 
 def test_cumprod_backward_matches_eager():

@@ -74,3 +74,19 @@ def test_substitution_copies_the_graph_and_leaves_dynamos_alone():
     out = replaced(x, grid)
     out = out[0] if isinstance(out, tuple) else out
     torch.testing.assert_close(out, F.grid_sample(x, grid, align_corners=True))
+
+
+def test_pdist_every_p_forward_and_backward():
+    torch.manual_seed(2)
+    x = torch.randn(6, 3, requires_grad=True)
+
+    def fn(x):
+        return torch.stack([F.pdist(x, p) for p in (2.0, 1.0, 3.0, float("inf"), 0.0)])
+
+    expected = fn(x)
+    weights = torch.randn_like(expected)
+    expected_grad, = torch.autograd.grad((expected * weights).sum(), x)
+    got = torch.compile(fn, backend="neuron")(x)
+    got_grad, = torch.autograd.grad((got * weights).sum(), x)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(got_grad, expected_grad)

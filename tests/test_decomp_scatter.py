@@ -162,3 +162,27 @@ def test_float_floor_division_remainder_and_fmod_match_eager_on_special_values()
     got, expected = torch.compile(fn, backend="neuron")(a, b), fn(a, b)
     same = (got == expected) & (got.signbit() == expected.signbit()) | (got.isnan() & expected.isnan())
     assert same.all(), [(a[i % len(a)].item(), b[i % len(a)].item()) for i in (~same).flatten().nonzero()[:5]]
+
+
+def test_histc_with_a_range_and_with_the_datas_range():
+    torch.manual_seed(5)
+    x = torch.randn(300)
+    x[:3] = torch.tensor([2.0, -2.0, float("nan")])  # both ends of the range, and NaN (not counted)
+
+    def fn(x):
+        return torch.histc(x, bins=7, min=-2, max=2), torch.histc(x.nan_to_num(0.0), bins=5), \
+            torch.histc(torch.full_like(x[:4], 3.0), bins=4)
+
+    for got, expected in zip(torch.compile(fn, backend="neuron")(x), fn(x), strict=True):
+        torch.testing.assert_close(got, expected)
+
+
+def test_embedding_max_norm_renormalizes_looked_up_rows_in_place():
+    torch.manual_seed(6)
+    eager, compiled_model = torch.nn.Embedding(10, 4, max_norm=1.0), torch.nn.Embedding(10, 4, max_norm=1.0)
+    compiled_model.load_state_dict(eager.state_dict())
+    indices = torch.tensor([[1, 2, 2], [7, 0, 1]])
+    expected = eager(indices)
+    got = torch.compile(compiled_model, backend="neuron")(indices)
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(compiled_model.weight, eager.weight)

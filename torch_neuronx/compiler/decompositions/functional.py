@@ -1,7 +1,7 @@
 """``torch.nn.functional`` calls rewritten in the Dynamo graph, before aot_autograd traces it.
 
 Some ops have a forward decomposition but no decomposable backward (``grid_sampler_2d``'s
-backward is one fused kernel with no lowering anywhere). Replacing the functional call
+and ``_pdist_forward``'s backwards are fused kernels with no lowering anywhere). Replacing the functional call
 itself by a composition of differentiable ops lets autograd derive the backward from
 that composition while aot_autograd traces, so forward and backward both lower.
 """
@@ -30,15 +30,31 @@ def grid_sample(input: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear",
     out = torch_decompositions._grid_sampler_2d(
         input, grid=grid, interpolation_mode=F.GRID_SAMPLE_INTERPOLATION_MODES[mode],
         padding_mode=F.GRID_SAMPLE_PADDING_MODES[padding_mode], align_corners=align_corners)
-    if mode == "nearest" and grid.requires_grad:
-        # Rounding cuts the grid off the graph, but torch's kernel gives the grid a gradient
-        # of zeros, not none: add an exact 0 that depends on the grid.
-        out = out + torch.where(torch.zeros_like(grid, dtype=torch.bool), grid, 0).sum()
-    return out
+    return _with_zero_gradient(out, grid) if mode == "nearest" else out
+
+
+def _with_zero_gradient(out: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """``out`` plus an exact 0 that depends on ``source``: rounding (nearest sampling, the
+    0-norm) cuts ``source`` off the graph, where torch's kernels give it a gradient of zeros."""
+    if not source.requires_grad:
+        return out
+    return out + torch.where(torch.zeros_like(source, dtype=torch.bool), source, 0).sum()
+
+
+def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
+    """``torch.pdist``: the p-norm distance of every row pair i < j, in torch's order, as
+    differentiable ops (its fused backward has no lowering)."""
+    if input.dim() != 2:
+        return torch.pdist(input, p)
+    n = input.shape[0]
+    first, second = torch.triu_indices(n, n, 1, device=input.device)
+    difference = input.index_select(0, first) - input.index_select(0, second)
+    distances = torch.linalg.vector_norm(difference, ord=p, dim=1)
+    return _with_zero_gradient(distances, input) if p == 0 else distances
 
 
 #: Functions of the Dynamo graph and their replacements.
-SUBSTITUTES: dict[Callable, Callable] = {F.grid_sample: grid_sample}
+SUBSTITUTES: dict[Callable, Callable] = {F.grid_sample: grid_sample, torch.pdist: pdist}
 
 
 def substitute(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

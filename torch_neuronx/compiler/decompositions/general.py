@@ -488,6 +488,61 @@ def kthvalue(x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False) -> t
     return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
 
 
+def nanmedian_dim(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.nanmedian.dim``: the lower median of the slice's non-NaN values, and its index.
+
+    A slice of NaN only gives NaN (its index is then one of its NaNs, where torch's is unspecified).
+    """
+    if x.dim() == 0 or not x.is_floating_point():
+        return NotImplemented if x.dim() == 0 else median_dim(x, dim, keepdim)
+    dim = dim % x.dim()
+    values, index = sort_stable(x, dim=dim)  # NaN last
+    numbers = x.isnan().logical_not().sum(dim, keepdim=True)
+    at = ((numbers - 1).clamp(min=0) // 2).to(torch.int64)
+    value, index = values.gather(dim, at), index.gather(dim, at)
+    return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
+
+
+def nanmedian(x: torch.Tensor) -> torch.Tensor:
+    """``aten.nanmedian``: the lower median of all non-NaN elements."""
+    return nanmedian_dim(x.reshape(-1), 0)[0]
+
+
+def mode(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.mode``: the most frequent value of each slice (the smallest of equally frequent
+    ones) and the index of its last occurrence, as torch's kernel returns them."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    dim = dim % x.dim()
+    values, index = sort_stable(x, dim=dim)  # stable: equal values keep their order
+    n = x.shape[dim]
+    shape = [1] * x.dim()
+    shape[dim] = n
+    position = torch.arange(n, device=x.device).view(shape).expand(x.shape)
+    starts = torch.ones_like(values, dtype=torch.bool)
+    if n > 1:
+        starts = torch.cat([starts.narrow(dim, 0, 1), values.narrow(dim, 1, n - 1) != values.narrow(dim, 0, n - 1)],
+                           dim)
+    run_start = cummax(torch.where(starts, position, torch.zeros_like(position)), dim)[0]
+    run_length = position - run_start + 1  # within each run of equal values, counting up
+    # The first position reaching the longest run ends the smallest most frequent value's run;
+    # the stable sort put that value's last occurrence there.
+    end = argmax(run_length, dim, keepdim=True)
+    value, index = values.gather(dim, end), index.gather(dim, end)
+    return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
+
+
+@_calls_itself
+def slice_scatter(x: torch.Tensor, src: torch.Tensor, dim: int = 0, start: int | None = None,
+                  end: int | None = None, step: int = 1) -> torch.Tensor:
+    """``aten.slice_scatter`` with its bounds clamped to the dim (torch-mlir rejects an end of 2**63-1)."""
+    size = x.shape[dim]
+    start = 0 if start is None else start + size if start < 0 else start
+    end = size if end is None else end + size if end < 0 else end
+    start = min(max(start, 0), size)
+    return aten.slice_scatter.default(x, src, dim, start, min(max(end, start), size), step)
+
+
 def native_dropout(x: torch.Tensor, p: float, train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``aten.native_dropout`` from ``rand_like`` (which the compile path draws on the host per call;
     torch-mlir's lowering drew the same mask every call)."""
@@ -824,6 +879,10 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.median.dim: median_dim,
     aten.median.default: median,
     aten.kthvalue.default: kthvalue,
+    aten.nanmedian.dim: nanmedian_dim,
+    aten.nanmedian.default: nanmedian,
+    aten.mode.default: mode,
+    aten.slice_scatter.default: slice_scatter,
     aten.isfinite.default: isfinite,
     aten.eq.Tensor: eq_tensor,
     aten.native_dropout.default: native_dropout,

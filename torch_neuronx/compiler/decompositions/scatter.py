@@ -271,6 +271,39 @@ def masked_scatter_backward(grad: torch.Tensor, mask: torch.Tensor, sizes: list[
     return _write(numel, slots.clamp(min=0), keep, grad.reshape(-1), zero).view(sizes)
 
 
+def embedding_renorm(weight: torch.Tensor, indices: torch.Tensor, max_norm: float,
+                     norm_type: float) -> torch.Tensor:
+    """``aten.embedding_renorm`` (``nn.Embedding(max_norm=...)``): the looked-up rows whose norm
+    exceeds ``max_norm`` scaled down to it, as torch's kernel scales them."""
+    indices = indices.reshape(-1)
+    rows = weight.index_select(0, indices)
+    norms = torch.linalg.vector_norm(rows, ord=norm_type, dim=1, keepdim=True)
+    scale = torch.where(norms > max_norm, max_norm / (norms + 1e-7), torch.ones_like(norms))
+    # Repeated indices write the same row: the plain (overwriting) scatter is exact.
+    return aten.index_put.default(weight, [indices], rows * scale, False)
+
+
+def histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> torch.Tensor:  # noqa: A002
+    """``aten.histc``: counts in ``bins`` equal bins over [min, max] (the data's range when equal).
+
+    Values outside the range and NaN are not counted; the range's upper end goes to the last bin.
+    """
+    low = torch.full((), min, dtype=x.dtype, device=x.device)
+    high = torch.full((), max, dtype=x.dtype, device=x.device)
+    if min == max:
+        finite = x.isnan().logical_not()
+        low = torch.where(finite, x, float("inf")).amin() if x.numel() else low
+        high = torch.where(finite, x, float("-inf")).amax() if x.numel() else high
+        same = low == high
+        low, high = torch.where(same, low - 1, low), torch.where(same, high + 1, high)
+    values = x.reshape(-1)
+    inside = (values >= low) & (values <= high)
+    position = ((values - low) * bins / (high - low)).to(torch.int64).clamp(0, bins - 1)
+    slot = torch.where(inside, position, torch.full_like(position, bins))
+    counts = torch.zeros(bins + 1, dtype=x.dtype, device=x.device).index_add(0, slot, torch.ones_like(values))
+    return counts[:bins]
+
+
 #: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.scatter_reduce.two: scatter_reduce,
@@ -282,4 +315,6 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten._embedding_bag_per_sample_weights_backward.default: embedding_bag_per_sample_weights_backward,
     aten.embedding.default: embedding,
     aten.masked_scatter_backward.default: masked_scatter_backward,
+    aten.embedding_renorm.default: embedding_renorm,
+    aten.histc.default: histc,
 }
