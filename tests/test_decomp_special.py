@@ -1,0 +1,142 @@
+"""Special functions through the compile path (``decompositions/special.py``) against eager.
+
+erfc, erfinv, erfcx, lgamma, digamma and polygamma(1, .) lower to nothing in
+torch-mlir; they compile as elementwise arithmetic. Each test batches every op
+into one compiled function (a compile costs seconds), forward and backward, and
+compares values with eager: float32 at ``assert_close``'s default tolerances,
+float64 far tighter than its defaults (1e-7), per op, over the whole domain:
+tails, large and tiny magnitudes, negative arguments, poles, signed zeros,
+infinities and NaN.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+_INF, _NAN = float("inf"), float("nan")
+
+#: float64 (rtol, atol) per output: our decompositions reach about 1e-15; eager's digamma is
+#: off by up to 1e-12 relative next to negative poles (tan(pi * r) of a rounded pi * r), and
+#: lgamma's shift leaves an absolute error of a few 1e-15 where lgamma is near its zeros.
+_FLOAT64_TOLERANCE = {
+    "erfc": (1e-14, 1e-300), "erfc_tail": (1e-14, 1e-300), "erfcx": (1e-13, 0.0),
+    "erfinv": (1e-14, 1e-15), "erfinv_tail": (1e-14, 0.0),
+    "lgamma": (1e-13, 1e-13), "gammaln": (1e-13, 1e-13), "lgamma_wide": (1e-13, 1e-13),
+    "digamma": (1e-11, 1e-13), "psi": (1e-11, 1e-13), "digamma_wide": (1e-11, 1e-13),
+    "trigamma": (1e-13, 0.0),
+}
+
+#: float64 gradients: erfinv's, exp(erfinv(y)**2), magnifies erfinv's last ulp by 2 erfinv(y)**2
+#: (up to 70 at 1 - 1e-16); gamma_x's sums digamma (lgamma's) and polygamma(1, .) (psi's).
+_FLOAT64_GRAD_TOLERANCE = {"erfc_x": (1e-14, 1e-300), "erfinv_y": (1e-13, 1e-15), "gamma_x": (1e-11, 1e-13)}
+
+
+def _cat(dtype: torch.dtype, *parts) -> torch.Tensor:
+    return torch.cat([torch.as_tensor(p, dtype=torch.float64).flatten() for p in parts]).to(dtype)
+
+
+def _inputs(dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Arguments covering each function's domain; the first three get gradients."""
+    g = torch.Generator().manual_seed(0)
+    double = dtype == torch.float64
+    erfc_top = 26.5 if double else 9.1  # past it eager's result is subnormal (the compiled one flushes to 0)
+    tail_digits = 15.9 if double else 7.2  # 1 - 10**-digits still below 1
+    non_integer = torch.rand(400, generator=g, dtype=torch.float64) * 60 - 40
+    erfc_x = _cat(dtype, torch.linspace(-6, erfc_top, 401, dtype=torch.float64), torch.randn(100, generator=g) * 3,
+                  [0.0, -0.0, 0.5, -0.5, 1.0, -1.0, 8.0, -8.0, 1e-30, -1e-30, _INF, -_INF, _NAN])
+    tail = 1 - 10 ** -torch.linspace(1, tail_digits, 120, dtype=torch.float64)
+    return {
+        "erfc_x": erfc_x,
+        # float32 gradients stop at 0.99: the gradient exp(erfinv(y)**2) magnifies an ulp of
+        # erfinv(y) by 2 erfinv(y)**2, so past it eager's own gradient is that inexact.
+        "erfinv_y": _cat(dtype, torch.rand(300, generator=g, dtype=torch.float64) * (2 if double else 1.98) - (
+                         1 if double else 0.99), tail if double else [], [0.0, -0.0, 0.5, -0.5, 1e-20, -1e-20]),
+        "gamma_x": _cat(dtype, non_integer, torch.logspace(-6, 3, 100, dtype=torch.float64),
+                        -torch.logspace(-3, 3.5, 100, dtype=torch.float64) + 0.37,  # trigamma as eager: |x| < 4096
+                        [1.0, 2.0, 1 + 1e-4, 2 - 1e-4, 1.4616321449683623, -2.4570247382208006, -0.5040830082644554,
+                         -1e-3, -3 + 1e-3, -3 - 1e-3, 0.0, -0.0, -1.0, -7.0, 6.0, 10.0, 0.5, _INF, -_INF, _NAN]),
+        "erfinv_tail": _cat(dtype, tail, -tail, [1.0, -1.0, 1.5, -2.0, 1e-30, -1e-30, _INF, -_INF, _NAN]),
+        "erfc_tail": _cat(dtype, torch.linspace(5, 30, 200, dtype=torch.float64), -torch.logspace(0, 30, 30)),
+        "gamma_wide": _cat(dtype, torch.logspace(-30, 38 if not double else 307, 200, dtype=torch.float64),
+                           -torch.logspace(3.5, 7, 100, dtype=torch.float64) + 0.25, -torch.logspace(7, 30, 30),
+                           -torch.arange(1.0, 60.0)),
+    }
+
+
+def _special(erfc_x, erfinv_y, gamma_x, erfinv_tail, erfc_tail, gamma_wide):
+    return {
+        "erfc": torch.erfc(erfc_x),
+        "erfinv": torch.erfinv(erfinv_y),
+        "lgamma": torch.lgamma(gamma_x),
+        "psi": torch.special.psi(gamma_x),
+        "erfcx": torch.special.erfcx(erfc_x.detach()),  # its gradient 2x erfcx(x) - 2/sqrt(pi) cancels
+        "erfinv_tail": torch.special.erfinv(erfinv_tail),
+        "erfc_tail": torch.special.erfc(erfc_tail),
+        "gammaln": torch.special.gammaln(gamma_x.detach()),
+        "lgamma_wide": torch.lgamma(gamma_wide),
+        "digamma_wide": torch.digamma(gamma_wide),
+        "trigamma": torch.polygamma(1, gamma_x.detach()),
+    }
+
+
+def _assert_matches(got: torch.Tensor, expected: torch.Tensor, name: str, tolerance: tuple | None) -> None:
+    assert got.dtype == expected.dtype and got.shape == expected.shape, name
+    rtol, atol = tolerance if tolerance is not None else (None, None)
+    torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True, msg=lambda m: f"{name}: {m}")
+    # Signed zeros and infinities too (assert_close lets -0.0 equal 0.0).
+    extreme = ((expected == 0) & (got == 0)) | expected.isinf()
+    assert torch.equal(got.signbit()[extreme], expected.signbit()[extreme]), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_special_functions_match_eager_forward_and_backward(dtype):
+    inputs = _inputs(dtype)
+    graded = ("erfc_x", "erfinv_y", "gamma_x")
+    eager_in = {k: v.clone().requires_grad_(k in graded) for k, v in inputs.items()}
+    compiled_in = {k: v.clone().requires_grad_(k in graded) for k, v in inputs.items()}
+    expected = _special(**eager_in)
+    got = torch.compile(_special, backend="neuron")(**compiled_in)
+    for name in expected:
+        tolerance = _FLOAT64_TOLERANCE[name] if dtype == torch.float64 else None
+        _assert_matches(got[name].detach(), expected[name].detach(), name, tolerance)
+
+    # Gradients: lgamma's is digamma, digamma's is polygamma(1, .), erfc's and erfinv's use exp.
+    g = torch.Generator().manual_seed(1)
+    weights = {k: torch.randn(v.shape, generator=g, dtype=dtype) for k, v in expected.items() if v.requires_grad}
+
+    def loss(outputs):
+        return sum((outputs[k] * w).sum() for k, w in weights.items())
+
+    loss(expected).backward()
+    loss(got).backward()
+    for name in graded:
+        tolerance = _FLOAT64_GRAD_TOLERANCE[name] if dtype == torch.float64 else None
+        _assert_matches(compiled_in[name].grad, eager_in[name].grad, f"grad of {name}", tolerance)
+
+
+def test_half_precision_and_integer_inputs_compute_in_float32():
+    """float16 and bfloat16 compute in float32 and round back; integers give the default dtype.
+
+    (One wrapper serves every op: bfloat16 is checked through one. log_ndtr, which torch
+    decomposes into erfc and erfcx, compiles too.)
+    """
+    def fn(h, b, i):
+        ops = (torch.erfc, torch.erfinv, torch.lgamma, torch.digamma, lambda t: torch.polygamma(1, t))
+        return [op(h) for op in ops] + [torch.digamma(b), torch.lgamma(i), torch.special.log_ndtr(h.float())]
+
+    g = torch.Generator().manual_seed(2)
+    values = torch.cat([torch.rand(64, generator=g) * 1.8 - 0.9, torch.tensor([0.0, -0.5, 0.25, 3.0, -2.5])])
+    args = (values.half(), values.bfloat16(), torch.arange(-3, 6))
+    for got, expected in zip(torch.compile(fn, backend="neuron")(*args), fn(*args)):
+        _assert_matches(got, expected, str(expected.dtype), None)
+
+
+def test_the_compile_path_traces_with_these_decompositions():
+    """No other table entry (ours or torch's) shadows them."""
+    from torch_neuronx.compiler.decompositions import special, table
+
+    aten = torch.ops.aten
+    ops = (aten.erfc.default, aten.erfinv.default, aten.special_erfcx.default, aten.lgamma.default,
+           aten.digamma.default, aten.polygamma.default)
+    assert all(table()[op] is special.DECOMPOSITIONS[op] for op in ops)
