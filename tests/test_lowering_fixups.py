@@ -63,3 +63,14 @@ def test_one_index_tensor_feeding_two_scatters():
     x, values = torch.randn(8), torch.randn(6)
     for got, expected in zip(torch.compile(fn, backend="neuron")(x, values), fn(x, values), strict=True):
         torch.testing.assert_close(got, expected)
+
+
+def test_a_python_number_as_first_operand_keeps_the_ops_precision_and_type():
+    """``1 / 6 - x`` of float64 used a float32 literal for 1/6 (5e-9 off)."""
+    def fn(x, n):
+        return (1 / 6) - x, 2.5 - n, 3 - n, (1 / 3) - x.float()
+
+    x, n = torch.tensor([0.0, 1.0, -2.0], dtype=torch.float64), torch.tensor([1, 2, 3])
+    for got, expected in zip(torch.compile(fn, backend="neuron")(x, n), fn(x, n), strict=True):
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)

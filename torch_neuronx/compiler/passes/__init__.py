@@ -17,6 +17,7 @@ from torch_neuronx.compiler.passes.complex_to_real import complex_to_real
 from torch_neuronx.compiler.passes.constant_fold import constant_fold
 from torch_neuronx.compiler.passes.random_inputs import random_ops_to_inputs
 from torch_neuronx.compiler.passes.scalar_inputs import inline_scalar_inputs
+from torch_neuronx.compiler.passes.scalar_operands import scalar_operands_to_tensors
 from torch_neuronx.compiler.passes.squeeze_dims import squeeze_dims_to_view
 
 Pass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
@@ -26,6 +27,7 @@ PIPELINE: list[Pass] = [
     random_ops_to_inputs,  # before folding: a random op is no constant
     constant_fold,
     inline_scalar_inputs,
+    scalar_operands_to_tensors,  # after inlining: inlined inputs can be such numbers
     squeeze_dims_to_view,
     bool_constants_to_int8,
 ]
