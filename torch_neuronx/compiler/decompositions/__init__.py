@@ -6,6 +6,8 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 
 - :mod:`.general`: fast-path attention ops, sorts and extremes, 2-d average
   pooling, cumulative, bitwise and remainder ops, special values.
+- :mod:`.float64_math`: float64 sin, cos, tan, tanh, atan, asin, acos and atan2
+  (IREE cannot link libm's); merged last, so its atan2 wraps general's.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import functools
 
 from torch._decomp import core_aten_decompositions
 
-from torch_neuronx.compiler.decompositions import general, pooling, scatter, special, spectral
+from torch_neuronx.compiler.decompositions import float64_math, general, pooling, scatter, special, spectral
 
 
 @functools.cache
@@ -24,4 +26,4 @@ def table() -> dict:
 
     return {**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
             **general.DECOMPOSITIONS, **special.DECOMPOSITIONS, **pooling.DECOMPOSITIONS,
-            **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS}
+            **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS, **float64_math.DECOMPOSITIONS}
