@@ -159,12 +159,17 @@ def _sign_of(x: torch.Tensor) -> torch.Tensor:
     return torch.copysign(torch.ones_like(x), x)
 
 
-@_float64_only
-def sin(x: torch.Tensor) -> torch.Tensor:
-    """``aten.sin`` (float64): Cephes' sin.c, reduced by multiples of pi/4 in three parts."""
+def _octant_sin_cos(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """|x| reduced by multiples of pi/4 (in four parts): its octant and the kernels' sine and cosine."""
     z, octant = _reduce(x.abs())
     zz = z * z
-    s, c = _sin_kernel(z, zz), _cos_kernel(zz)
+    return octant, _sin_kernel(z, zz), _cos_kernel(zz)
+
+
+@_float64_only
+def sin(x: torch.Tensor) -> torch.Tensor:
+    """``aten.sin`` (float64): Cephes' sin.c."""
+    octant, s, c = _octant_sin_cos(x)
     result = torch.where(_mod(octant, 4.0) == 0, s, c)  # octants 2 and 6 take the cosine
     result = torch.where(octant >= 4, -result, result)
     result = torch.clamp(result, -1.0, 1.0) * _sign_of(x)
@@ -173,10 +178,8 @@ def sin(x: torch.Tensor) -> torch.Tensor:
 
 @_float64_only
 def cos(x: torch.Tensor) -> torch.Tensor:
-    """``aten.cos`` (float64): Cephes' cos (sin.c), reduced by multiples of pi/4 in three parts."""
-    z, octant = _reduce(x.abs())
-    zz = z * z
-    s, c = _sin_kernel(z, zz), _cos_kernel(zz)
+    """``aten.cos`` (float64): Cephes' cos (sin.c)."""
+    octant, s, c = _octant_sin_cos(x)
     result = torch.where(_mod(octant, 4.0) == 0, c, s)  # octants 2 and 6 take the sine
     result = torch.where((octant == 2) | (octant == 4), -result, result)
     return _nan_unless_finite(x, torch.clamp(result, -1.0, 1.0))
