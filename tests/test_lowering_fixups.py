@@ -74,3 +74,17 @@ def test_a_python_number_as_first_operand_keeps_the_ops_precision_and_type():
     for got, expected in zip(torch.compile(fn, backend="neuron")(x, n), fn(x, n), strict=True):
         assert got.dtype == expected.dtype
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_slices_with_nothing_in_them_forward_and_backward():
+    """torch-mlir sized ``x[:, :0]`` as the whole dim."""
+    def fn(x):
+        return torch.cat([x[:, :0], x * 2, x[:, 3:3]], 1).sum(1) + x[:, :0].sum() + x[1:1].sum()
+
+    x = torch.randn(4, 6, requires_grad=True)
+    fn(x).square().sum().backward()
+    expected, x.grad = x.grad, None
+    got = torch.compile(fn, backend="neuron")(x)
+    torch.testing.assert_close(got, fn(x))
+    got.square().sum().backward()
+    torch.testing.assert_close(x.grad, expected)

@@ -535,7 +535,10 @@ def mode(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.T
 @_calls_itself
 def slice_scatter(x: torch.Tensor, src: torch.Tensor, dim: int = 0, start: int | None = None,
                   end: int | None = None, step: int = 1) -> torch.Tensor:
-    """``aten.slice_scatter`` with its bounds clamped to the dim (torch-mlir rejects an end of 2**63-1)."""
+    """``aten.slice_scatter`` with its bounds clamped to the dim (torch-mlir rejects an end of 2**63-1);
+    scattering nothing is a copy (IREE crashed on the empty scatter)."""
+    if src.numel() == 0:
+        return x.clone()
     size = x.shape[dim]
     start = 0 if start is None else start + size if start < 0 else start
     end = size if end is None else end + size if end < 0 else end

@@ -15,6 +15,7 @@ import torch
 from torch_neuronx.compiler.passes.bool_constants import bool_constants_to_int8
 from torch_neuronx.compiler.passes.complex_to_real import complex_to_real
 from torch_neuronx.compiler.passes.constant_fold import constant_fold
+from torch_neuronx.compiler.passes.empty_slices import empty_slices_to_full
 from torch_neuronx.compiler.passes.random_inputs import random_ops_to_inputs
 from torch_neuronx.compiler.passes.scalar_inputs import inline_scalar_inputs
 from torch_neuronx.compiler.passes.scalar_operands import scalar_operands_to_tensors
@@ -29,6 +30,7 @@ PIPELINE: list[Pass] = [
     inline_scalar_inputs,
     scalar_operands_to_tensors,  # after inlining: inlined inputs can be such numbers
     squeeze_dims_to_view,
+    empty_slices_to_full,
     bool_constants_to_int8,
 ]
 
