@@ -1,4 +1,4 @@
-"""Reductions over index tensors and float division modes, compiled vs eager, forward and backward."""
+"""Reductions over index tensors and division modes (float and integer), compiled vs eager."""
 
 from __future__ import annotations
 
@@ -186,3 +186,17 @@ def test_embedding_max_norm_renormalizes_looked_up_rows_in_place():
     got = torch.compile(compiled_model, backend="neuron")(indices)
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(compiled_model.weight, eager.weight)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_integer_floor_division_and_remainder_are_exact_at_the_limits(dtype):
+    """torch-mlir divided integers in float32: (2**31 - 1) // 3 came out 715827904, and
+    hashing ids with ``% buckets`` went wrong beyond 2**24."""
+    info = torch.iinfo(dtype)
+    a = torch.tensor([info.max, info.min, info.max - 1, info.min + 1, 0, 5, -7, 100, info.max // 3], dtype=dtype)
+    b = torch.tensor([3, -3, 7, -7, 5, -2, 2, 9, -4], dtype=dtype)
+
+    def fn(a, b):
+        return torch.stack([a // b, a % b, a // 3, a % 1000003, torch.div(a, b, rounding_mode="floor"), a >> 3])
+
+    torch.testing.assert_close(torch.compile(fn, backend="neuron")(a, b), fn(a, b), rtol=0, atol=0)

@@ -236,19 +236,28 @@ def _fmod_float(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(b.isinf() & a.isfinite(), a, mod)
 
 
-def div_mode(a, b, *, rounding_mode: str | None = None):
-    """``aten.div`` with ``rounding_mode="floor"`` of floats, computed as torch computes it.
+def _floor_divide_integers(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Exact integer floor division: the truncating quotient, one less where the remainder's sign
+    differs from the divisor's (torch-mlir went through float32: 2**31 - 1 // 3 was 715827904)."""
+    quotient = aten.div.Tensor_mode(a, b, rounding_mode="trunc")
+    remainder = a - quotient * b
+    return torch.where((remainder != 0) & ((remainder < 0) != (b < 0)), quotient - 1, quotient)
 
-    torch-mlir lowers it to floor(a / b), which differs from torch at infinities (torch:
-    ``floor_divide(inf, 2)`` is NaN, ``floor_divide(-1, inf)`` is -1) and where a / b
-    rounds up to an integer. Other modes and integer operands lower as they are.
+
+def div_mode(a, b, *, rounding_mode: str | None = None):
+    """``aten.div`` with ``rounding_mode="floor"``, computed as torch computes it.
+
+    torch-mlir lowers it to floor(a / b) in floating point: for floats that differs from
+    torch at infinities (torch: ``floor_divide(inf, 2)`` is NaN, ``floor_divide(-1, inf)`` is
+    -1) and where a / b rounds up to an integer; for int32 and int64 it went through float32,
+    wrong beyond 2**24. Other rounding modes lower as they are.
     """
     if rounding_mode != "floor":
         return NotImplemented
     if not isinstance(b, torch.Tensor):
         b = torch.scalar_tensor(b, dtype=torch.result_type(a, b), device=a.device)
     if not (a.is_floating_point() or b.is_floating_point()):
-        return NotImplemented
+        return _floor_divide_integers(*_promoted(a, b))
     a, b = _promoted(a, b)
     mod = _fmod_float(a, b)
     div = (a - mod) / b
