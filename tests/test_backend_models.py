@@ -492,3 +492,16 @@ def test_multihead_attention_with_a_padding_mask_built_inside_forward_and_backwa
     torch.testing.assert_close(got, expected)
     got.square().sum().backward()
     torch.testing.assert_close([p.grad for p in attention.parameters()], grads)
+
+
+def test_outputs_never_share_memory_with_inputs():
+    """IREE hands back an input's own buffer for an output equal to it (a compiled clone)."""
+    x = torch.randn(64)
+    copy, doubled = torch.compile(lambda t: (t.clone(), t * 2), backend="neuron")(x)
+    assert copy.data_ptr() != x.data_ptr()
+    x.add_(1.0)
+    torch.testing.assert_close(copy, x - 1.0)
+    model = torch.nn.Linear(4, 4)
+    with torch.no_grad():
+        weight = torch.compile(lambda m: m.weight.clone(), backend="neuron")(model)
+        assert weight.data_ptr() != model.weight.data_ptr()

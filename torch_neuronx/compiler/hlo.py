@@ -80,7 +80,7 @@ def graph_key(gm: torch.fx.GraphModule) -> str:
                 h.update(f"{node.target}:{tuple(value.shape)}:{value.dtype}".encode())
                 # aot_autograd calls compilers under its fake mode; constants are real tensors.
                 with unset_fake_temporarily():
-                    h.update(value.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+                    h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return "graph-" + h.hexdigest()
 
 

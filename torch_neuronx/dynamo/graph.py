@@ -156,6 +156,9 @@ class CompiledGraph:
             return executable(args)  # the hot path: as few Python frames as possible
         return self(list(args))
 
+    # A backward runs where the user calls .backward(): inside a compiled function's graph
+    # break, Dynamo would trace this code (and the lazy backward compile) as user code.
+    @torch._dynamo.disable
     def __call__(self, args: list[Any]) -> list[Any]:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         args.clear()  # boxed convention: let inputs die as early as possible
@@ -337,6 +340,7 @@ def from_plan_unboxed(plan: Plan, options: CompileOptions) -> Callable:
     return from_plan(plan, options).call_unboxed
 
 
+@torch._dynamo.disable
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                   options: CompileOptions, model: str, kind: str,
                   on_plan: Callable[[Plan, CompiledGraph], None] | None = None,

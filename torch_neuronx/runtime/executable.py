@@ -177,7 +177,8 @@ class Executable:
         # Positions of the inputs passed as call arguments (None: all of them).
         self._arguments = tuple(i for i in range(len(signature.get("inputs", ())))
                                 if i not in self._resident) if self._resident else None
-        self._bound: tuple | None = None  # (context, ((position, tensor, version, address), ...), index)
+        # (context, ((position, tensor, version, address), ...), index, ((start, end), ...))
+        self._bound: tuple | None = None
         self._calls = 0  # calls of a module with resident parameters (counted for on_volatile)
         self._calls_at_bind = 0
         self._short_bindings = 0  # bindings in a row that served one call each
@@ -231,7 +232,8 @@ class Executable:
             context = rt.VmContext(self.device.instance, [self.device.hal_module, parameters, self._module])
         except Exception as exc:
             raise NeuronRuntimeError(f"binding the NEFF's parameters failed: {exc}") from exc
-        self._bound = (context, tuple(checks), index)
+        spans = tuple((t.data_ptr(), t.data_ptr() + t.nbytes) for _, t, _, _ in checks)
+        self._bound = (context, tuple(checks), index, spans)
         bindings.add(self, sum(t.numel() * t.element_size() for _, t, _, _ in checks))
         metrics.increment("parameter_bindings")
         _log.debug("bound %d resident parameters of %s", len(checks), self.neff.header.key[:16])
@@ -303,7 +305,33 @@ class Executable:
         get, view_type, to_capsule = results.get_as_object, self._view_type, self._hal.create_dlpack_capsule
         for i in range(results.size):
             outputs.append(_from_dlpack(to_capsule(get(i, view_type), _KDL_CPU, 0)))
-        return outputs
+        bound = self._bound
+        return _unaliased(outputs, arguments, bound[3] if bound is not None and context is bound[0] else ())
+
+
+def _unaliased(outputs: list[torch.Tensor], arguments: Sequence[torch.Tensor],
+               resident: Sequence[tuple[int, int]]) -> list[torch.Tensor]:
+    """``outputs``, each copied where its memory lies in an input's (an argument, or a
+    resident parameter's ``(start, end)`` span).
+
+    IREE returns an input's own buffer for an output equal to it (``x.clone()`` compiled to
+    nothing): the caller would get a tensor sharing memory with its input, and a later
+    in-place update of one would change the other (an optimizer's momentum buffers followed
+    the gradients they were cloned from).
+    """
+    for i, out in enumerate(outputs):
+        address = out.data_ptr()
+        if not out.nbytes:
+            continue
+        for t in arguments:
+            start = t.data_ptr()
+            if start <= address < start + t.nbytes:
+                outputs[i] = out.clone()
+                break
+        else:
+            if any(start <= address < end for start, end in resident):
+                outputs[i] = out.clone()
+    return outputs
 
 
 def _version(t: torch.Tensor) -> int:

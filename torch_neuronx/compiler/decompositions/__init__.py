@@ -14,16 +14,25 @@ from __future__ import annotations
 
 import functools
 
+import torch
 from torch._decomp import core_aten_decompositions
 
-from torch_neuronx.compiler.decompositions import float64_math, general, pooling, scatter, special, spectral
+from torch_neuronx.compiler.decompositions import float64_math, foreach, general, pooling, scatter, special, spectral
+
+
+def table() -> dict:
+    """The decomposition table every compilation traces with."""
+    # prims.fma exists only once torch._inductor is loaded (Dynamo loads it); its
+    # decompositions then emit it.
+    return _table(hasattr(torch.ops.prims, "fma"))
 
 
 @functools.cache
-def table() -> dict:
-    """The decomposition table every compilation traces with."""
+def _table(with_fma: bool) -> dict:
     from torch._decomp import get_decompositions
 
+    extra = {torch.ops.prims.fma.default: general.fma} if with_fma else {}
     return {**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
             **general.DECOMPOSITIONS, **special.DECOMPOSITIONS, **pooling.DECOMPOSITIONS,
-            **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS, **float64_math.DECOMPOSITIONS}
+            **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS, **foreach.DECOMPOSITIONS,
+            **float64_math.DECOMPOSITIONS, **extra}

@@ -555,6 +555,21 @@ def slice_scatter(x: torch.Tensor, src: torch.Tensor, dim: int = 0, start: int |
     return aten.slice_scatter.default(x, src, dim, start, min(max(end, start), size), step)
 
 
+def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``prims.fma`` (inductor's decompositions emit it once inductor is loaded): a * b + c; IREE
+    may contract it back into one fused multiply-add."""
+    return a * b + c
+
+
+def lerp(start: torch.Tensor, end: torch.Tensor, weight: torch.Tensor | float) -> torch.Tensor:
+    """``aten.lerp`` (every Adam step) with torch's two-sided formula, exact at both ends; ours so
+    the table does not depend on which decomposition the loaded torch modules registered."""
+    difference = end - start
+    if not isinstance(weight, torch.Tensor):
+        weight = torch.scalar_tensor(weight, dtype=difference.dtype, device=difference.device)
+    return torch.where(weight.abs() < 0.5, start + weight * difference, end - difference * (-weight + 1))
+
+
 def native_dropout(x: torch.Tensor, p: float, train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``aten.native_dropout`` from ``rand_like`` (which the compile path draws on the host per call;
     torch-mlir's lowering drew the same mask every call)."""
@@ -894,6 +909,8 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.nanmedian.dim: nanmedian_dim,
     aten.nanmedian.default: nanmedian,
     aten.mode.default: mode,
+    aten.lerp.Scalar: lerp,
+    aten.lerp.Tensor: lerp,
     aten.slice_scatter.default: slice_scatter,
     aten.isfinite.default: isfinite,
     aten.eq.Tensor: eq_tensor,

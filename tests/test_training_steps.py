@@ -1,0 +1,51 @@
+"""Whole training steps under torch.compile(backend="neuron"): optimizers, clipping, .backward() inside."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+
+
+_X, _Y = torch.randn(6, 8), torch.randn(6, 4)
+
+
+@pytest.mark.parametrize("make_optimizer", [
+    lambda p: torch.optim.Adam(p, lr=1e-2, foreach=False),  # lerp: torch's decomposition emits prims.fma
+    lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1, foreach=True),  # the _foreach_* ops
+    lambda p: torch.optim.SGD(p, lr=1e-2, momentum=0.9, nesterov=True, foreach=True),
+], ids=["adam", "adamw_foreach", "sgd_nesterov_foreach"])
+def test_compiled_optimizer_steps_match_eager(make_optimizer):
+    eager, compiled = _model(), _model()
+    eager_opt, opt = make_optimizer(eager.parameters()), make_optimizer(compiled.parameters())
+    step = torch.compile(opt.step, backend="neuron")
+    for _ in range(3):
+        for model, optimizer, run in ((eager, eager_opt, eager_opt.step), (compiled, opt, step)):
+            optimizer.zero_grad()
+            F.mse_loss(model(_X), _Y).backward()
+            run()
+    for p, q in zip(eager.parameters(), compiled.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+
+
+def test_backward_and_gradient_clipping_inside_a_compiled_step():
+    """.backward() inside the compiled function breaks the graph: the backward graph is then
+    compiled and run while Dynamo is active (it must not trace the backend's own code)."""
+    eager, compiled = _model(), _model()
+
+    def train_step(model):
+        loss = F.mse_loss(model(_X), _Y)
+        loss.backward()
+        return torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+
+    expected = train_step(eager)
+    got = torch.compile(train_step, backend="neuron")(compiled)
+    torch.testing.assert_close(got, expected)
+    for p, q in zip(eager.parameters(), compiled.parameters(), strict=True):
+        torch.testing.assert_close(q.grad, p.grad)
