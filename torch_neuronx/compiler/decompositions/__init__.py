@@ -17,7 +17,16 @@ import functools
 import torch
 from torch._decomp import core_aten_decompositions
 
-from torch_neuronx.compiler.decompositions import float64_math, foreach, general, pooling, scatter, special, spectral
+from torch_neuronx.compiler.decompositions import (
+    float64_math,
+    foreach,
+    general,
+    pooling,
+    sampling,
+    scatter,
+    special,
+    spectral,
+)
 
 
 def table() -> dict:
@@ -35,4 +44,4 @@ def _table(with_fma: bool) -> dict:
     return {**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
             **general.DECOMPOSITIONS, **special.DECOMPOSITIONS, **pooling.DECOMPOSITIONS,
             **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS, **foreach.DECOMPOSITIONS,
-            **float64_math.DECOMPOSITIONS, **extra}
+            **sampling.DECOMPOSITIONS, **float64_math.DECOMPOSITIONS, **extra}

@@ -36,12 +36,17 @@ def _random_op(node: torch.fx.Node) -> bool:
     return not tensors or node.target in _LIKE
 
 
+# Markers of encoded tensors and dtypes: keys no keyword argument has (a kwargs dict holding
+# ``dtype=`` must not read back as a dtype).
+_LIKE_KEY, _DTYPE_KEY = "__like__", "__dtype__"
+
+
 def _encode(value: Any) -> Any:
     if isinstance(value, torch.fx.Node):
         val = value.meta["val"]
-        return {"like": [list(val.shape), str(val.dtype).removeprefix("torch.")]}
+        return {_LIKE_KEY: [list(val.shape), str(val.dtype).removeprefix("torch.")]}
     if isinstance(value, torch.dtype):
-        return {"dtype": str(value).removeprefix("torch.")}
+        return {_DTYPE_KEY: str(value).removeprefix("torch.")}
     if isinstance(value, list | tuple):
         return [_encode(v) for v in value]
     if isinstance(value, dict):
@@ -52,11 +57,11 @@ def _encode(value: Any) -> Any:
 
 
 def _decode(value: Any) -> Any:
-    if isinstance(value, dict) and "like" in value:
-        shape, dtype = value["like"]
+    if isinstance(value, dict) and _LIKE_KEY in value:
+        shape, dtype = value[_LIKE_KEY]
         return torch.empty(shape, dtype=getattr(torch, dtype))
-    if isinstance(value, dict) and "dtype" in value:
-        return getattr(torch, value["dtype"])
+    if isinstance(value, dict) and _DTYPE_KEY in value:
+        return getattr(torch, value[_DTYPE_KEY])
     if isinstance(value, list):
         return [_decode(v) for v in value]
     if isinstance(value, dict):

@@ -1,0 +1,65 @@
+"""Samplers under torch.compile(backend="neuron"): fresh draws every call, torch's distributions."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _twice(fn, *args):
+    compiled = torch.compile(fn, backend="neuron")
+    return compiled(*args), compiled(*args)
+
+
+def test_samplers_draw_fresh_values_with_torchs_distributions():
+    torch.manual_seed(0)
+    p = torch.rand(64, 256)
+
+    def fn(p):
+        return (torch.bernoulli(p), torch.bernoulli(p, 0.25), torch.empty_like(p).normal_(2.0, 0.5),
+                torch.empty_like(p).uniform_(-1.0, 3.0), torch.empty_like(p).exponential_(4.0))
+
+    first, second = _twice(fn, p)
+    for a, b in zip(first, second, strict=True):
+        assert a.shape == p.shape and not torch.equal(a, b), "the same values on two calls"
+    bernoulli, fixed, normal, uniform, exponential = first
+    assert set(bernoulli.unique().tolist()) <= {0.0, 1.0}
+    assert abs((bernoulli - p).mean()) < 0.01  # E[bernoulli(p)] = p
+    assert abs(fixed.mean() - 0.25) < 0.01
+    assert abs(normal.mean() - 2.0) < 0.01 and abs(normal.std() - 0.5) < 0.01
+    assert uniform.min() >= -1.0 and uniform.max() < 3.0 and abs(uniform.mean() - 1.0) < 0.02
+    assert exponential.min() >= 0 and abs(exponential.mean() - 0.25) < 0.01
+
+
+def test_multinomial_with_and_without_replacement():
+    torch.manual_seed(1)
+    weights = torch.tensor([[1.0, 0.0, 3.0, 4.0, 2.0]]).expand(4000, 5).contiguous()
+
+    def fn(w):
+        return torch.multinomial(w, 3), torch.multinomial(w, 6, replacement=True)
+
+    (without, with_), (again, _) = _twice(fn, weights)
+    assert not torch.equal(without, again)
+    assert without.dtype == torch.int64 and without.shape == (4000, 3)
+    assert (without != 1).all()  # zero weight: never drawn
+    assert (without.sort(1).values.diff(dim=1) != 0).all()  # no repeats within a row
+    share = torch.bincount(without[:, 0], minlength=5).float() / 4000
+    torch.testing.assert_close(share, weights[0] / weights[0].sum(), atol=0.03, rtol=0)
+    share = torch.bincount(with_.reshape(-1), minlength=5).float() / with_.numel()
+    torch.testing.assert_close(share, weights[0] / weights[0].sum(), atol=0.02, rtol=0)
+
+
+def test_channel_dropout_and_stochastic_depth_change_masks_per_call():
+    torch.manual_seed(2)
+    x = torch.ones(8, 16, 4, 4)
+
+    def fn(x):
+        keep = torch.empty(x.shape[0], 1, 1, 1).bernoulli_(0.5)  # stochastic depth
+        return F.dropout2d(x, 0.5, training=True), x * keep / 0.5
+
+    (channels, depth), (channels2, depth2) = _twice(fn, x)
+    assert not torch.equal(channels, channels2) and not torch.equal(depth, depth2)
+    per_channel = channels.reshape(8, 16, 16)
+    # whole channels are dropped or scaled by 1 / (1 - p)
+    assert ((per_channel == 0).all(-1) | (per_channel == 2.0).all(-1)).all()
+    assert set(depth.reshape(8, -1)[:, 0].tolist()) <= {0.0, 2.0}
