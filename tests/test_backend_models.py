@@ -505,3 +505,18 @@ def test_outputs_never_share_memory_with_inputs():
     with torch.no_grad():
         weight = torch.compile(lambda m: m.weight.clone(), backend="neuron")(model)
         assert weight.data_ptr() != model.weight.data_ptr()
+
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.int64])
+def test_gcd_and_lcm_match_eager_at_the_worst_case_and_on_overflow(dtype):
+    """Euclid unrolled for the dtype's worst case (consecutive Fibonacci numbers); lcm wraps as torch's."""
+    torch.manual_seed(7)
+    hard = (377, 233) if dtype == torch.int16 else (7540113804746346429, 4660046610375530309)
+    a = torch.cat([torch.randint(-1000, 1000, (40,), dtype=dtype), torch.tensor([0, 0, -12, hard[0]], dtype=dtype)])
+    b = torch.cat([torch.randint(-1000, 1000, (40,), dtype=dtype), torch.tensor([0, 5, 18, hard[1]], dtype=dtype)])
+
+    def fn(a, b):
+        return torch.gcd(a, b), torch.lcm(a, b)
+
+    for got, expected in zip(torch.compile(fn, backend="neuron")(a, b), fn(a, b), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
