@@ -221,6 +221,8 @@ def test_ops_that_iree_runs_in_place_leave_the_callers_input_alone(name, fn):
     ("nanmedian_dim", lambda x: torch.nanmedian(torch.where(x > 0.7, float("nan"), x), 1)),
     ("nanmedian", lambda x: torch.nanmedian(torch.where(x > 0.7, float("nan"), x))),
     ("slice_scatter_open_end", lambda x: torch.zeros(4, 7).slice_scatter(x, 1, 2)),
+    ("bool_add_is_or", lambda x: (x > 0) + (x < 0.5)),
+    ("clamp_int_by_floats", lambda x: (x * 10).to(torch.int32).clamp(-2.5, 2.5)),
 ])
 def test_ops_lowered_through_our_decompositions_match_eager(name, fn):
     x = torch.randn(4, 5)

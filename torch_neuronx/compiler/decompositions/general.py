@@ -594,6 +594,27 @@ def lcm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(divisor == 0, torch.zeros_like(a), multiple)
 
 
+def add_bool(a: torch.Tensor, b: torch.Tensor | float, *, alpha: float = 1) -> torch.Tensor:
+    """``aten.add`` of two bool tensors: logical or, as torch (IREE added the 1-bit integers and
+    wrapped True + True to False)."""
+    if not (isinstance(b, torch.Tensor) and a.dtype == torch.bool and b.dtype == torch.bool and alpha):
+        return NotImplemented
+    return torch.logical_or(a, b)
+
+
+@_calls_itself
+def clamp(x: torch.Tensor, min: float | None = None, max: float | None = None) -> torch.Tensor:  # noqa: A002
+    """``aten.clamp`` of integers by float bounds: in the promoted float type, as torch (torch-mlir
+    rejected the mixed types)."""
+    bounds = [v for v in (min, max) if v is not None]
+    dtype = x.dtype
+    for bound in bounds:
+        dtype = torch.promote_types(dtype, torch.result_type(x, bound))
+    if dtype == x.dtype:
+        return NotImplemented
+    return aten.clamp.default(x.to(dtype), min, max)
+
+
 def native_dropout(x: torch.Tensor, p: float, train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``aten.native_dropout`` from ``rand_like`` (which the compile path draws on the host per call;
     torch-mlir's lowering drew the same mask every call)."""
@@ -934,6 +955,8 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.nanmedian.default: nanmedian,
     aten.mode.default: mode,
     aten.gcd.default: gcd,
+    aten.add.Tensor: add_bool,
+    aten.clamp.default: clamp,
     aten.lcm.default: lcm,
     aten.lerp.Scalar: lerp,
     aten.lerp.Tensor: lerp,
