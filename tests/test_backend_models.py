@@ -223,6 +223,9 @@ def test_ops_that_iree_runs_in_place_leave_the_callers_input_alone(name, fn):
     ("slice_scatter_open_end", lambda x: torch.zeros(4, 7).slice_scatter(x, 1, 2)),
     ("bool_add_is_or", lambda x: (x > 0) + (x < 0.5)),
     ("clamp_int_by_floats", lambda x: (x * 10).to(torch.int32).clamp(-2.5, 2.5)),
+    ("var_correction_past_n_is_inf", lambda x: x[:, :2].var(1, correction=3)),
+    ("std_mean_dims", lambda x: torch.stack(torch.std_mean(x, (0, 1), correction=2))),
+    ("var_mean_keepdim", lambda x: torch.cat(torch.var_mean(x, 1, keepdim=True), 1)),
 ])
 def test_ops_lowered_through_our_decompositions_match_eager(name, fn):
     x = torch.randn(4, 5)
