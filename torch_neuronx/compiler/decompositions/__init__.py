@@ -7,7 +7,8 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 - :mod:`.general`: fast-path attention ops, sorts and extremes, 2-d average
   pooling, cumulative, bitwise and remainder ops, special values.
 - :mod:`.float64_math`: float64 sin, cos, tan, tanh, atan, asin, acos and atan2
-  (IREE cannot link libm's); merged last, so its atan2 wraps general's.
+  (IREE cannot link libm's), and float32 sin and cos (IREE's lose accuracy with |x|);
+  merged after general, so its atan2 wraps general's.
 """
 
 from __future__ import annotations
