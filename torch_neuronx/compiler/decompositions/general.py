@@ -254,8 +254,7 @@ def div_mode(a, b, *, rounding_mode: str | None = None):
     """
     if rounding_mode != "floor":
         return NotImplemented
-    if not isinstance(b, torch.Tensor):
-        b = torch.scalar_tensor(b, dtype=torch.result_type(a, b), device=a.device)
+    b = promoted_scalar(b, a)
     if not (a.is_floating_point() or b.is_floating_point()):
         return _floor_divide_integers(*_promoted(a, b))
     a, b = _promoted(a, b)
@@ -291,6 +290,13 @@ def diagonal(x, offset=0, dim1=0, dim2=1):
     length = max(0, min(rows + min(offset, 0), cols - max(offset, 0)))
     index = torch.arange(length, device=x.device)
     return x[..., index + max(-offset, 0), index + max(offset, 0)]
+
+
+def promoted_scalar(value, like: torch.Tensor) -> torch.Tensor:
+    """``value`` as a 0-d tensor of the type ``like`` op ``value`` computes in (tensors pass through)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.scalar_tensor(value, dtype=torch.result_type(like, value), device=like.device)
 
 
 def _as_tensor(value, like):
@@ -523,7 +529,7 @@ def mode(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.T
     if x.dim() == 0:
         return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
     dim = dim % x.dim()
-    values, index = sort_stable(x, dim=dim)  # stable: equal values keep their order
+    values = sort_stable(x, dim=dim)[0]
     n = x.shape[dim]
     shape = [1] * x.dim()
     shape[dim] = n
@@ -534,10 +540,11 @@ def mode(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.T
                            dim)
     run_start = cummax(torch.where(starts, position, torch.zeros_like(position)), dim)[0]
     run_length = position - run_start + 1  # within each run of equal values, counting up
-    # The first position reaching the longest run ends the smallest most frequent value's run;
-    # the stable sort put that value's last occurrence there.
-    end = argmax(run_length, dim, keepdim=True)
-    value, index = values.gather(dim, end), index.gather(dim, end)
+    # The first position reaching the longest run ends the smallest most frequent value's run.
+    value = values.gather(dim, argmax(run_length, dim, keepdim=True))
+    # Its last occurrence, found directly: int64 and float64 sorts do not keep ties in order.
+    same = (x == value) | (x.isnan() & value.isnan()) if x.is_floating_point() else x == value
+    index = torch.where(same, position, torch.full_like(position, -1)).amax(dim, keepdim=True)
     return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
 
 
