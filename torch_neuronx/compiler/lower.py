@@ -142,8 +142,8 @@ def _round_narrowed_constants(module: object) -> None:
                 element = ir.FloatAttr.get(target_type.element_type, ir.FloatAttr(value.get_splat_value()).value)
                 attr = ir.DenseElementsAttr.get_splat(target_type, element)
             elif target in ("f32", "f16"):
-                array = np.array([value[i] for i in range(len(value))], dtype=np.float64)
-                array = array.astype(np.float32 if target == "f32" else np.float16).reshape(target_type.shape)
+                array = np.array(value).astype(np.float32 if target == "f32" else np.float16)
+                array = array.reshape(target_type.shape)
                 attr = ir.DenseElementsAttr.get(array, type=target_type)
             else:
                 continue

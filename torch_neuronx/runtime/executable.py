@@ -232,7 +232,7 @@ class Executable:
             context = rt.VmContext(self.device.instance, [self.device.hal_module, parameters, self._module])
         except Exception as exc:
             raise NeuronRuntimeError(f"binding the NEFF's parameters failed: {exc}") from exc
-        spans = tuple((t.data_ptr(), t.data_ptr() + t.nbytes) for _, t, _, _ in checks)
+        spans = tuple((address, address + t.nbytes) for _, t, _, address in checks)
         self._bound = (context, tuple(checks), index, spans)
         bindings.add(self, sum(t.numel() * t.element_size() for _, t, _, _ in checks))
         metrics.increment("parameter_bindings")

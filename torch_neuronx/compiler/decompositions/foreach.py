@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from torch_neuronx.compiler.decompositions.general import promoted_scalar
+
 aten = torch.ops.aten
 
 _UNARY = ("sqrt", "neg", "abs", "exp", "log", "reciprocal", "sign", "sigmoid", "tanh", "log1p", "expm1",
@@ -24,12 +26,6 @@ _UNARY = ("sqrt", "neg", "abs", "exp", "log", "reciprocal", "sign", "sigmoid", "
 _BINARY = {"add": aten.add.Tensor, "sub": aten.sub.Tensor, "mul": aten.mul.Tensor, "div": aten.div.Tensor,
            "maximum": aten.maximum.default, "minimum": aten.minimum.default, "pow": aten.pow.Tensor_Tensor,
            "clamp_min": aten.clamp_min.Tensor, "clamp_max": aten.clamp_max.Tensor}
-
-
-def _as_tensor(value: Any, like: torch.Tensor) -> torch.Tensor:
-    if isinstance(value, torch.Tensor):
-        return value
-    return torch.scalar_tensor(value, dtype=torch.result_type(like, value), device=like.device)
 
 
 def _unary(op: torch._ops.OpOverload) -> Callable:
@@ -45,7 +41,7 @@ def _binary(op: torch._ops.OpOverload, pairwise: bool) -> Callable:
         items = others if pairwise else [others] * len(tensors)
         results = []
         for t, other in zip(tensors, items, strict=True):
-            other = _as_tensor(other, t)
+            other = promoted_scalar(other, t)
             if alpha != 1:
                 other = other * alpha
             results.append(op(t, other))

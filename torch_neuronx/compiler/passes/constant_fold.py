@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
+from torch_neuronx.compiler.passes.rewrite import replace_with_call
+
 aten = torch.ops.aten
 
 # Ops that only create a constant: already what torch-mlir should see, nothing to fold.
@@ -88,7 +90,4 @@ def _replace(gm: torch.fx.GraphModule, node: torch.fx.Node, result: torch.Tensor
     splat = None if result.dtype in _UNSIGNED else _splat(result)
     if splat is None:
         return
-    with gm.graph.inserting_before(node):
-        new = gm.graph.call_function(aten.full.default, (list(result.shape), splat), {"dtype": result.dtype})
-    new.meta = dict(node.meta)
-    node.replace_all_uses_with(new)
+    replace_with_call(gm, node, aten.full.default, (list(result.shape), splat), {"dtype": result.dtype})

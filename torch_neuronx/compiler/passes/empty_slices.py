@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from torch_neuronx.compiler.passes.rewrite import replace_with_call, static_val
+
 aten = torch.ops.aten
 
 
@@ -17,14 +19,8 @@ def empty_slices_to_full(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not aten.slice.Tensor:
             continue
-        val = node.meta.get("val")
-        if not isinstance(val, torch.Tensor) or any(not isinstance(d, int) for d in val.shape) \
-                or val.numel() != 0:
-            continue
-        with gm.graph.inserting_before(node):
-            empty = gm.graph.call_function(aten.full.default, (list(val.shape), 0), {
-                "dtype": val.dtype, "device": val.device})
-        empty.meta = dict(node.meta)
-        node.replace_all_uses_with(empty)
-        gm.graph.erase_node(node)
+        val = static_val(node)
+        if val is not None and val.numel() == 0:
+            replace_with_call(gm, node, aten.full.default, (list(val.shape), 0),
+                              {"dtype": val.dtype, "device": val.device})
     return gm

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from torch_neuronx.compiler.passes.rewrite import static_val
+
 aten = torch.ops.aten
 
 # Tensor arguments of these ops only give the result's shape and dtype (the *_like ops).
@@ -29,8 +31,7 @@ def _random_op(node: torch.fx.Node) -> bool:
         return False
     if torch.Tag.nondeterministic_seeded not in node.target.tags:
         return False
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor) or any(not isinstance(d, int) for d in val.shape):
+    if static_val(node) is None:
         return False
     tensors = node.all_input_nodes
     return not tensors or node.target in _LIKE

@@ -19,28 +19,23 @@ aten = torch.ops.aten
 _NUMBER = (bool, int, float)
 
 
-def _tensor_positions(op: torch._ops.OpOverload) -> list[int]:
-    return [i for i, arg in enumerate(op._schema.arguments) if isinstance(arg.type, torch.TensorType)]
-
-
 def scalar_operands_to_tensors(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Wrap every Python number passed as the first operand where the op's schema takes a Tensor."""
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
             continue
-        positions = [i for i in _tensor_positions(node.target)[:1]
-                     if i == 0 and node.args and type(node.args[0]) in _NUMBER]
-        tensors = [a.meta.get("val") for a in node.args if isinstance(a, torch.fx.Node)]
-        tensors = [t for t in tensors if isinstance(t, torch.Tensor)]
-        if not positions or not tensors:
+        schema = node.target._schema.arguments
+        if not (schema and isinstance(schema[0].type, torch.TensorType) and node.args
+                and type(node.args[0]) in _NUMBER):
             continue
-        args = list(node.args)
-        for i in positions:
-            dtype = torch.result_type(tensors[0], args[i])
-            with gm.graph.inserting_before(node):
-                wrapped = gm.graph.call_function(aten.scalar_tensor.default, (args[i],), {
-                    "dtype": dtype, "device": tensors[0].device})
-            wrapped.meta["val"] = tensors[0].new_empty((), dtype=dtype)
-            args[i] = wrapped
-        node.args = tuple(args)
+        tensors = [a.meta.get("val") for a in node.args if isinstance(a, torch.fx.Node)]
+        like = next((t for t in tensors if isinstance(t, torch.Tensor)), None)
+        if like is None:
+            continue
+        dtype = torch.result_type(like, node.args[0])
+        with gm.graph.inserting_before(node):
+            wrapped = gm.graph.call_function(aten.scalar_tensor.default, (node.args[0],),
+                                             {"dtype": dtype, "device": like.device})
+        wrapped.meta["val"] = like.new_empty((), dtype=dtype)
+        node.args = (wrapped, *node.args[1:])
     return gm

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from torch_neuronx.compiler.passes.rewrite import replace_with_call, static_val
+
 aten = torch.ops.aten
 
 
@@ -12,12 +14,7 @@ def squeeze_dims_to_view(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target is not aten.squeeze.dims:
             continue
-        val = node.meta.get("val")
-        if val is None or any(not isinstance(d, int) for d in val.shape):
-            continue
-        with gm.graph.inserting_before(node):
-            view = gm.graph.call_function(aten.view.default, (node.args[0], list(val.shape)))
-        view.meta = dict(node.meta)
-        node.replace_all_uses_with(view)
-        gm.graph.erase_node(node)
+        val = static_val(node)
+        if val is not None:
+            replace_with_call(gm, node, aten.view.default, (node.args[0], list(val.shape)))
     return gm

@@ -1,0 +1,28 @@
+"""Small FX-graph helpers the passes share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def static_val(node: torch.fx.Node) -> torch.Tensor | None:
+    """``node``'s example tensor when its shape is static, else None."""
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or any(not isinstance(d, int) for d in val.shape):
+        return None
+    return val
+
+
+def replace_with_call(gm: torch.fx.GraphModule, node: torch.fx.Node, target: Any, args: tuple,
+                      kwargs: dict[str, Any] | None = None) -> torch.fx.Node:
+    """Insert ``target(*args, **kwargs)`` before ``node`` (same metadata), reroute ``node``'s
+    users to it and erase ``node`` when nothing else uses it."""
+    with gm.graph.inserting_before(node):
+        new = gm.graph.call_function(target, args, kwargs or {})
+    new.meta = dict(node.meta)
+    node.replace_all_uses_with(new)
+    if not node.users:
+        gm.graph.erase_node(node)
+    return new
