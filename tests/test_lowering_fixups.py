@@ -88,3 +88,32 @@ def test_slices_with_nothing_in_them_forward_and_backward():
     torch.testing.assert_close(got, fn(x))
     got.square().sum().backward()
     torch.testing.assert_close(x.grad, expected)
+
+
+def test_gathers_from_a_slice_of_an_input():
+    """IREE fused the slice into the gather as a strided load and failed to compile it (iree-org/iree#15364)."""
+    def fn(x, idx):
+        rows = x[..., 0].unsqueeze(-1)  # (2, 2, 8, 1), a strided view of x
+        columns = x[..., ::2, 1]  # (2, 2, 4), strided twice
+        return (torch.gather(rows, -2, idx.unsqueeze(-1).expand(*rows.shape)),
+                torch.gather(columns * 2, -1, idx[..., :4] % 4))
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 2, 8, 2, generator=g)
+    idx = torch.randint(0, 8, (2, 2, 8), generator=g)
+    got = torch.compile(fn, backend="neuron")(x, idx)
+    assert all(torch.equal(a, b) for a, b in zip(got, fn(x, idx)))
+
+
+def test_booleans_converted_into_a_matmul_are_one_not_minus_one():
+    """IREE extended the 1-bit integer as signed when it fused the conversion into a matmul: eye @ v was -v."""
+    def fn(v, a):
+        mask = a > 0
+        return (torch.eye(5, dtype=v.dtype) @ v, mask.float() @ v, mask.to(torch.bfloat16) @ v.bfloat16(),
+                mask.to(torch.int32).sum(0) * 3, mask.to(torch.float64) @ v.double())
+
+    g = torch.Generator().manual_seed(0)
+    v, a = torch.randn(5, 3, generator=g), torch.randn(4, 5, generator=g)
+    got = torch.compile(fn, backend="neuron")(v, a)
+    for got_t, expected in zip(got, fn(v, a), strict=True):
+        torch.testing.assert_close(got_t, expected)

@@ -88,6 +88,8 @@ def to_stablehlo(raw_module: object) -> str:
         handler.detach()
     _narrow_scatter_indices(module)
     _round_narrowed_constants(module)
+    _materialize_sliced_gather_operands(module)
+    _select_for_bool_converts(module)
     return _asm(module)
 
 
@@ -181,6 +183,78 @@ def _narrow_scatter_indices(module: object) -> None:
                 "stablehlo.convert", results=[ir.RankedTensorType.get(index_type.shape, i32)],
                 operands=[indices], ip=ir.InsertionPoint(op))  # type: ignore[attr-defined]
             op.operands[count] = narrowed.result  # type: ignore[attr-defined]
+
+
+#: Ops that only reshape their operand: a gather reads through them to the op that made its data.
+_RESHAPES = ("stablehlo.reshape", "stablehlo.bitcast_convert")
+
+
+def _defining_op(value: object) -> object | None:
+    """The operation that produced ``value`` (None for a block argument)."""
+    from torch_mlir import ir
+
+    owner = value.owner  # type: ignore[attr-defined]
+    if isinstance(owner, ir.Block):
+        return None
+    return owner.operation if hasattr(owner, "operation") else owner
+
+
+def _materialize_sliced_gather_operands(module: object) -> None:
+    """Put an ``optimization_barrier`` between a ``stablehlo.gather`` and a ``slice`` it reads.
+
+    IREE 3.13 fuses the slice into the gather's dispatch as a strided load, and then fails
+    to vectorize the gather from that strided buffer ("LLVM Translation failed for
+    operation: builtin.unrealized_conversion_cast", iree-org/iree#15364): ``torch.gather``
+    on ``x[..., 0]`` of an input. The barrier makes the slice a contiguous tensor first.
+    """
+    from torch_mlir import ir
+
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        for gather in _ops_named(module, "stablehlo.gather"):
+            operand = gather.operands[0]  # type: ignore[attr-defined]
+            source = _defining_op(operand)
+            while source is not None and source.name in _RESHAPES:  # type: ignore[attr-defined]
+                source = _defining_op(source.operands[0])  # type: ignore[attr-defined]
+            if source is None or source.name != "stablehlo.slice":  # type: ignore[attr-defined]
+                continue
+            barrier = ir.Operation.create("stablehlo.optimization_barrier", results=[operand.type],
+                                          operands=[operand], ip=ir.InsertionPoint(gather))
+            gather.operands[0] = barrier.result  # type: ignore[attr-defined]
+
+
+def _select_for_bool_converts(module: object) -> None:
+    """Replace each ``stablehlo.convert`` of a boolean tensor by a ``select`` of 1 and 0.
+
+    IREE 3.13 extends the 1-bit integer as signed when it fuses the conversion into a
+    matmul's operand: ``torch.eye(5) @ v`` (eye is a comparison converted to float)
+    returned ``-v``, as did any ``mask.float() @ x``. A select has no sign to get wrong.
+    Only for static shapes (the constants are splats of the result's shape).
+    """
+    from torch_mlir import ir
+
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        for convert in _ops_named(module, "stablehlo.convert"):
+            source_type = ir.RankedTensorType(convert.operands[0].type)  # type: ignore[attr-defined]
+            target_type = ir.RankedTensorType(convert.results[0].type)  # type: ignore[attr-defined]
+            if str(source_type.element_type) != "i1" or not target_type.has_static_shape:
+                continue
+            element = target_type.element_type
+            if str(element) == "i1":
+                continue
+            point = ir.InsertionPoint(convert)
+            if str(element).startswith(("i", "si", "ui")):
+                one, zero = (ir.IntegerAttr.get(element, v) for v in (1, 0))
+            else:
+                one, zero = (ir.FloatAttr.get(element, v) for v in (1.0, 0.0))
+            ones, zeros = (ir.Operation.create(
+                "stablehlo.constant", results=[target_type],
+                attributes={"value": ir.DenseElementsAttr.get_splat(target_type, v)}, ip=point)
+                for v in (one, zero))
+            select = ir.Operation.create("stablehlo.select", results=[target_type],
+                                         operands=[convert.operands[0], ones.result, zeros.result],  # type: ignore[attr-defined]
+                                         ip=point)
+            convert.results[0].replace_all_uses_with(select.result)  # type: ignore[attr-defined]
+            convert.erase()  # type: ignore[attr-defined]
 
 
 def lower(gm: torch.fx.GraphModule, func_name: str = "main") -> Lowered:
