@@ -30,7 +30,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 
 from torch_neuronx import config
 from torch_neuronx.compiler import decompositions
-from torch_neuronx.compiler.decompositions import functional
+from torch_neuronx.compiler.decompositions import functional, linalg
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions
 from torch_neuronx.dynamo import fallback, plans, precompile
@@ -76,7 +76,7 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         return functools.partial(compile_graph, options=options, model=model, kind=kind, **extra)
 
     try:
-        with options.applied():
+        with options.applied(), linalg.checks_as_plain_ops():
             wrapped = aot_module_simplified(
                 functional.substitute(gm), list(example_inputs),
                 fw_compiler=compiler("forward"),

@@ -23,7 +23,7 @@ from torch_neuronx.compiler.compile import NeffRequest, get_neff
 from torch_neuronx.compiler.cost import graph_flops
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, compile_only_enabled
-from torch_neuronx.compiler.passes import random_inputs
+from torch_neuronx.compiler.passes import host_checks, random_inputs
 from torch_neuronx.compiler.targets import driver_available
 from torch_neuronx.dynamo import fallback, plans
 from torch_neuronx.dynamo.artifacts import GraphArtifacts
@@ -78,8 +78,11 @@ class CompiledGraph:
                  template: list[Any], outputs: list[Any], artifacts: GraphArtifacts,
                  complex_inputs: Sequence[int] = (), complex_outputs: Sequence[int] = (),
                  copy_inputs: bool = False, argument_neff: Callable[[], Any] | None = None,
-                 random_inputs: Sequence[dict[str, Any]] = ()) -> None:
+                 random_inputs: Sequence[dict[str, Any]] = (),
+                 checks: Sequence[dict[str, Any]] = ()) -> None:
         self.name = name
+        # Error checks of the trailing outputs, run on the host after every call (passes/host_checks.py).
+        self._checks = tuple(checks)
         # Random values the graph takes as its last inputs, drawn on the host at every call.
         self._random_inputs = tuple(random_inputs)
         # For a NEFF with resident parameters: how to get the one that takes them as arguments.
@@ -96,8 +99,8 @@ class CompiledGraph:
         self._executable = None
         self._calls = 0
         # No complex conversion, no constant outputs: results go back exactly as the NEFF returns them.
-        self._plain = not (self._complex_inputs or self._complex_outputs or copy_inputs or random_inputs) and all(
-            slot is None for slot in template)
+        self._plain = not (self._complex_inputs or self._complex_outputs or copy_inputs or random_inputs
+                           or checks) and all(slot is None for slot in template)
 
     def _load(self):
         from torch_neuronx.runtime.executable import Executable
@@ -180,6 +183,8 @@ class CompiledGraph:
                 artifacts.release()
                 self._artifacts = None
         self._calls += 1
+        if self._checks:
+            results = host_checks.run_checks(self._checks, results)
         if self._artifacts is not None:
             self._plain = False  # keep dumping tensors on every call
         return self._restore(results)
@@ -274,7 +279,8 @@ def executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtifa
     outputs = [(tuple(o["shape"]), getattr(torch, o["dtype"])) for o in plan.outputs]
     return CompiledGraph(plan.graph_name, neff, driver, plan.template, outputs, artifacts,
                          plan.complex_inputs, plan.complex_outputs, copy_inputs=plan.copy_inputs,
-                         argument_neff=argument_neff, random_inputs=plan.random_inputs)
+                         argument_neff=argument_neff, random_inputs=plan.random_inputs,
+                         checks=plan.host_checks)
 
 
 def build_graph(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
@@ -309,7 +315,8 @@ def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
                 complex_inputs=list(gm.meta.get("complex_inputs", ())),
                 complex_outputs=list(gm.meta.get("complex_outputs", ())), flops=graph_flops(gm),
                 keep_f64=_has_float64(gm), copy_inputs=writes_its_inputs(lowered.stablehlo),
-                resident=list(resident), random_inputs=list(gm.meta.get("random_inputs", ())))
+                resident=list(resident), random_inputs=list(gm.meta.get("random_inputs", ())),
+                host_checks=list(gm.meta.get("host_checks", ())))
     return executable_graph(plan, options, artifacts), plan
 
 

@@ -28,7 +28,7 @@ from torch_neuronx.compiler.options import CompileOptions
 _log = logging.getLogger("torch_neuronx.dynamo.plans")
 _PLAIN = (torch.Tensor, torch.nn.Parameter, torch._subclasses.fake_tensor.FakeTensor)
 
-PLAN_VERSION = 5
+PLAN_VERSION = 6
 
 
 @dataclasses.dataclass
@@ -49,6 +49,8 @@ class Plan:
     resident: list[int] = dataclasses.field(default_factory=list)  # see graph.resident_inputs
     # Trailing NEFF inputs drawn on every call (compiler/passes/random_inputs.py).
     random_inputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # Checks of trailing outputs run on the host after every call (compiler/passes/host_checks.py).
+    host_checks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 def _tensor_spec(t: torch.Tensor) -> str:

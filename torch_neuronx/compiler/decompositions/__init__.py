@@ -6,6 +6,10 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 
 - :mod:`.general`: fast-path attention ops, sorts and extremes, 2-d average
   pooling, cumulative, bitwise and remainder ops, special values.
+- :mod:`.linalg`: LU, Cholesky and triangular solves, and ``inv``, ``solve``,
+  ``det``, ``slogdet`` on them, unrolled over the matrix size; eager's error checks
+  become host checks of extra outputs.
+- :mod:`.orthogonal`: QR (Householder), ``eigh`` and SVD (Jacobi rotations).
 - :mod:`.float64_math`: float64 sin, cos, tan, tanh, atan, asin, acos and atan2
   (IREE cannot link libm's), and float32 sin and cos (IREE's lose accuracy with |x|);
   merged after general, so its atan2 wraps general's.
@@ -22,6 +26,8 @@ from torch_neuronx.compiler.decompositions import (
     float64_math,
     foreach,
     general,
+    linalg,
+    orthogonal,
     pooling,
     sampling,
     scatter,
@@ -45,4 +51,5 @@ def _table(with_fma: bool) -> dict:
     return {**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
             **general.DECOMPOSITIONS, **special.DECOMPOSITIONS, **pooling.DECOMPOSITIONS,
             **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS, **foreach.DECOMPOSITIONS,
-            **sampling.DECOMPOSITIONS, **float64_math.DECOMPOSITIONS, **extra}
+            **sampling.DECOMPOSITIONS, **linalg.DECOMPOSITIONS,
+            **orthogonal.DECOMPOSITIONS, **float64_math.DECOMPOSITIONS, **extra}

@@ -292,6 +292,20 @@ def diagonal(x, offset=0, dim1=0, dim2=1):
     return x[..., index + max(-offset, 0), index + max(offset, 0)]
 
 
+def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
+    """``aten.diagonal_scatter`` (``diagonal``'s backward, QR's): ``x`` with a diagonal replaced by ``src``."""
+    if src.shape[-1] == 0:
+        return x.clone()
+    moved = torch.movedim(x, (dim1, dim2), (-2, -1))
+    rows = torch.arange(moved.shape[-2], device=x.device).unsqueeze(-1)
+    cols = torch.arange(moved.shape[-1], device=x.device)
+    on_diagonal = cols - rows == offset
+    # Position along the diagonal of each (row, col); clamped where it is off the diagonal.
+    along = (rows if offset >= 0 else cols).expand(on_diagonal.shape).clamp(max=src.shape[-1] - 1)
+    replaced = torch.where(on_diagonal, src[..., along].to(x.dtype), moved)
+    return torch.movedim(replaced, (-2, -1), (dim1, dim2))
+
+
 def promoted_scalar(value, like: torch.Tensor) -> torch.Tensor:
     """``value`` as a 0-d tensor of the type ``like`` op ``value`` computes in (tensors pass through)."""
     if isinstance(value, torch.Tensor):
@@ -987,6 +1001,7 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.fmod.Tensor: fmod,
     aten.fmod.Scalar: fmod_scalar,
     aten.diagonal.default: diagonal,
+    aten.diagonal_scatter.default: diagonal_scatter,
     aten.cumprod.default: cumprod,
     aten.cummax.default: cummax,
     aten.cummin.default: cummin,

@@ -16,6 +16,7 @@ from torch_neuronx.compiler.passes.bool_constants import bool_constants_to_int8
 from torch_neuronx.compiler.passes.complex_to_real import complex_to_real
 from torch_neuronx.compiler.passes.constant_fold import constant_fold
 from torch_neuronx.compiler.passes.empty_slices import empty_slices_to_full
+from torch_neuronx.compiler.passes.host_checks import checks_to_outputs
 from torch_neuronx.compiler.passes.random_inputs import random_ops_to_inputs
 from torch_neuronx.compiler.passes.scalar_inputs import inline_scalar_inputs
 from torch_neuronx.compiler.passes.scalar_operands import scalar_operands_to_tensors
@@ -25,6 +26,7 @@ Pass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 
 PIPELINE: list[Pass] = [
     complex_to_real,  # first: the other passes and the importer see real tensors only
+    checks_to_outputs,  # before folding: the checks' info tensors become outputs
     random_ops_to_inputs,  # before folding: a random op is no constant
     constant_fold,
     inline_scalar_inputs,

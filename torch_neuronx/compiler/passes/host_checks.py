@@ -1,0 +1,48 @@
+"""Error checks of ``info`` tensors → extra graph outputs the host checks after each call.
+
+Where eager raises on bad input to a linear-algebra op (a singular matrix to
+``torch.linalg.inv``, a matrix that is not positive-definite to
+``torch.linalg.cholesky``), the decompositions compute LAPACK's ``info`` in the
+graph and call ``neuron::linalg_check_errors`` on it
+(``compiler/decompositions/linalg.py``). A compiled graph cannot raise, so this
+pass removes each such call, appends its ``info`` as a trailing output and
+records the check (``gm.meta["host_checks"]``: ``{"api_name", "is_matrix"}``
+dicts, JSON-serializable for plans). :func:`run_checks` applies them to those
+outputs on the host, with torch's own ``_linalg_check_errors``: the same
+exception and message as eager.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torch_neuronx.compiler.decompositions.linalg import CHECK
+
+
+def checks_to_outputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Replace every ``neuron::linalg_check_errors`` call by a trailing output and a recorded check."""
+    checks = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is CHECK]
+    if not checks:
+        return gm
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    values = list(output.args[0])
+    recorded = []
+    for node in checks:
+        info, api_name, is_matrix = node.args
+        values.append(info)
+        recorded.append({"api_name": api_name, "is_matrix": bool(is_matrix)})
+        gm.graph.erase_node(node)
+    output.args = (tuple(values),)
+    gm.meta["host_checks"] = recorded
+    return gm
+
+
+def run_checks(checks: Sequence[dict[str, Any]], results: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Check the trailing ``info`` outputs of ``results`` (raising eager's error); return the others."""
+    kept = len(results) - len(checks)
+    for check, info in zip(checks, results[kept:]):
+        torch._linalg_check_errors(info, check["api_name"], is_matrix=check["is_matrix"])
+    return results[:kept]
