@@ -105,15 +105,21 @@ def test_gathers_from_a_slice_of_an_input():
     assert all(torch.equal(a, b) for a, b in zip(got, fn(x, idx)))
 
 
-def test_booleans_converted_into_a_matmul_are_one_not_minus_one():
-    """IREE extended the 1-bit integer as signed when it fused the conversion into a matmul: eye @ v was -v."""
-    def fn(v, a):
+def test_booleans_and_unsigned_integers_converted_into_a_matmul_keep_their_values():
+    """IREE sign-extended the narrow integer when it fused the conversion into a matmul.
+
+    ``torch.eye(5) @ v`` was ``-v``, and a uint8 pixel of 200 became -56 in ``x.float() @ w``.
+    """
+    def fn(v, a, pixels):
         mask = a > 0
         return (torch.eye(5, dtype=v.dtype) @ v, mask.float() @ v, mask.to(torch.bfloat16) @ v.bfloat16(),
-                mask.to(torch.int32).sum(0) * 3, mask.to(torch.float64) @ v.double())
+                mask.to(torch.int32).sum(0) * 3, mask.to(torch.float64) @ v.double(), pixels.float() @ v,
+                pixels.to(torch.int32) * 2, pixels.double() / 255)
 
     g = torch.Generator().manual_seed(0)
     v, a = torch.randn(5, 3, generator=g), torch.randn(4, 5, generator=g)
-    got = torch.compile(fn, backend="neuron")(v, a)
-    for got_t, expected in zip(got, fn(v, a), strict=True):
+    pixels = torch.randint(0, 256, (4, 5), generator=g, dtype=torch.uint8)
+    pixels[0] = torch.tensor([200, 255, 128, 0, 1], dtype=torch.uint8)
+    got = torch.compile(fn, backend="neuron")(v, a, pixels)
+    for got_t, expected in zip(got, fn(v, a, pixels), strict=True):
         torch.testing.assert_close(got_t, expected)

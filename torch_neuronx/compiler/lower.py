@@ -89,7 +89,7 @@ def to_stablehlo(raw_module: object) -> str:
     _narrow_scatter_indices(module)
     _round_narrowed_constants(module)
     _materialize_sliced_gather_operands(module)
-    _select_for_bool_converts(module)
+    _signed_unsigned_converts(module)
     return _asm(module)
 
 
@@ -222,39 +222,60 @@ def _materialize_sliced_gather_operands(module: object) -> None:
             gather.operands[0] = barrier.result  # type: ignore[attr-defined]
 
 
-def _select_for_bool_converts(module: object) -> None:
-    """Replace each ``stablehlo.convert`` of a boolean tensor by a ``select`` of 1 and 0.
+#: A signed type wide enough for every value of each unsigned one (64-bit keeps its conversion).
+_WIDER_SIGNED = {"ui8": 32, "ui16": 32, "ui32": 64}
 
-    IREE 3.13 extends the 1-bit integer as signed when it fuses the conversion into a
+
+def _signed_unsigned_converts(module: object) -> None:
+    """Rewrite conversions from booleans and unsigned integers so no sign can be misread.
+
+    IREE 3.13 sign-extends the narrow integer when it fuses the conversion into a
     matmul's operand: ``torch.eye(5) @ v`` (eye is a comparison converted to float)
-    returned ``-v``, as did any ``mask.float() @ x``. A select has no sign to get wrong.
-    Only for static shapes (the constants are splats of the result's shape).
+    returned ``-v``, ``mask.float() @ x`` likewise, and a uint8 image's 200 became
+    -56 in ``x.float() @ w``. Booleans become a ``select`` of 1 and 0; unsigned
+    integers convert through a wider signed integer (zero-extended first), whose
+    conversion has no sign to get wrong. Static shapes only (for the splat constants).
     """
     from torch_mlir import ir
 
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
         for convert in _ops_named(module, "stablehlo.convert"):
-            source_type = ir.RankedTensorType(convert.operands[0].type)  # type: ignore[attr-defined]
+            source = convert.operands[0]  # type: ignore[attr-defined]
+            source_type = ir.RankedTensorType(source.type)
             target_type = ir.RankedTensorType(convert.results[0].type)  # type: ignore[attr-defined]
-            if str(source_type.element_type) != "i1" or not target_type.has_static_shape:
-                continue
-            element = target_type.element_type
-            if str(element) == "i1":
-                continue
+            kind, element = str(source_type.element_type), target_type.element_type
             point = ir.InsertionPoint(convert)
-            if str(element).startswith(("i", "si", "ui")):
-                one, zero = (ir.IntegerAttr.get(element, v) for v in (1, 0))
+            if kind == "i1" and str(element) != "i1" and target_type.has_static_shape:
+                replacement = _select_one_zero(source, target_type, point)
+            elif kind in _WIDER_SIGNED and not str(element).startswith("ui"):
+                wide = ir.RankedTensorType.get(source_type.shape,
+                                               ir.IntegerType.get_signless(_WIDER_SIGNED[kind]))
+                widened = ir.Operation.create("stablehlo.convert", results=[wide], operands=[source], ip=point)
+                if str(element) == str(wide.element_type):
+                    replacement = widened
+                else:
+                    replacement = ir.Operation.create("stablehlo.convert", results=[target_type],
+                                                      operands=[widened.result], ip=point)
             else:
-                one, zero = (ir.FloatAttr.get(element, v) for v in (1.0, 0.0))
-            ones, zeros = (ir.Operation.create(
-                "stablehlo.constant", results=[target_type],
-                attributes={"value": ir.DenseElementsAttr.get_splat(target_type, v)}, ip=point)
-                for v in (one, zero))
-            select = ir.Operation.create("stablehlo.select", results=[target_type],
-                                         operands=[convert.operands[0], ones.result, zeros.result],  # type: ignore[attr-defined]
-                                         ip=point)
-            convert.results[0].replace_all_uses_with(select.result)  # type: ignore[attr-defined]
+                continue
+            convert.results[0].replace_all_uses_with(replacement.result)  # type: ignore[attr-defined]
             convert.erase()  # type: ignore[attr-defined]
+
+
+def _select_one_zero(condition: object, target_type: object, point: object) -> object:
+    """``select(condition, 1, 0)`` in ``target_type`` (a statically shaped tensor type)."""
+    from torch_mlir import ir
+
+    element = target_type.element_type  # type: ignore[attr-defined]
+    if str(element).startswith(("i", "si", "ui")):
+        one, zero = (ir.IntegerAttr.get(element, v) for v in (1, 0))
+    else:
+        one, zero = (ir.FloatAttr.get(element, v) for v in (1.0, 0.0))
+    ones, zeros = (ir.Operation.create("stablehlo.constant", results=[target_type],
+                                       attributes={"value": ir.DenseElementsAttr.get_splat(target_type, v)},
+                                       ip=point) for v in (one, zero))
+    return ir.Operation.create("stablehlo.select", results=[target_type],
+                               operands=[condition, ones.result, zeros.result], ip=point)
 
 
 def lower(gm: torch.fx.GraphModule, func_name: str = "main") -> Lowered:
