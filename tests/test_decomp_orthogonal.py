@@ -120,3 +120,48 @@ def test_the_compile_path_traces_with_these_decompositions():
 
     assert orthogonal.DECOMPOSITIONS
     assert all(table()[op] is fn for op, fn in orthogonal.DECOMPOSITIONS.items())
+
+
+def test_orthogonal_parametrizations_train_as_in_eager():
+    """``nn.utils.parametrizations.orthogonal``: matrix_exp (square) and householder_product (tall)."""
+    from torch.nn.utils import parametrizations
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(parametrizations.orthogonal(torch.nn.Linear(4, 4)),
+                                   parametrizations.orthogonal(torch.nn.Linear(4, 6)), torch.nn.Tanh())
+
+    eager, compiled_model = make(), make()
+    compiled = torch.compile(compiled_model, backend="neuron")
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(1))
+    expected, got = eager(x), compiled(x)
+    _close(got, expected, torch.float32, "output")
+    expected.square().sum().backward()
+    got.square().sum().backward()
+    for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled_model.parameters(), strict=True):
+        _close(p_compiled.grad, p_eager.grad, torch.float32, f"grad of {name}")
+
+
+def test_matrix_exp_matches_eager_forward_and_backward():
+    """Small, unit and large norms (up to overflow), batched, float32 and float64."""
+    g = torch.Generator().manual_seed(3)
+    for dtype in (torch.float32, torch.float64):
+        torch._dynamo.reset()
+        scales = torch.tensor([1e-6, 0.3, 1.0, 8.0, 1.0], dtype=torch.float64)
+        a = torch.randn(5, 4, 4, generator=g, dtype=torch.float64) * scales[:, None, None]
+        a[4] = a[4] + 1000 * torch.eye(4, dtype=torch.float64)  # overflows (to nan, in eager too)
+        a = a.to(dtype)
+        eager_in, compiled_in = a.clone().requires_grad_(), a.clone().requires_grad_()
+        expected = torch.linalg.matrix_exp(eager_in)
+        got = torch.compile(torch.linalg.matrix_exp, backend="neuron")(compiled_in)
+        tolerance = 1e-5 if dtype == torch.float32 else 1e-12
+
+        def relative_error(a, b):  # per matrix, relative to its largest entry
+            return ((a - b).abs().amax((-2, -1)) / b.abs().amax((-2, -1))).max().item()
+
+        assert relative_error(got[:4].detach(), expected[:4].detach()) < tolerance
+        assert torch.equal(got[4].isfinite(), expected[4].isfinite()) and not expected[4].isfinite().any()
+        weights = torch.randn(4, 4, 4, generator=g, dtype=dtype)
+        (expected[:4] * weights).sum().backward()
+        (got[:4] * weights).sum().backward()
+        assert relative_error(compiled_in.grad[:4], eager_in.grad[:4]) < 10 * tolerance

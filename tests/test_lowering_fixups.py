@@ -123,3 +123,16 @@ def test_booleans_and_unsigned_integers_converted_into_a_matmul_keep_their_value
     got = torch.compile(fn, backend="neuron")(v, a, pixels)
     for got_t, expected in zip(got, fn(v, a, pixels), strict=True):
         torch.testing.assert_close(got_t, expected)
+
+
+def test_vector_products_of_strided_slices():
+    """IREE's data-tiled matrix-vector product read a strided vector as if contiguous: x[:, 0] @ m was garbage."""
+    def fn(x, m, xb):
+        return (x[:, 0] @ m, m @ x[:, 1:2], x.T[2:3] @ m, xb[:, :, 0:1].mT @ m, x[:, 3].unsqueeze(0) @ m.T,
+                x[:, 0:2].T @ m, torch.relu(x[:, 0]) @ m)
+
+    g = torch.Generator().manual_seed(0)
+    x, m, xb = torch.randn(64, 48, generator=g), torch.randn(64, 64, generator=g), torch.randn(3, 64, 48, generator=g)
+    got = torch.compile(fn, backend="neuron")(x, m, xb)
+    for got_t, expected in zip(got, fn(x, m, xb), strict=True):
+        torch.testing.assert_close(got_t, expected, rtol=1e-4, atol=1e-4)

@@ -9,6 +9,7 @@ the message identifies one.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 
 import torch
@@ -88,7 +89,7 @@ def to_stablehlo(raw_module: object) -> str:
         handler.detach()
     _narrow_scatter_indices(module)
     _round_narrowed_constants(module)
-    _materialize_sliced_gather_operands(module)
+    _materialize_sliced_operands(module)
     _signed_unsigned_converts(module)
     return _asm(module)
 
@@ -185,8 +186,8 @@ def _narrow_scatter_indices(module: object) -> None:
             op.operands[count] = narrowed.result  # type: ignore[attr-defined]
 
 
-#: Ops that only reshape their operand: a gather reads through them to the op that made its data.
-_RESHAPES = ("stablehlo.reshape", "stablehlo.bitcast_convert")
+#: Ops that only move their operand's elements: a consumer reads through them to the data's source.
+_VIEWS = ("stablehlo.reshape", "stablehlo.bitcast_convert", "stablehlo.transpose", "stablehlo.broadcast_in_dim")
 
 
 def _defining_op(value: object) -> object | None:
@@ -199,27 +200,57 @@ def _defining_op(value: object) -> object | None:
     return owner.operation if hasattr(owner, "operation") else owner
 
 
-def _materialize_sliced_gather_operands(module: object) -> None:
-    """Put an ``optimization_barrier`` between a ``stablehlo.gather`` and a ``slice`` it reads.
+def _reads_a_slice(value: object) -> bool:
+    """Whether ``value`` is a slice seen through ops that only move elements (a strided view)."""
+    source = _defining_op(value)
+    while source is not None and source.name in _VIEWS:  # type: ignore[attr-defined]
+        source = _defining_op(source.operands[0])  # type: ignore[attr-defined]
+    return source is not None and source.name == "stablehlo.slice"  # type: ignore[attr-defined]
 
-    IREE 3.13 fuses the slice into the gather's dispatch as a strided load, and then fails
-    to vectorize the gather from that strided buffer ("LLVM Translation failed for
-    operation: builtin.unrealized_conversion_cast", iree-org/iree#15364): ``torch.gather``
-    on ``x[..., 0]`` of an input. The barrier makes the slice a contiguous tensor first.
+
+_DOT_DIMS = re.compile(r"(lhs|rhs)_(batching|contracting)_dimensions = \[([\d, ]*)\]")
+
+
+def _vector_operands(dot: object) -> list[int]:
+    """The operand positions of a ``dot_general`` that are vectors: one element outside batch and contracted dims."""
+    from torch_mlir import ir
+
+    used: dict[str, set[int]] = {"lhs": set(), "rhs": set()}
+    for side, _, dims in _DOT_DIMS.findall(str(dot.attributes["dot_dimension_numbers"])):  # type: ignore[attr-defined]
+        used[side].update(int(d) for d in dims.split(",") if d.strip())
+    vectors = []
+    for position, side in enumerate(("lhs", "rhs")):
+        shape = ir.RankedTensorType(dot.operands[position].type).shape  # type: ignore[attr-defined]
+        if math.prod(size for d, size in enumerate(shape) if d not in used[side]) == 1:
+            vectors.append(position)
+    return vectors
+
+
+def _materialize_sliced_operands(module: object) -> None:
+    """Put an ``optimization_barrier`` between a slice and the gathers and vector products that read it.
+
+    IREE 3.13 fuses the slice into its consumer's dispatch as a strided load, and then
+    - fails to vectorize a gather from that strided buffer ("LLVM Translation failed for
+      operation: builtin.unrealized_conversion_cast", iree-org/iree#15364):
+      ``torch.gather(x[..., 0], ...)`` of an input;
+    - computes a matrix-vector product whose vector is that strided view wrongly (its
+      data-tiled ``mmt4d`` path): ``x[:, 0] @ m`` returned garbage, as did the backward of
+      ``householder_product``. Products of two matrices read strided slices correctly.
+    The barrier makes the slice a contiguous tensor first.
     """
     from torch_mlir import ir
 
+    reads: list[tuple[object, int]] = [(op, 0) for op in _ops_named(module, "stablehlo.gather")]
+    for dot in _ops_named(module, "stablehlo.dot_general"):
+        reads += [(dot, position) for position in _vector_operands(dot)]
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
-        for gather in _ops_named(module, "stablehlo.gather"):
-            operand = gather.operands[0]  # type: ignore[attr-defined]
-            source = _defining_op(operand)
-            while source is not None and source.name in _RESHAPES:  # type: ignore[attr-defined]
-                source = _defining_op(source.operands[0])  # type: ignore[attr-defined]
-            if source is None or source.name != "stablehlo.slice":  # type: ignore[attr-defined]
+        for op, position in reads:
+            operand = op.operands[position]  # type: ignore[attr-defined]
+            if not _reads_a_slice(operand):
                 continue
             barrier = ir.Operation.create("stablehlo.optimization_barrier", results=[operand.type],
-                                          operands=[operand], ip=ir.InsertionPoint(gather))
-            gather.operands[0] = barrier.result  # type: ignore[attr-defined]
+                                          operands=[operand], ip=ir.InsertionPoint(op))
+            op.operands[position] = barrier.result  # type: ignore[attr-defined]
 
 
 #: A signed type wide enough for every value of each unsigned one (64-bit keeps its conversion).

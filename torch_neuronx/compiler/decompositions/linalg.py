@@ -407,6 +407,36 @@ def _linalg_slogdet(a: torch.Tensor):
     return sign, torch.log(diagonal.abs()).sum(-1), lu, pivots
 
 
+#: Taylor terms of the matrix exponential after scaling to 1-norm <= 1: 1/19! < 1e-17.
+_EXP_TERMS = 18
+#: Squarings the scaled exponential can undo: 1-norms up to 2**40.
+_EXP_MAX_SQUARINGS = 40
+
+
+def linalg_matrix_exp(a: torch.Tensor) -> torch.Tensor:
+    """``aten.linalg_matrix_exp``: scaling and squaring, a degree-18 Taylor polynomial (Horner).
+
+    Each matrix is scaled by ``2**-s`` to a 1-norm of at most 1 (``s`` from its norm, at most
+    40), the polynomial evaluated, and the result squared ``s`` times: the squarings are
+    unrolled to the maximum and each is kept only where the matrix needs it. Eager picks
+    a lower degree for small norms; both are within rounding of the exponential.
+    """
+    n = a.shape[-1]
+    if n == 1:
+        return torch.exp(a)
+    norm = a.abs().sum(-2).amax(-1)
+    squarings = torch.ceil(torch.log2(norm)).clamp(0, _EXP_MAX_SQUARINGS)
+    squarings = torch.where(norm > 0, squarings, 0)
+    scaled = a / torch.exp2(squarings)[..., None, None]
+    eye = torch.eye(n, dtype=a.dtype, device=a.device)
+    result = eye + scaled / _EXP_TERMS
+    for k in range(_EXP_TERMS - 1, 0, -1):
+        result = eye + torch.matmul(scaled, result) / k
+    for i in range(_EXP_MAX_SQUARINGS):
+        result = torch.where((squarings > i)[..., None, None], torch.matmul(result, result), result)
+    return result
+
+
 def _linalg_check_errors(info: torch.Tensor, api_name: str, is_matrix: bool) -> None:
     """``aten._linalg_check_errors`` (``inv``, ``solve``, ``cholesky`` and ``lu_factor`` call it): :data:`CHECK`."""
     torch.ops.neuron.linalg_check_errors(info, api_name, is_matrix)
@@ -439,5 +469,6 @@ DECOMPOSITIONS: dict = {op: _real_only(fn) for op, fn in {
     aten._linalg_solve_ex.default: _linalg_solve_ex,
     aten._linalg_det.default: _linalg_det,
     aten._linalg_slogdet.default: _linalg_slogdet,
+    aten.linalg_matrix_exp.default: linalg_matrix_exp,
 }.items()}
 DECOMPOSITIONS[aten._linalg_check_errors.default] = _linalg_check_errors

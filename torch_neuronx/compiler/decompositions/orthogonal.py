@@ -2,8 +2,8 @@
 
 torch-mlir lowers none of ``aten.linalg_qr``, ``aten._linalg_eigh`` and
 ``aten._linalg_svd``: the ops behind ``torch.linalg.qr``, ``eigh``,
-``eigvalsh``, ``svd``, ``svdvals``, ``pinv``, ``matrix_norm`` of order 2 and
-nuclear, ``cond`` and ``matrix_rank``. Shapes are static at trace time, so each is
+``eigvalsh``, ``svd``, ``svdvals``, ``pinv``, ``householder_product``,
+``matrix_norm`` of order 2 and nuclear, ``cond`` and ``matrix_rank``. Shapes are static at trace time, so each is
 unrolled over the matrix size:
 
 - QR: Householder reflections, one per column, with LAPACK's conventions
@@ -88,6 +88,23 @@ def linalg_qr(a: torch.Tensor, mode: str = "reduced") -> tuple[torch.Tensor, tor
     if mode == "r":
         return a.new_zeros([0]), r
     return q[..., :, :k], r
+
+
+def linalg_householder_product(a: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+    """``aten.linalg_householder_product`` (LAPACK's ``orgqr``): the first ``n`` columns of
+    ``H_1 ... H_k``, ``H_i = I - tau_i v_i v_i^T``, ``v_i`` = ``(0, ..., 0, 1, a[i+1:, i])``.
+
+    What ``torch.nn.utils.parametrizations.orthogonal`` uses for non-square weights.
+    """
+    m, n = a.shape[-2], a.shape[-1]
+    batch = torch.broadcast_shapes(a.shape[:-2], tau.shape[:-1])
+    rows = torch.arange(m, device=a.device).unsqueeze(-1)
+    one = torch.ones((), dtype=a.dtype, device=a.device)
+    q = torch.eye(m, n, dtype=a.dtype, device=a.device).expand(*batch, m, n)
+    for i in reversed(range(tau.shape[-1])):
+        v = torch.where(rows > i, a[..., :, i:i + 1], torch.where(rows == i, one, 0 * one))
+        q = q - tau[..., i:i + 1].unsqueeze(-1) * torch.matmul(v, torch.matmul(v.mT, q))
+    return q
 
 
 def _pairings(n: int) -> list[tuple[list[int], list[int]]]:
@@ -280,4 +297,5 @@ DECOMPOSITIONS: dict = {op: _real_only(fn) for op, fn in {
     aten._linalg_eigh.default: _linalg_eigh,
     aten._linalg_svd.default: _linalg_svd,
     aten.linalg_pinv.atol_rtol_tensor: linalg_pinv,
+    aten.linalg_householder_product.default: linalg_householder_product,
 }.items()}
