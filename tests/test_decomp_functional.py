@@ -1,4 +1,4 @@
-"""Functional calls rewritten before aot_autograd (grid_sample), compiled vs eager."""
+"""Functional calls rewritten before aot_autograd (grid_sample 4-d and 5-d, pdist), compiled vs eager."""
 
 from __future__ import annotations
 
@@ -15,6 +15,27 @@ def test_grid_sample_every_padding_mode_forward_and_backward(mode):
     torch.manual_seed(0)
     x = torch.randn(2, 3, 7, 8, requires_grad=True)
     grid = (torch.rand(2, 5, 6, 2) * 2.4 - 1.2).requires_grad_()
+
+    def fn(x, grid):
+        return torch.stack([F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=corners)
+                            for padding in ("zeros", "border", "reflection") for corners in (False, True)])
+
+    expected = fn(x, grid)
+    weights = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), [x, grid])
+    got = torch.compile(fn, backend="neuron")(x, grid)
+    got_grads = torch.autograd.grad((got * weights).sum(), [x, grid])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    for g, e in zip(got_grads, expected_grads, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=5e-5)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+def test_volumetric_grid_sample_every_padding_mode_forward_and_backward(mode):
+    """5-d inputs (N, C, D, H, W): trilinear and nearest, every padding, both corner alignments."""
+    torch.manual_seed(1)
+    x = torch.randn(2, 2, 4, 5, 6, requires_grad=True)
+    grid = (torch.rand(2, 3, 2, 4, 3) * 2.6 - 1.3).requires_grad_()
 
     def fn(x, grid):
         return torch.stack([F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=corners)

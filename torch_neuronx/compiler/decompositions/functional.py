@@ -18,19 +18,79 @@ from torch._decomp import decompositions as torch_decompositions
 
 def grid_sample(input: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear", padding_mode: str = "zeros",
                 align_corners: bool | None = None) -> torch.Tensor:
-    """``F.grid_sample`` of 4-d inputs as torch's own decomposition (differentiable ops)."""
-    if input.dim() != 4 or mode not in F.GRID_SAMPLE_INTERPOLATION_MODES \
-            or padding_mode not in F.GRID_SAMPLE_PADDING_MODES:
+    """``F.grid_sample`` as differentiable ops: 4-d inputs by torch's own decomposition, 5-d by ours.
+
+    5-d inputs support what eager does there: bilinear (trilinear) and nearest, every padding.
+    """
+    volumetric = input.dim() == 5 and mode in ("bilinear", "nearest")
+    if not (input.dim() == 4 or volumetric) or mode not in F.GRID_SAMPLE_INTERPOLATION_MODES \
+            or padding_mode not in F.GRID_SAMPLE_PADDING_MODES or grid.shape[-1] != input.dim() - 2:
         return F.grid_sample(input, grid, mode, padding_mode, align_corners)
     if align_corners is None:
         warnings.warn("Default grid_sample and affine_grid behavior has changed to align_corners=False "
                       "since 1.3.0. Please specify align_corners=True if the old behavior is desired. "
                       "See the documentation of grid_sample for details.", stacklevel=2)
         align_corners = False
-    out = torch_decompositions._grid_sampler_2d(
-        input, grid=grid, interpolation_mode=F.GRID_SAMPLE_INTERPOLATION_MODES[mode],
-        padding_mode=F.GRID_SAMPLE_PADDING_MODES[padding_mode], align_corners=align_corners)
+    if volumetric:
+        out = _grid_sample_3d(input, grid, mode, padding_mode, align_corners)
+    else:
+        out = torch_decompositions._grid_sampler_2d(
+            input, grid=grid, interpolation_mode=F.GRID_SAMPLE_INTERPOLATION_MODES[mode],
+            padding_mode=F.GRID_SAMPLE_PADDING_MODES[padding_mode], align_corners=align_corners)
     return _with_zero_gradient(out, grid) if mode == "nearest" else out
+
+
+def _source_index(coords: torch.Tensor, size: int, padding_mode: str, align_corners: bool) -> torch.Tensor:
+    """Grid coordinates in [-1, 1] to input positions, padded as torch's grid sampler pads them."""
+    scale = (size * 0.5 - 0.5) if align_corners else size * 0.5
+    coords = coords * scale + (size * 0.5 - 0.5)
+    if padding_mode == "border":
+        return coords.clamp(0, size - 1)
+    if padding_mode == "reflection":
+        low, high = (0.0, size - 1.0) if align_corners else (-0.5, size - 0.5)
+        if high == low:
+            return torch.zeros_like(coords)
+        span = high - low
+        distance = (coords - low).abs()
+        extra = torch.fmod(distance, span)
+        flips = (distance / span).floor()
+        reflected = torch.where(torch.fmod(flips, 2) == 0, extra + low, span + low - extra)
+        return reflected.clamp(0, size - 1)
+    return coords
+
+
+def _grid_sample_3d(input: torch.Tensor, grid: torch.Tensor, mode: str, padding_mode: str,
+                    align_corners: bool) -> torch.Tensor:
+    """Volumetric ``grid_sample`` (``N, C, D, H, W`` input, ``N, D', H', W', 3`` grid of x, y, z).
+
+    Corners are weighted and summed in the order of torch's CPU kernel (top/bottom, then
+    north/south, then west/east), each weight the product of its x, y and z factors.
+    """
+    n, c, depth, height, width = input.shape
+    sizes = (width, height, depth)
+    ix, iy, iz = (_source_index(grid[..., i], sizes[i], padding_mode, align_corners) for i in range(3))
+    batch = torch.arange(n, device=input.device).view(n, 1, 1, 1, 1)
+    channel = torch.arange(c, device=input.device).view(1, c, 1, 1, 1)
+
+    def gather(xs: torch.Tensor, ys: torch.Tensor, zs: torch.Tensor, weight: torch.Tensor | float) -> torch.Tensor:
+        inside = (xs >= 0) & (xs < width) & (ys >= 0) & (ys < height) & (zs >= 0) & (zs < depth)
+        xs, ys, zs = (torch.where(inside, t, 0).to(torch.int64).unsqueeze(1) for t in (xs, ys, zs))
+        weight = torch.where(inside, weight, 0).unsqueeze(1)
+        return input[batch, channel, zs, ys, xs] * weight
+
+    if mode == "nearest":
+        return gather(ix.round(), iy.round(), iz.round(), 1.0)
+    x0, y0, z0 = ix.floor(), iy.floor(), iz.floor()
+    x1, y1, z1 = x0 + 1, y0 + 1, z0 + 1
+    factors = {"x": ((x0, x1 - ix), (x1, ix - x0)), "y": ((y0, y1 - iy), (y1, iy - y0)),
+               "z": ((z0, z1 - iz), (z1, iz - z0))}
+    out = None
+    for zs, wz in factors["z"]:
+        for ys, wy in factors["y"]:
+            for xs, wx in factors["x"]:
+                term = gather(xs, ys, zs, wx * wy * wz)
+                out = term if out is None else out + term
+    return out
 
 
 def _with_zero_gradient(out: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
