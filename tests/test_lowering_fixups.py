@@ -108,20 +108,25 @@ def test_gathers_from_a_slice_of_an_input():
 def test_booleans_and_unsigned_integers_converted_into_a_matmul_keep_their_values():
     """IREE sign-extended the narrow integer when it fused the conversion into a matmul.
 
-    ``torch.eye(5) @ v`` was ``-v``, and a uint8 pixel of 200 became -56 in ``x.float() @ w``.
+    ``torch.eye(5) @ v`` was ``-v``, and a uint8 pixel of 200 became -56 in ``x.float() @ w``,
+    ``x.double() @ w`` and ``x.long() @ m`` (uint32 likewise).
     """
-    def fn(v, a, pixels):
+    def fn(v, a, pixels, counts, big):
         mask = a > 0
         return (torch.eye(5, dtype=v.dtype) @ v, mask.float() @ v, mask.to(torch.bfloat16) @ v.bfloat16(),
                 mask.to(torch.int32).sum(0) * 3, mask.to(torch.float64) @ v.double(), pixels.float() @ v,
-                pixels.to(torch.int32) * 2, pixels.double() / 255)
+                pixels.to(torch.int32) * 2, pixels.double() / 255, pixels.double() @ v.double(),
+                pixels.to(torch.int32) @ counts.int(), pixels.long() @ counts, counts.T @ pixels.T.long(),
+                big.long() @ counts)
 
     g = torch.Generator().manual_seed(0)
     v, a = torch.randn(5, 3, generator=g), torch.randn(4, 5, generator=g)
     pixels = torch.randint(0, 256, (4, 5), generator=g, dtype=torch.uint8)
     pixels[0] = torch.tensor([200, 255, 128, 0, 1], dtype=torch.uint8)
-    got = torch.compile(fn, backend="neuron")(v, a, pixels)
-    for got_t, expected in zip(got, fn(v, a, pixels), strict=True):
+    counts = torch.randint(-5, 5, (5, 3), generator=g)
+    big = torch.tensor([[4_000_000_000, 2**31, 1, 0, 2**32 - 1]], dtype=torch.uint32)
+    got = torch.compile(fn, backend="neuron")(v, a, pixels, counts, big)
+    for got_t, expected in zip(got, fn(v, a, pixels, counts, big), strict=True):
         torch.testing.assert_close(got_t, expected)
 
 

@@ -253,40 +253,36 @@ def _materialize_sliced_operands(module: object) -> None:
             op.operands[position] = barrier.result  # type: ignore[attr-defined]
 
 
-#: A signed type wide enough for every value of each unsigned one (64-bit keeps its conversion).
-_WIDER_SIGNED = {"ui8": 32, "ui16": 32, "ui32": 64}
+_UNSIGNED = ("ui8", "ui16", "ui32", "ui64")
 
 
 def _signed_unsigned_converts(module: object) -> None:
-    """Rewrite conversions from booleans and unsigned integers so no sign can be misread.
+    """Keep conversions from booleans and unsigned integers out of the ops that consume them.
 
     IREE 3.13 sign-extends the narrow integer when it fuses the conversion into a
     matmul's operand: ``torch.eye(5) @ v`` (eye is a comparison converted to float)
-    returned ``-v``, ``mask.float() @ x`` likewise, and a uint8 image's 200 became
-    -56 in ``x.float() @ w``. Booleans become a ``select`` of 1 and 0; unsigned
-    integers convert through a wider signed integer (zero-extended first), whose
-    conversion has no sign to get wrong. Static shapes only (for the splat constants).
+    returned ``-v``, ``mask.float() @ x`` likewise, and a uint8 image's 200 became -56
+    in ``x.float() @ w``, ``x.double() @ w`` and ``x.long() @ m``. Booleans become a
+    ``select`` of 1 and 0 (static shapes); an unsigned conversion is followed by an
+    optimization barrier, so it runs as its own (correct) elementwise dispatch: chains
+    of conversions were folded back into the matmul otherwise.
     """
     from torch_mlir import ir
 
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
         for convert in _ops_named(module, "stablehlo.convert"):
             source = convert.operands[0]  # type: ignore[attr-defined]
-            source_type = ir.RankedTensorType(source.type)
+            kind = str(ir.RankedTensorType(source.type).element_type)
             target_type = ir.RankedTensorType(convert.results[0].type)  # type: ignore[attr-defined]
-            kind, element = str(source_type.element_type), target_type.element_type
+            target = str(target_type.element_type)
             point = ir.InsertionPoint(convert)
-            if kind == "i1" and str(element) != "i1" and target_type.has_static_shape:
+            if kind == "i1" and target != "i1" and target_type.has_static_shape:
                 replacement = _select_one_zero(source, target_type, point)
-            elif kind in _WIDER_SIGNED and not str(element).startswith("ui"):
-                wide = ir.RankedTensorType.get(source_type.shape,
-                                               ir.IntegerType.get_signless(_WIDER_SIGNED[kind]))
-                widened = ir.Operation.create("stablehlo.convert", results=[wide], operands=[source], ip=point)
-                if str(element) == str(wide.element_type):
-                    replacement = widened
-                else:
-                    replacement = ir.Operation.create("stablehlo.convert", results=[target_type],
-                                                      operands=[widened.result], ip=point)
+            elif kind in _UNSIGNED and target not in _UNSIGNED:
+                converted = ir.Operation.create("stablehlo.convert", results=[target_type], operands=[source],
+                                                ip=point)
+                replacement = ir.Operation.create("stablehlo.optimization_barrier", results=[target_type],
+                                                  operands=[converted.result], ip=point)
             else:
                 continue
             convert.results[0].replace_all_uses_with(replacement.result)  # type: ignore[attr-defined]
