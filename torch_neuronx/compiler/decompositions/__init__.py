@@ -6,6 +6,9 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 
 - :mod:`.general`: fast-path attention ops, sorts and extremes, 2-d average
   pooling, cumulative, bitwise and remainder ops, special values.
+- :mod:`.convolution`: the backward of every convolution torch-mlir cannot train
+  (grouped, dilated, 1-d, 3-d, transposed) and transposed convolutions with
+  differing output paddings, in plain and transposed convolutions.
 - :mod:`.linalg`: LU, Cholesky and triangular solves, and ``inv``, ``solve``,
   ``det``, ``slogdet`` on them, unrolled over the matrix size; eager's error checks
   become host checks of extra outputs.
@@ -23,6 +26,7 @@ import torch
 from torch._decomp import core_aten_decompositions
 
 from torch_neuronx.compiler.decompositions import (
+    convolution,
     float64_math,
     foreach,
     general,
@@ -51,5 +55,5 @@ def _table(with_fma: bool) -> dict:
     return {**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
             **general.DECOMPOSITIONS, **special.DECOMPOSITIONS, **pooling.DECOMPOSITIONS,
             **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS, **foreach.DECOMPOSITIONS,
-            **sampling.DECOMPOSITIONS, **linalg.DECOMPOSITIONS,
+            **sampling.DECOMPOSITIONS, **convolution.DECOMPOSITIONS, **linalg.DECOMPOSITIONS,
             **orthogonal.DECOMPOSITIONS, **float64_math.DECOMPOSITIONS, **extra}

@@ -1,0 +1,70 @@
+"""Convolutions torch-mlir could not train, through the compile path (``decompositions/convolution.py``).
+
+Grouped (depthwise), dilated, 1-d and 3-d convolutions and every transposed one
+failed at lowering in the backward; stride-2 convolutions of inputs whose dims
+need different output paddings, and transposed convolutions with differing
+output paddings, failed forward or backward. All are compared with eager,
+outputs and the gradients of inputs, weights and biases.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _layers():
+    torch.manual_seed(0)
+    return nn.ModuleDict({
+        "grouped_1d_stride2": nn.Conv1d(4, 6, 3, stride=2, padding=1, groups=2),
+        "depthwise": nn.Conv2d(4, 4, 3, padding=1, groups=4),
+        "dilated": nn.Conv2d(3, 5, 3, padding=2, dilation=2),
+        "stride2_odd_even": nn.Conv2d(2, 3, 3, stride=2),
+        "conv3d": nn.Conv3d(2, 3, 3, stride=(2, 1, 1), padding=1),
+        "transposed": nn.ConvTranspose2d(3, 2, 3, stride=2, padding=1, output_padding=1),
+        "transposed_uneven": nn.ConvTranspose2d(3, 2, 3, stride=2, padding=1, output_padding=(1, 0)),
+        "transposed_grouped_dilated": nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=(1, 0),
+                                                         groups=2, dilation=(1, 2)),
+        "transposed_1d": nn.ConvTranspose1d(2, 3, 4, stride=3),
+        "transposed_3d": nn.ConvTranspose3d(2, 2, 3, stride=(2, 2, 1), padding=(1, 0, 0), output_padding=(1, 0, 0)),
+    })
+
+
+_INPUTS = {
+    "grouped_1d_stride2": (2, 4, 9), "depthwise": (2, 4, 7, 8), "dilated": (2, 3, 9, 8),
+    "stride2_odd_even": (1, 2, 6, 5), "conv3d": (2, 2, 5, 4, 4), "transposed": (2, 3, 4, 5),
+    "transposed_uneven": (2, 3, 3, 4), "transposed_grouped_dilated": (2, 4, 3, 4), "transposed_1d": (2, 2, 5),
+    "transposed_3d": (1, 2, 3, 2, 2),
+}
+
+
+def _apply(layers, inputs):
+    return {name: layer(inputs[name]) for name, layer in layers.items()}
+
+
+def test_convolutions_train_as_in_eager():
+    g = torch.Generator().manual_seed(1)
+    inputs = {name: torch.randn(*shape, generator=g) for name, shape in _INPUTS.items()}
+    eager_layers, compiled_layers = _layers(), _layers()
+    eager_in = {k: v.clone().requires_grad_() for k, v in inputs.items()}
+    compiled_in = {k: v.clone().requires_grad_() for k, v in inputs.items()}
+    expected = _apply(eager_layers, eager_in)
+    got = torch.compile(_apply, backend="neuron")(compiled_layers, compiled_in)
+    weights = {k: torch.randn(v.shape, generator=g) for k, v in expected.items()}
+    sum((expected[k] * w).sum() for k, w in weights.items()).backward()
+    sum((got[k] * w).sum() for k, w in weights.items()).backward()
+    for name in _INPUTS:
+        assert got[name].shape == expected[name].shape, name
+        torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(compiled_in[name].grad, eager_in[name].grad, rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, n=name: f"input grad of {n}: {m}")
+        for (param, p_eager), p_compiled in zip(eager_layers[name].named_parameters(),
+                                                compiled_layers[name].parameters(), strict=True):
+            torch.testing.assert_close(p_compiled.grad, p_eager.grad, rtol=1e-4, atol=1e-4,
+                                       msg=lambda m, n=name, p=param: f"{p} grad of {n}: {m}")
+
+
+def test_the_compile_path_traces_with_these_decompositions():
+    from torch_neuronx.compiler.decompositions import convolution, table
+
+    assert all(table()[op] is fn for op, fn in convolution.DECOMPOSITIONS.items())

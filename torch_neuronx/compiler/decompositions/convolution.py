@@ -1,0 +1,145 @@
+"""Convolution backwards torch-mlir cannot lower, and transposed convolutions with uneven output padding.
+
+torch-mlir lowers the backward (``aten.convolution_backward``) of 2-d, ungrouped,
+undilated convolutions only: grouped ones (depthwise), dilated ones, 1-d and 3-d
+ones, and every transposed one (``nn.ConvTranspose2d``) failed to train. Its
+transposed convolution also applied one dim's output padding to another:
+``F.conv_transpose2d(x, w, stride=2, output_padding=(1, 0))`` failed to lower,
+and so did the backward of ``F.conv2d(x, w, stride=2)`` on a 6x5 input, whose
+input gradient is such a transposed convolution.
+
+Here, in convolutions torch-mlir lowers (plain ones, and transposed ones without
+padding):
+
+- a transposed convolution with differing output paddings is computed in full
+  and cropped (or padded with zeros) to its size;
+- a plain convolution's input gradient is the transposed convolution of the
+  output gradient, its weight gradient a convolution with batch and channels
+  exchanged (:func:`_weight_gradient`), its bias gradient a sum;
+- a transposed convolution, the adjoint of a plain one, has the plain
+  convolution of the output gradient as input gradient and the weight gradient of
+  a plain convolution with input and output gradient exchanged.
+
+The cases torch-mlir handles keep its lowering.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+aten = torch.ops.aten
+
+
+def _transposed(x: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], padding: Sequence[int],
+                dilation: Sequence[int], output_padding: Sequence[int], groups: int) -> torch.Tensor:
+    """A transposed convolution (no bias): the full output, then each spatial dim cut to size."""
+    dims = len(stride)
+    full = aten.convolution.default(x, weight, None, list(stride), [0] * dims, list(dilation), True,
+                                    [0] * dims, groups)
+    for i in range(dims):
+        axis = 2 + i
+        kernel = weight.shape[axis]
+        size = (x.shape[axis] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (kernel - 1) + output_padding[i] + 1
+        start = padding[i]
+        available = full.shape[axis] - start
+        full = full.narrow(axis, start, min(size, available))
+        if size > available:  # output padding past the full output: rows nothing contributes to
+            pad = [0, 0] * (full.dim() - axis - 1) + [0, size - available]
+            full = torch.nn.functional.pad(full, pad)
+    return full
+
+
+def _uniform(values: Sequence[int]) -> bool:
+    return len(set(values)) <= 1
+
+
+def convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
+                padding: Sequence[int], dilation: Sequence[int], transposed: bool,
+                output_padding: Sequence[int], groups: int):
+    """``aten.convolution``: ours only for transposed ones with differing output paddings."""
+    if not transposed or _uniform(output_padding):
+        return NotImplemented
+    out = _transposed(x, weight, stride, padding, dilation, output_padding, groups)
+    if bias is not None:
+        out = out + bias.view(1, -1, *([1] * len(stride)))
+    return out
+
+
+def _weight_gradient(grad: torch.Tensor, x: torch.Tensor, weight_shape: Sequence[int], stride: Sequence[int],
+                     padding: Sequence[int], dilation: Sequence[int], groups: int) -> torch.Tensor:
+    """The weight gradient of a plain convolution, itself a convolution: batch and channels exchanged.
+
+    ``x`` becomes ``Cin/g`` images of ``g * N`` channels and ``grad`` the ``g * Cout/g``
+    filters of ``N`` channels; a grouped convolution of the two, with stride and dilation
+    exchanged, gives every ``(out, in, kernel offset)`` sum over the batch and output
+    positions (cut to the kernel's size: the last positions may be past it).
+    """
+    n, c_in = x.shape[0], x.shape[1]
+    c_out, spatial = grad.shape[1], list(x.shape[2:])
+    images = x.reshape(n, groups, c_in // groups, *spatial).movedim(2, 0).movedim(2, 1)
+    images = images.reshape(c_in // groups, groups * n, *spatial)
+    out_spatial = list(grad.shape[2:])
+    filters = grad.reshape(n, groups, c_out // groups, *out_spatial).movedim(0, 2)
+    filters = filters.reshape(c_out, n, *out_spatial)
+    sums = aten.convolution.default(images, filters, None, list(dilation), list(padding), list(stride), False,
+                                    [0] * len(stride), groups)  # (Cin/g, Cout, k')
+    for i, size in enumerate(weight_shape[2:]):
+        sums = sums.narrow(2 + i, 0, size)
+    return sums.transpose(0, 1)
+
+
+def _torch_mlir_lowers(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Sequence[int],
+                       padding: Sequence[int], dilation: Sequence[int], groups: int) -> bool:
+    """Whether torch-mlir's own backward handles this plain convolution: 2-d, ungrouped, undilated,
+    and one output padding for both dims."""
+    if len(stride) != 2 or groups != 1 or any(d != 1 for d in dilation):
+        return False
+    return _uniform(_restoring_padding(grad, x, weight, stride, padding, dilation))
+
+
+def _restoring_padding(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Sequence[int],
+                       padding: Sequence[int], dilation: Sequence[int]) -> list[int]:
+    """The output paddings under which the transposed convolution of ``grad`` has ``x``'s size."""
+    return [x.shape[2 + i] - ((grad.shape[2 + i] - 1) * stride[i] - 2 * padding[i]
+                              + dilation[i] * (weight.shape[2 + i] - 1) + 1) for i in range(len(stride))]
+
+
+def convolution_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
+                         bias_sizes: Sequence[int] | None, stride: Sequence[int], padding: Sequence[int],
+                         dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int,
+                         output_mask: Sequence[bool]):
+    """``aten.convolution_backward`` in convolutions, except where torch-mlir's own lowering works.
+
+    A plain convolution's input gradient is the transposed convolution of ``grad`` (with the
+    output paddings that restore the input's size), its weight gradient
+    :func:`_weight_gradient`. A transposed convolution is the adjoint of a plain one: its
+    input gradient is the plain convolution of ``grad``, its weight gradient that of a plain
+    convolution of ``grad`` whose output gradient is ``x``.
+    """
+    if not transposed and _torch_mlir_lowers(grad, x, weight, stride, padding, dilation, groups):
+        return NotImplemented
+    zeros = [0] * len(stride)
+    grad_input = grad_weight = grad_bias = None
+    if transposed:
+        if output_mask[0]:
+            grad_input = aten.convolution.default(grad, weight, None, list(stride), list(padding), list(dilation),
+                                                  False, zeros, groups)
+        if output_mask[1]:
+            grad_weight = _weight_gradient(x, grad, weight.shape, stride, padding, dilation, groups)
+    else:
+        if output_mask[0]:
+            grad_input = _transposed(grad, weight, stride, padding, dilation,
+                                     _restoring_padding(grad, x, weight, stride, padding, dilation), groups)
+        if output_mask[1]:
+            grad_weight = _weight_gradient(grad, x, weight.shape, stride, padding, dilation, groups)
+    if output_mask[2]:
+        grad_bias = grad.sum([0, *range(2, grad.dim())])
+    return grad_input, grad_weight, grad_bias
+
+
+DECOMPOSITIONS: dict = {
+    aten.convolution.default: convolution,
+    aten.convolution_backward.default: convolution_backward,
+}
