@@ -40,7 +40,7 @@ import math
 import torch
 
 from torch_neuronx.compiler.decompositions.linalg import _real_only
-from torch_neuronx.compiler.decompositions.spectral import _constant
+from torch_neuronx.compiler.decompositions.literals import literal
 
 aten = torch.ops.aten
 
@@ -138,8 +138,8 @@ class _Round:
     def __init__(self, partner: list[int], sign: list[int], like: torch.Tensor) -> None:
         size = len(partner)
         # partners[i, partner[i]] = 1: literals of the graph, not ops.
-        self.partners = _constant(lambda: torch.eye(size, dtype=torch.float64)[partner], like=like)
-        self.sign = _constant(lambda: torch.tensor(sign, dtype=torch.float64), like=like)
+        self.partners = literal(lambda: torch.eye(size, dtype=like.dtype)[partner], like.device)
+        self.sign = literal(lambda: torch.tensor(sign, dtype=like.dtype), like.device)
         self.eye = torch.eye(size, dtype=like.dtype, device=like.device)
 
     def of_partner(self, values: torch.Tensor) -> torch.Tensor:

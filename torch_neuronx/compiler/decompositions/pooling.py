@@ -31,9 +31,9 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
 from torch_neuronx.compiler.decompositions.general import _avg_pool_divisors
+from torch_neuronx.compiler.decompositions.literals import literal
 
 aten = torch.ops.aten
 
@@ -87,13 +87,8 @@ class _Adaptive(NamedTuple):
 
 
 def _literal(data: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``data`` as a constant of the traced graph: built with every dispatch mode off and entered
-    through ``lift_fresh_copy`` (as ``torch.tensor`` data is), so the graph holds a literal rather
-    than index arithmetic IREE would compile dispatches to evaluate."""
-    with _disable_current_modes(), torch.no_grad():
-        table = torch.tensor(data, dtype=dtype)
-    table = aten.lift_fresh_copy.default(table)
-    return table if device.type == "cpu" else table.to(device)
+    """``data`` as a constant of the traced graph (see :mod:`.literals`)."""
+    return literal(lambda: torch.tensor(data, dtype=dtype), device)
 
 
 def _along(n: int, t: torch.Tensor, d: int) -> list[int]:

@@ -70,7 +70,8 @@ import struct
 from collections.abc import Callable, Sequence
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
+
+from torch_neuronx.compiler.decompositions.literals import literal
 
 aten = torch.ops.aten
 
@@ -651,10 +652,7 @@ def kaiser_window(window_length: int, periodic: bool = True, beta: float = 12.0,
     of :mod:`.spectral` are: eager's values exactly. (Built from :func:`i0` in the graph, the
     window made IREE spend seconds evaluating the constant expression at compile time.)
     """
-    with _disable_current_modes(), torch.no_grad():
-        window = aten.kaiser_window.beta(window_length, periodic, beta, dtype=dtype)
-    window = aten.lift_fresh_copy.default(window)
-    return window if device is None or torch.device(device).type == "cpu" else window.to(device)
+    return literal(lambda: aten.kaiser_window.beta(window_length, periodic, beta, dtype=dtype), device)
 
 
 #: This module's decompositions, merged into the compile path's table.

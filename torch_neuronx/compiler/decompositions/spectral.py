@@ -33,7 +33,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
+
+from torch_neuronx.compiler.decompositions.literals import literal
 
 aten = torch.ops.aten
 
@@ -96,16 +97,9 @@ def _c2r_matrix(m: int, n: int, scale: float) -> torch.Tensor:
 
 
 def _constant(build: Callable[..., torch.Tensor], *args: Any, like: torch.Tensor) -> torch.Tensor:
-    """The table ``build(*args)``, computed now in float64 by torch, as a constant of the traced graph.
-
-    Under tracing the table is built with every dispatch mode off (real CPU kernels, nothing
-    recorded) and enters the graph through ``lift_fresh_copy``, as ``torch.tensor`` data does:
-    the graph holds a literal, not the ops that computed it, and IREE compiles no dispatch for it.
-    """
-    with _disable_current_modes(), torch.no_grad():
-        table = build(*args).to(like.dtype)
-    table = aten.lift_fresh_copy.default(table)
-    return table if like.device.type == "cpu" else table.to(like.device)
+    """The table ``build(*args)``, computed now in float64 by torch, as a constant of the traced
+    graph in ``like``'s dtype (see :mod:`.literals`): IREE compiles no dispatch for it."""
+    return literal(lambda: build(*args).to(like.dtype), like.device)
 
 
 def _apply_pairs(z: torch.Tensor, dim: int, matrix: torch.Tensor) -> torch.Tensor:
