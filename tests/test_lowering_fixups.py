@@ -141,3 +141,16 @@ def test_vector_products_of_strided_slices():
     got = torch.compile(fn, backend="neuron")(x, m, xb)
     for got_t, expected in zip(got, fn(x, m, xb), strict=True):
         torch.testing.assert_close(got_t, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_full_sums_of_products_with_a_broadcast_vector():
+    """IREE took sum(x * w) over every dim, w broadcast over rows, for a contraction and failed to compile it."""
+    def fn(x, w, target):
+        return ((x * w).sum(), (x * w).mean(), (x * 2.0).sum(),
+                torch.nn.functional.binary_cross_entropy(x.sigmoid(), target, weight=w))
+
+    g = torch.Generator().manual_seed(0)
+    x, w, target = torch.randn(64, 32, generator=g), torch.rand(32, generator=g), torch.rand(64, 32, generator=g)
+    got = torch.compile(fn, backend="neuron")(x, w, target)
+    for got_t, expected in zip(got, fn(x, w, target), strict=True):
+        torch.testing.assert_close(got_t, expected, rtol=1e-5, atol=1e-4)

@@ -91,6 +91,7 @@ def to_stablehlo(raw_module: object) -> str:
     _round_narrowed_constants(module)
     _materialize_sliced_operands(module)
     _signed_unsigned_converts(module)
+    _materialize_broadcast_products_of_full_sums(module)
     return _asm(module)
 
 
@@ -251,6 +252,42 @@ def _materialize_sliced_operands(module: object) -> None:
             barrier = ir.Operation.create("stablehlo.optimization_barrier", results=[operand.type],
                                           operands=[operand], ip=ir.InsertionPoint(op))
             op.operands[position] = barrier.result  # type: ignore[attr-defined]
+
+
+def _broadcast_vector(value: object) -> bool:
+    """Whether ``value`` broadcasts a lower-rank tensor that is not a single element."""
+    from torch_mlir import ir
+
+    source = _defining_op(value)
+    if source is None or source.name != "stablehlo.broadcast_in_dim":  # type: ignore[attr-defined]
+        return False
+    shape = ir.RankedTensorType(source.operands[0].type).shape  # type: ignore[attr-defined]
+    return len(shape) < ir.RankedTensorType(value.type).rank and math.prod(shape) > 1  # type: ignore[attr-defined]
+
+
+def _materialize_broadcast_products_of_full_sums(module: object) -> None:
+    """Put an ``optimization_barrier`` between a sum to a scalar and a product with a broadcast it reads.
+
+    IREE 3.13 takes ``reduce(add, x * broadcast(w))`` over every dim for a contraction and
+    fails to compile it ("'vector.contract' op invalid accumulator/result vector shape"):
+    ``(x * w).sum()`` with ``w`` broadcast over rows, ``F.binary_cross_entropy`` with a
+    ``weight`` and mean reduction. With the product materialized, the sum is a plain reduction.
+    """
+    from torch_mlir import ir
+
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        for reduce in _ops_named(module, "stablehlo.reduce"):
+            operands = reduce.operands  # type: ignore[attr-defined]
+            if len(operands) != 2 or ir.RankedTensorType(reduce.results[0].type).rank != 0:  # type: ignore[attr-defined]
+                continue
+            product = _defining_op(operands[0])
+            if product is None or product.name != "stablehlo.multiply":  # type: ignore[attr-defined]
+                continue
+            if not any(_broadcast_vector(v) for v in product.operands):  # type: ignore[attr-defined]
+                continue
+            barrier = ir.Operation.create("stablehlo.optimization_barrier", results=[operands[0].type],
+                                          operands=[operands[0]], ip=ir.InsertionPoint(reduce))
+            reduce.operands[0] = barrier.result  # type: ignore[attr-defined]
 
 
 _UNSIGNED = ("ui8", "ui16", "ui32", "ui64")
