@@ -49,3 +49,23 @@ def test_backward_and_gradient_clipping_inside_a_compiled_step():
     torch.testing.assert_close(got, expected)
     for p, q in zip(eager.parameters(), compiled.parameters(), strict=True):
         torch.testing.assert_close(q.grad, p.grad)
+
+
+def test_weight_norm_trains_as_in_eager():
+    """``weight_norm`` (its backward, ``_weight_norm_interface_backward``, had no lowering), first and last dim."""
+    from torch.nn.utils import parametrizations
+
+    def make():
+        torch.manual_seed(0)
+        return nn.Sequential(parametrizations.weight_norm(nn.Conv1d(3, 4, 3)), nn.Flatten(),
+                             parametrizations.weight_norm(nn.Linear(16, 5), dim=-1))
+
+    eager, compiled_model = make(), make()
+    x = torch.randn(2, 3, 6, generator=torch.Generator().manual_seed(1))
+    expected, got = eager(x), torch.compile(compiled_model, backend="neuron")(x)
+    torch.testing.assert_close(got, expected)
+    expected.square().sum().backward()
+    got.square().sum().backward()
+    for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled_model.parameters(), strict=True):
+        torch.testing.assert_close(p_compiled.grad, p_eager.grad, rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, name=name: f"grad of {name}: {m}")

@@ -306,6 +306,24 @@ def diagonal_scatter(x, src, offset=0, dim1=0, dim2=1):
     return torch.movedim(replaced, (-2, -1), (dim1, dim2))
 
 
+def weight_norm_interface_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    """``aten._weight_norm_interface_backward`` (training ``weight_norm``), as torch's kernel computes it.
+
+    ``w = g v / ||v||`` with norms over every dim but ``dim``: ``grad_g = sum(grad_w v) / ||v||``
+    and ``grad_v = g / ||v|| (grad_w - v sum(grad_w v) / ||v||**2)``.
+    """
+    dim = dim % saved_v.dim()
+    dims = [d for d in range(saved_v.dim()) if d != dim]
+    compute = saved_norms.dtype
+    v, grad = saved_v.to(compute), grad_w.to(compute)
+    shape = [saved_v.shape[d] if d == dim else 1 for d in range(saved_v.dim())]
+    norms, g = saved_norms.reshape(shape), saved_g.to(compute).reshape(shape)
+    products = (grad * v).sum(dims, keepdim=True)
+    grad_g = (products / norms).reshape(saved_g.shape).to(saved_g.dtype)
+    grad_v = (g / norms) * (grad - v * (products / (norms * norms)))
+    return grad_v.to(saved_v.dtype), grad_g
+
+
 def promoted_scalar(value, like: torch.Tensor) -> torch.Tensor:
     """``value`` as a 0-d tensor of the type ``like`` op ``value`` computes in (tensors pass through)."""
     if isinstance(value, torch.Tensor):
@@ -1002,6 +1020,7 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.fmod.Scalar: fmod_scalar,
     aten.diagonal.default: diagonal,
     aten.diagonal_scatter.default: diagonal_scatter,
+    aten._weight_norm_interface_backward.default: weight_norm_interface_backward,
     aten.cumprod.default: cumprod,
     aten.cummax.default: cummax,
     aten.cummin.default: cummin,
