@@ -1,9 +1,10 @@
 """Convolution backwards torch-mlir cannot lower, and transposed convolutions with uneven output padding.
 
-torch-mlir lowers the backward (``aten.convolution_backward``) of 2-d, ungrouped,
-undilated convolutions only: grouped ones (depthwise), dilated ones, 1-d and 3-d
-ones, and every transposed one (``nn.ConvTranspose2d``) failed to train. Its
-transposed convolution also applied one dim's output padding to another:
+Neither torch-mlir's lowering of the backward (``aten.convolution_backward``)
+nor our earlier decomposition of it (per-group forward convolutions) compiled for
+grouped (depthwise), dilated, 1-d or 3-d convolutions, and torch-mlir lowers no
+backward of a transposed one. Its transposed convolution also applied one dim's
+output padding to another:
 ``F.conv_transpose2d(x, w, stride=2, output_padding=(1, 0))`` failed to lower,
 and so did the backward of ``F.conv2d(x, w, stride=2)`` on a 6x5 input, whose
 input gradient is such a transposed convolution.
@@ -20,7 +21,7 @@ padding):
   convolution of the output gradient as input gradient and the weight gradient of
   a plain convolution with input and output gradient exchanged.
 
-The cases torch-mlir handles keep its lowering.
+Every convolution backward takes this path.
 """
 
 from __future__ import annotations
@@ -90,15 +91,6 @@ def _weight_gradient(grad: torch.Tensor, x: torch.Tensor, weight_shape: Sequence
     return sums.transpose(0, 1)
 
 
-def _torch_mlir_lowers(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Sequence[int],
-                       padding: Sequence[int], dilation: Sequence[int], groups: int) -> bool:
-    """Whether torch-mlir's own backward handles this plain convolution: 2-d, ungrouped, undilated,
-    and one output padding for both dims."""
-    if len(stride) != 2 or groups != 1 or any(d != 1 for d in dilation):
-        return False
-    return _uniform(_restoring_padding(grad, x, weight, stride, padding, dilation))
-
-
 def _restoring_padding(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Sequence[int],
                        padding: Sequence[int], dilation: Sequence[int]) -> list[int]:
     """The output paddings under which the transposed convolution of ``grad`` has ``x``'s size."""
@@ -110,7 +102,7 @@ def convolution_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tens
                          bias_sizes: Sequence[int] | None, stride: Sequence[int], padding: Sequence[int],
                          dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int,
                          output_mask: Sequence[bool]):
-    """``aten.convolution_backward`` in convolutions, except where torch-mlir's own lowering works.
+    """``aten.convolution_backward`` in convolutions torch-mlir lowers.
 
     A plain convolution's input gradient is the transposed convolution of ``grad`` (with the
     output paddings that restore the input's size), its weight gradient
@@ -118,8 +110,6 @@ def convolution_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tens
     input gradient is the plain convolution of ``grad``, its weight gradient that of a plain
     convolution of ``grad`` whose output gradient is ``x``.
     """
-    if not transposed and _torch_mlir_lowers(grad, x, weight, stride, padding, dilation, groups):
-        return NotImplemented
     zeros = [0] * len(stride)
     grad_input = grad_weight = grad_bias = None
     if transposed:

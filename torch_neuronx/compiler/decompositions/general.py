@@ -168,46 +168,6 @@ def flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumexp
     return grad_scores @ key, grad_scores.transpose(-2, -1) @ query, grad_value
 
 
-def convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
-                         output_padding, groups, output_mask):
-    """``aten.convolution_backward`` as forward convolutions, which torch-mlir lowers.
-
-    grad_input is the transposed convolution of grad_output with the weight;
-    grad_weight is the convolution of the input with grad_output as the kernel
-    (stride and dilation swap roles), per group; grad_bias sums grad_output.
-    """
-    spatial = list(range(2, grad_output.dim()))
-    if transposed:
-        # A transposed convolution's adjoint is the forward convolution with the same weight,
-        # and its weight gradient is that of a forward convolution of grad_output producing input.
-        zeros = [0] * len(spatial)
-        grad_input = (aten.convolution(grad_output, weight, None, stride, padding, dilation, False, zeros, groups)
-                      if output_mask[0] else None)
-        grad_weight = (convolution_backward(input, grad_output, weight, None, stride, padding, dilation, False,
-                                            zeros, groups, [False, True, False])[1] if output_mask[1] else None)
-        grad_bias = grad_output.sum(dim=[0, *spatial]) if output_mask[2] else None
-        return grad_input, grad_weight, grad_bias
-    grad_input = grad_weight = grad_bias = None
-    if output_mask[0]:
-        extra = [i - ((g - 1) * s - 2 * p + d * (k - 1) + 1) for i, g, s, p, d, k in zip(
-            input.shape[2:], grad_output.shape[2:], stride, padding, dilation, weight.shape[2:])]
-        grad_input = aten.convolution(grad_output, weight, None, stride, padding, dilation, True,
-                                      extra, groups)
-    if output_mask[1]:
-        in_per_group, out_per_group = input.shape[1] // groups, grad_output.shape[1] // groups
-        parts = []
-        for g in range(groups):
-            x = input[:, g * in_per_group:(g + 1) * in_per_group].transpose(0, 1)
-            k = grad_output[:, g * out_per_group:(g + 1) * out_per_group].transpose(0, 1)
-            w = aten.convolution(x, k, None, dilation, padding, stride, False, [0] * len(spatial), 1)
-            slices = tuple(slice(0, n) for n in weight.shape[2:])
-            parts.append(w.transpose(0, 1)[(slice(None), slice(None), *slices)])
-        grad_weight = parts[0] if groups == 1 else torch.cat(parts, dim=0)
-    if output_mask[2]:
-        grad_bias = grad_output.sum(dim=[0, *spatial])
-    return grad_input, grad_weight, grad_bias
-
-
 def remainder(a, b):
     """Python's modulo (the result takes the divisor's sign).
 
@@ -1010,7 +970,6 @@ FROM_TORCH = (
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
     aten._native_multi_head_attention.default: native_multi_head_attention,
-    aten.convolution_backward.default: convolution_backward,
     aten.remainder.Tensor: remainder,
     aten.remainder.Scalar: remainder_scalar,
     aten.div.Tensor_mode: div_mode,
