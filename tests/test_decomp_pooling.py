@@ -158,6 +158,24 @@ def test_2d_and_1d_pooling_match_eager_with_ties_and_nan():
     _check(fn, torch.randn(2, 3, 7, 5), ties, torch.randn(3, 5, 7))
 
 
+def test_avg_pool2d_with_a_divisor_override_forward_and_backward():
+    """torch-mlir rejected ``divisor_override``; every window's sum is divided by it, padding or not."""
+    def fn(x):
+        return (F.avg_pool2d(x, 2, divisor_override=3),
+                F.avg_pool2d(x, 3, stride=2, ceil_mode=True, divisor_override=5),
+                F.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False, divisor_override=4))
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 7, 8, generator=g)
+    eager_in, compiled_in = x.clone().requires_grad_(), x.clone().requires_grad_()
+    expected, got = fn(eager_in), torch.compile(fn, backend="neuron")(compiled_in)
+    weights = [torch.randn(e.shape, generator=g) for e in expected]
+    sum((e * w).sum() for e, w in zip(expected, weights)).backward()
+    sum((c * w).sum() for c, w in zip(got, weights)).backward()
+    torch.testing.assert_close(got, expected)
+    torch.testing.assert_close(compiled_in.grad, eager_in.grad)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
 def test_pooling_in_other_dtypes_matches_eager(dtype):
     """bfloat16 (max pooling compares, average pooling sums in float32) and float64 (kept)."""

@@ -814,9 +814,10 @@ def _pair(value, default=None) -> tuple[int, int]:
 
 def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_include_pad=True,
                divisor_override=None):
-    """``aten.avg_pool2d`` with ``ceil_mode`` (torch-mlir's reduce_window mis-sizes it): window
-    sums by a depthwise convolution with a kernel of ones, divided as torch divides."""
-    if not ceil_mode:
+    """``aten.avg_pool2d`` with ``ceil_mode`` (torch-mlir's reduce_window mis-sizes it) or a
+    ``divisor_override`` (torch-mlir rejects it): window sums by a depthwise convolution with a
+    kernel of ones, divided as torch divides."""
+    if not ceil_mode and not divisor_override:
         return NotImplemented
     (kh, kw) = _pair(kernel_size)
     sh, sw = _pair(stride, (kh, kw))
@@ -826,6 +827,8 @@ def avg_pool2d(x, kernel_size, stride=(), padding=0, ceil_mode=False, count_incl
     (h, w), channels = xb.shape[-2:], xb.shape[1]
 
     def out_size(size: int, k: int, st: int, p: int) -> int:
+        if not ceil_mode:
+            return (size + 2 * p - k) // st + 1
         out = -(-(size + 2 * p - k) // st) + 1
         return out - 1 if (out - 1) * st >= size + p else out
 
