@@ -9,6 +9,8 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 - :mod:`.convolution`: the backward of every convolution torch-mlir cannot train
   (grouped, dilated, 1-d, 3-d, transposed) and transposed convolutions with
   differing output paddings, in plain and transposed convolutions.
+- :mod:`.resampling`: antialiased bilinear and bicubic resizing, as two matmuls
+  with weights taken from torch's kernels at trace time.
 - :mod:`.linalg`: LU, Cholesky and triangular solves, and ``inv``, ``solve``,
   ``det``, ``slogdet`` on them, unrolled over the matrix size; eager's error checks
   become host checks of extra outputs.
@@ -33,6 +35,7 @@ from torch_neuronx.compiler.decompositions import (
     linalg,
     orthogonal,
     pooling,
+    resampling,
     sampling,
     scatter,
     special,
@@ -55,5 +58,6 @@ def _table(with_fma: bool) -> dict:
     return {**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
             **general.DECOMPOSITIONS, **special.DECOMPOSITIONS, **pooling.DECOMPOSITIONS,
             **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS, **foreach.DECOMPOSITIONS,
-            **sampling.DECOMPOSITIONS, **convolution.DECOMPOSITIONS, **linalg.DECOMPOSITIONS,
+            **sampling.DECOMPOSITIONS, **convolution.DECOMPOSITIONS, **resampling.DECOMPOSITIONS,
+            **linalg.DECOMPOSITIONS,
             **orthogonal.DECOMPOSITIONS, **float64_math.DECOMPOSITIONS, **extra}
