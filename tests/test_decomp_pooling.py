@@ -13,6 +13,7 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from compare import forward_backward
 from torch.utils._pytree import tree_leaves
 
 from torch_neuronx.compiler.decompositions import pooling, table
@@ -166,14 +167,9 @@ def test_avg_pool2d_with_a_divisor_override_forward_and_backward():
                 F.avg_pool2d(x, 3, stride=2, padding=1, count_include_pad=False, divisor_override=4))
 
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 3, 7, 8, generator=g)
-    eager_in, compiled_in = x.clone().requires_grad_(), x.clone().requires_grad_()
-    expected, got = fn(eager_in), torch.compile(fn, backend="neuron")(compiled_in)
-    weights = [torch.randn(e.shape, generator=g) for e in expected]
-    sum((e * w).sum() for e, w in zip(expected, weights)).backward()
-    sum((c * w).sum() for c, w in zip(got, weights)).backward()
+    expected, got, eager_grads, compiled_grads = forward_backward(fn, [torch.randn(2, 3, 7, 8, generator=g)], g)
     torch.testing.assert_close(got, expected)
-    torch.testing.assert_close(compiled_in.grad, eager_in.grad)
+    torch.testing.assert_close(compiled_grads, eager_grads)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from compare import forward_backward
 
 
 def test_antialiased_resizing_forward_and_backward():
@@ -14,12 +15,7 @@ def test_antialiased_resizing_forward_and_backward():
                 for how in ({"size": (7, 9)}, {"scale_factor": (0.5, 1.7)})]
 
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 3, 17, 23, generator=g)
-    eager_in, compiled_in = x.clone().requires_grad_(), x.clone().requires_grad_()
-    expected, got = fn(eager_in), torch.compile(fn, backend="neuron")(compiled_in)
-    weights = [torch.randn(e.shape, generator=g) for e in expected]
-    sum((e * w).sum() for e, w in zip(expected, weights)).backward()
-    sum((c * w).sum() for c, w in zip(got, weights)).backward()
+    expected, got, eager_grads, compiled_grads = forward_backward(fn, [torch.randn(2, 3, 17, 23, generator=g)], g)
     for got_t, expected_t in zip(got, expected, strict=True):
         torch.testing.assert_close(got_t, expected_t, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(compiled_in.grad, eager_in.grad, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(compiled_grads, eager_grads, rtol=1e-5, atol=1e-5)
