@@ -131,9 +131,7 @@ def _round_narrowed_constants(module: object) -> None:
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
         for convert in _ops_named(module, "stablehlo.convert"):
             source = convert.operands[0]  # type: ignore[attr-defined]
-            owner = source.owner
-            if not isinstance(owner, ir.Operation) and hasattr(owner, "operation"):
-                owner = owner.operation
+            owner = _defining_op(source)
             if getattr(owner, "name", None) not in ("arith.constant", "stablehlo.constant"):
                 continue
             source_type = ir.RankedTensorType(source.type)
@@ -141,7 +139,7 @@ def _round_narrowed_constants(module: object) -> None:
             target = str(target_type.element_type)
             if str(source_type.element_type) != "f64" or target not in _NARROW_FLOATS:
                 continue
-            value = ir.DenseFPElementsAttr(owner.attributes["value"])
+            value = ir.DenseFPElementsAttr(owner.attributes["value"])  # type: ignore[attr-defined]
             if value.is_splat:
                 element = ir.FloatAttr.get(target_type.element_type, ir.FloatAttr(value.get_splat_value()).value)
                 attr = ir.DenseElementsAttr.get_splat(target_type, element)
@@ -201,6 +199,21 @@ def _defining_op(value: object) -> object | None:
     return owner.operation if hasattr(owner, "operation") else owner
 
 
+def _barrier(value: object, point: object) -> object:
+    """An ``optimization_barrier`` of ``value`` created at ``point``: IREE fuses nothing across it."""
+    from torch_mlir import ir
+
+    return ir.Operation.create("stablehlo.optimization_barrier", results=[value.type],  # type: ignore[attr-defined]
+                               operands=[value], ip=point)
+
+
+def _materialize_operand(op: object, position: int) -> None:
+    """Make ``op`` read its operand ``position`` through a barrier (a tensor of its own)."""
+    from torch_mlir import ir
+
+    op.operands[position] = _barrier(op.operands[position], ir.InsertionPoint(op)).result  # type: ignore[attr-defined]
+
+
 def _reads_a_slice(value: object) -> bool:
     """Whether ``value`` is a slice seen through ops that only move elements (a strided view)."""
     source = _defining_op(value)
@@ -246,12 +259,8 @@ def _materialize_sliced_operands(module: object) -> None:
         reads += [(dot, position) for position in _vector_operands(dot)]
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
         for op, position in reads:
-            operand = op.operands[position]  # type: ignore[attr-defined]
-            if not _reads_a_slice(operand):
-                continue
-            barrier = ir.Operation.create("stablehlo.optimization_barrier", results=[operand.type],
-                                          operands=[operand], ip=ir.InsertionPoint(op))
-            op.operands[position] = barrier.result  # type: ignore[attr-defined]
+            if _reads_a_slice(op.operands[position]):  # type: ignore[attr-defined]
+                _materialize_operand(op, position)
 
 
 def _broadcast_vector(value: object) -> bool:
@@ -283,11 +292,8 @@ def _materialize_broadcast_products_of_full_sums(module: object) -> None:
             product = _defining_op(operands[0])
             if product is None or product.name != "stablehlo.multiply":  # type: ignore[attr-defined]
                 continue
-            if not any(_broadcast_vector(v) for v in product.operands):  # type: ignore[attr-defined]
-                continue
-            barrier = ir.Operation.create("stablehlo.optimization_barrier", results=[operands[0].type],
-                                          operands=[operands[0]], ip=ir.InsertionPoint(reduce))
-            reduce.operands[0] = barrier.result  # type: ignore[attr-defined]
+            if any(_broadcast_vector(v) for v in product.operands):  # type: ignore[attr-defined]
+                _materialize_operand(reduce, 0)
 
 
 _UNSIGNED = ("ui8", "ui16", "ui32", "ui64")
@@ -318,8 +324,7 @@ def _signed_unsigned_converts(module: object) -> None:
             elif kind in _UNSIGNED and target not in _UNSIGNED:
                 converted = ir.Operation.create("stablehlo.convert", results=[target_type], operands=[source],
                                                 ip=point)
-                replacement = ir.Operation.create("stablehlo.optimization_barrier", results=[target_type],
-                                                  operands=[converted.result], ip=point)
+                replacement = _barrier(converted.result, point)
             else:
                 continue
             convert.results[0].replace_all_uses_with(replacement.result)  # type: ignore[attr-defined]

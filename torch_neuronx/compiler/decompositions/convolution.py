@@ -34,35 +34,29 @@ aten = torch.ops.aten
 
 
 def _transposed(x: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], padding: Sequence[int],
-                dilation: Sequence[int], output_padding: Sequence[int], groups: int) -> torch.Tensor:
-    """A transposed convolution (no bias): the full output, then each spatial dim cut to size."""
+                dilation: Sequence[int], sizes: Sequence[int], groups: int) -> torch.Tensor:
+    """A transposed convolution (no bias) with spatial ``sizes``: the full output, each dim cut to size."""
     dims = len(stride)
     full = aten.convolution.default(x, weight, None, list(stride), [0] * dims, list(dilation), True,
                                     [0] * dims, groups)
-    for i in range(dims):
+    for i, size in enumerate(sizes):
         axis = 2 + i
-        kernel = weight.shape[axis]
-        size = (x.shape[axis] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (kernel - 1) + output_padding[i] + 1
-        start = padding[i]
-        available = full.shape[axis] - start
-        full = full.narrow(axis, start, min(size, available))
+        available = full.shape[axis] - padding[i]
+        full = full.narrow(axis, padding[i], min(size, available))
         if size > available:  # output padding past the full output: rows nothing contributes to
-            pad = [0, 0] * (full.dim() - axis - 1) + [0, size - available]
-            full = torch.nn.functional.pad(full, pad)
+            full = torch.nn.functional.pad(full, [0, 0] * (full.dim() - axis - 1) + [0, size - available])
     return full
-
-
-def _uniform(values: Sequence[int]) -> bool:
-    return len(set(values)) <= 1
 
 
 def convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
                 padding: Sequence[int], dilation: Sequence[int], transposed: bool,
                 output_padding: Sequence[int], groups: int):
     """``aten.convolution``: ours only for transposed ones with differing output paddings."""
-    if not transposed or _uniform(output_padding):
+    if not transposed or len(set(output_padding)) <= 1:
         return NotImplemented
-    out = _transposed(x, weight, stride, padding, dilation, output_padding, groups)
+    sizes = [(x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (weight.shape[2 + i] - 1)
+             + output_padding[i] + 1 for i in range(len(stride))]
+    out = _transposed(x, weight, stride, padding, dilation, sizes, groups)
     if bias is not None:
         out = out + bias.view(1, -1, *([1] * len(stride)))
     return out
@@ -91,21 +85,14 @@ def _weight_gradient(grad: torch.Tensor, x: torch.Tensor, weight_shape: Sequence
     return sums.transpose(0, 1)
 
 
-def _restoring_padding(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: Sequence[int],
-                       padding: Sequence[int], dilation: Sequence[int]) -> list[int]:
-    """The output paddings under which the transposed convolution of ``grad`` has ``x``'s size."""
-    return [x.shape[2 + i] - ((grad.shape[2 + i] - 1) * stride[i] - 2 * padding[i]
-                              + dilation[i] * (weight.shape[2 + i] - 1) + 1) for i in range(len(stride))]
-
-
 def convolution_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor,
                          bias_sizes: Sequence[int] | None, stride: Sequence[int], padding: Sequence[int],
                          dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int,
                          output_mask: Sequence[bool]):
     """``aten.convolution_backward`` in convolutions torch-mlir lowers.
 
-    A plain convolution's input gradient is the transposed convolution of ``grad`` (with the
-    output paddings that restore the input's size), its weight gradient
+    A plain convolution's input gradient is the transposed convolution of ``grad`` cut to the
+    input's size, its weight gradient
     :func:`_weight_gradient`. A transposed convolution is the adjoint of a plain one: its
     input gradient is the plain convolution of ``grad``, its weight gradient that of a plain
     convolution of ``grad`` whose output gradient is ``x``.
@@ -120,8 +107,7 @@ def convolution_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tens
             grad_weight = _weight_gradient(x, grad, weight.shape, stride, padding, dilation, groups)
     else:
         if output_mask[0]:
-            grad_input = _transposed(grad, weight, stride, padding, dilation,
-                                     _restoring_padding(grad, x, weight, stride, padding, dilation), groups)
+            grad_input = _transposed(grad, weight, stride, padding, dilation, x.shape[2:], groups)
         if output_mask[1]:
             grad_weight = _weight_gradient(grad, x, weight.shape, stride, padding, dilation, groups)
     if output_mask[2]:

@@ -231,7 +231,7 @@ def _cholesky_info(factor: torch.Tensor) -> torch.Tensor:
 
 def _check(info: torch.Tensor, api_name: str, a: torch.Tensor) -> None:
     """Check ``info`` as eager's ``api_name`` does (on the host, after the compiled call)."""
-    torch.ops.neuron.linalg_check_errors(info, api_name, a.dim() == 2)
+    CHECK(info, api_name, a.dim() == 2)
 
 
 def _eye_like(a: torch.Tensor) -> torch.Tensor:
@@ -439,7 +439,7 @@ def linalg_matrix_exp(a: torch.Tensor) -> torch.Tensor:
 
 def _linalg_check_errors(info: torch.Tensor, api_name: str, is_matrix: bool) -> None:
     """``aten._linalg_check_errors`` (``inv``, ``solve``, ``cholesky`` and ``lu_factor`` call it): :data:`CHECK`."""
-    torch.ops.neuron.linalg_check_errors(info, api_name, is_matrix)
+    CHECK(info, api_name, is_matrix)
 
 
 def _real_only(fn: Callable) -> Callable:
