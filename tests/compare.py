@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import torch
 
@@ -14,7 +15,14 @@ def forward_backward(fn: Callable, inputs: Sequence[torch.Tensor], generator: to
     eager_in = [t.clone().requires_grad_() for t in inputs]
     compiled_in = [t.clone().requires_grad_() for t in inputs]
     expected, got = list(fn(*eager_in)), list(torch.compile(fn, backend="neuron")(*compiled_in))
-    weights = [torch.randn(e.shape, generator=generator) for e in expected]
-    sum((e * w).sum() for e, w in zip(expected, weights)).backward()
-    sum((c * w).sum() for c, w in zip(got, weights)).backward()
+    weighted_backward(expected, got, range(len(expected)), generator)
     return expected, got, [t.grad for t in eager_in], [t.grad for t in compiled_in]
+
+
+def weighted_backward(expected: Any, got: Any, keys: Iterable, generator: torch.Generator,
+                      dtype: torch.dtype | None = None) -> None:
+    """Backpropagate ``sum(output * w)`` over ``keys`` of both output collections (dicts or lists),
+    one random ``w`` per key, drawn in the order of ``keys`` and shared by both."""
+    weights = {k: torch.randn(expected[k].shape, generator=generator, dtype=dtype) for k in keys}
+    for outputs in (expected, got):
+        sum((outputs[k] * w).sum() for k, w in weights.items()).backward()

@@ -10,6 +10,7 @@ outputs and the gradients of inputs, weights and biases.
 from __future__ import annotations
 
 import torch
+from compare import weighted_backward
 from torch import nn
 
 
@@ -50,9 +51,7 @@ def test_convolutions_train_as_in_eager():
     compiled_in = {k: v.clone().requires_grad_() for k, v in inputs.items()}
     expected = _apply(eager_layers, eager_in)
     got = torch.compile(_apply, backend="neuron")(compiled_layers, compiled_in)
-    weights = {k: torch.randn(v.shape, generator=g) for k, v in expected.items()}
-    sum((expected[k] * w).sum() for k, w in weights.items()).backward()
-    sum((got[k] * w).sum() for k, w in weights.items()).backward()
+    weighted_backward(expected, got, list(expected), g)
     for name in _INPUTS:
         assert got[name].shape == expected[name].shape, name
         torch.testing.assert_close(got[name], expected[name], rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")

@@ -9,13 +9,9 @@ import torch.nn.functional as F
 from torch_neuronx.compiler.decompositions import functional
 
 
-@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
-def test_grid_sample_every_padding_mode_forward_and_backward(mode):
-    """Grid points inside, on the border of and outside the input; gradients for input and grid."""
-    torch.manual_seed(0)
-    x = torch.randn(2, 3, 7, 8, requires_grad=True)
-    grid = (torch.rand(2, 5, 6, 2) * 2.4 - 1.2).requires_grad_()
-
+def _check_every_padding(x: torch.Tensor, grid: torch.Tensor, mode: str) -> None:
+    """``F.grid_sample`` in every padding and corner alignment, compiled vs eager, with the
+    gradients of input and grid."""
     def fn(x, grid):
         return torch.stack([F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=corners)
                             for padding in ("zeros", "border", "reflection") for corners in (False, True)])
@@ -28,6 +24,15 @@ def test_grid_sample_every_padding_mode_forward_and_backward(mode):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     for g, e in zip(got_grads, expected_grads, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=5e-5)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+def test_grid_sample_every_padding_mode_forward_and_backward(mode):
+    """Grid points inside, on the border of and outside the input; gradients for input and grid."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 7, 8, requires_grad=True)
+    grid = (torch.rand(2, 5, 6, 2) * 2.4 - 1.2).requires_grad_()
+    _check_every_padding(x, grid, mode)
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])
@@ -36,19 +41,7 @@ def test_volumetric_grid_sample_every_padding_mode_forward_and_backward(mode):
     torch.manual_seed(1)
     x = torch.randn(2, 2, 4, 5, 6, requires_grad=True)
     grid = (torch.rand(2, 3, 2, 4, 3) * 2.6 - 1.3).requires_grad_()
-
-    def fn(x, grid):
-        return torch.stack([F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=corners)
-                            for padding in ("zeros", "border", "reflection") for corners in (False, True)])
-
-    expected = fn(x, grid)
-    weights = torch.randn_like(expected)
-    expected_grads = torch.autograd.grad((expected * weights).sum(), [x, grid])
-    got = torch.compile(fn, backend="neuron")(x, grid)
-    got_grads = torch.autograd.grad((got * weights).sum(), [x, grid])
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    for g, e in zip(got_grads, expected_grads, strict=True):
-        torch.testing.assert_close(g, e, rtol=1e-4, atol=5e-5)
+    _check_every_padding(x, grid, mode)
 
 
 def test_spatial_transformer_trains_like_eager():

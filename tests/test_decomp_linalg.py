@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from compare import weighted_backward
 
 aten = torch.ops.aten
 
@@ -83,13 +84,7 @@ def _check(cases: dict, dtype: torch.dtype) -> None:
                                        msg=lambda m, name=name: f"{name}: {m}")
 
     g = torch.Generator().manual_seed(1)
-    weights = {k: torch.randn(v.shape, generator=g, dtype=dtype) for k, v in expected.items() if v.requires_grad}
-
-    def loss(outputs):
-        return sum((outputs[k] * w).sum() for k, w in weights.items())
-
-    loss(expected).backward()
-    loss(got).backward()
+    weighted_backward(expected, got, [k for k, v in expected.items() if v.requires_grad], g, dtype)
     for case in cases:
         for which, eager_t, compiled_t in zip("asb", eager_in[case], compiled_in[case]):
             torch.testing.assert_close(compiled_t.grad, eager_t.grad, rtol=rtol, atol=atol,

@@ -9,6 +9,7 @@ orthonormality), and gradients through losses that do not depend on the signs.
 from __future__ import annotations
 
 import torch
+from compare import weighted_backward
 
 _TOLERANCE = {torch.float32: (2e-4, 2e-4), torch.float64: (1e-10, 1e-10)}
 
@@ -40,10 +41,7 @@ def test_qr_matches_eager_forward_and_backward():
         for name, value in expected.items():
             assert got[name].shape == value.shape, name
             _close(got[name].detach(), value.detach(), dtype, name)
-        weights = {k: torch.randn(v.shape, generator=g, dtype=dtype) for k, v in expected.items()
-                   if k in ("q", "r", "q_square")}
-        sum((expected[k] * w).sum() for k, w in weights.items()).backward()
-        sum((got[k] * w).sum() for k, w in weights.items()).backward()
+        weighted_backward(expected, got, ("q", "r", "q_square"), g, dtype)
         for which, (e, c) in enumerate(zip(eager_in, compiled_in)):
             if e.grad is not None:
                 _close(c.grad, e.grad, dtype, f"grad {which}")
@@ -86,9 +84,7 @@ def test_eigh_and_svd_match_eager_forward_and_backward():
     assert (got["eigvalsh_upper"] - got["eigenvalues"]).abs().max() > 1
     invariant = ("eigenvalues", "eig_reconstruction", "singular_values", "svd_reconstruction", "nuclear",
                  "norm2", "eigvalsh_upper", "pinv", "pinv_hermitian")
-    weights = {k: torch.randn(expected[k].shape, generator=g, dtype=dtype) for k in invariant}
-    sum((expected[k] * w).sum() for k, w in weights.items()).backward()
-    sum((got[k] * w).sum() for k, w in weights.items()).backward()
+    weighted_backward(expected, got, invariant, g, dtype)
     for which, (e, c) in enumerate(zip(eager_in, compiled_in)):
         _close(c.grad, e.grad, dtype, f"grad {which}")
 
