@@ -1,4 +1,5 @@
-"""FX passes that legalize aot_autograd graphs for torch-mlir, one pass per module.
+"""FX passes that legalize aot_autograd graphs for torch-mlir (and one that reshapes them
+for IREE), one pass per module.
 
 Each pass is a function ``GraphModule -> GraphModule`` whose docstring says
 what it legalizes and why. :data:`PIPELINE` is the order the compile path runs
@@ -17,6 +18,7 @@ from torch_neuronx.compiler.passes.complex_to_real import complex_to_real
 from torch_neuronx.compiler.passes.constant_fold import constant_fold
 from torch_neuronx.compiler.passes.empty_slices import empty_slices_to_full
 from torch_neuronx.compiler.passes.host_checks import checks_to_outputs
+from torch_neuronx.compiler.passes.pointwise_views import pointwise_views_unviewed
 from torch_neuronx.compiler.passes.random_inputs import random_ops_to_inputs
 from torch_neuronx.compiler.passes.scalar_inputs import inline_scalar_inputs
 from torch_neuronx.compiler.passes.scalar_operands import scalar_operands_to_tensors
@@ -34,6 +36,7 @@ PIPELINE: list[Pass] = [
     squeeze_dims_to_view,
     empty_slices_to_full,
     bool_constants_to_int8,
+    pointwise_views_unviewed,  # an optimization: last, on the legalized graph
 ]
 
 
