@@ -347,6 +347,11 @@ _register(
         "physical memory.",
         _OURS, parse_non_negative_int, default_doc="0 (a quarter of host memory)",
         readers=("runtime.executable",), ours=True),
+    Var("TORCH_NEURONX_PAUSE_OPENMP", "bool", True,
+        "When 1 (the default), a call of a NEFF that runs on several runtime workers first ends the "
+        "calling thread's idle OpenMP threads (omp_pause_resource_all), whose spin-wait after a parallel "
+        "torch op would take cores from the workers; the next parallel torch op starts them again.",
+        _OURS, parse_bool, readers=("runtime.openmp",), ours=True),
     Var("TORCH_NEURONX_IREE_COMPILE", "path", "",
         "Path of the iree-compile executable. Empty (the default): the one shipped with "
         "iree-base-compiler.",

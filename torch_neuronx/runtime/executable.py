@@ -22,6 +22,7 @@ from torch_neuronx import config, metrics
 from torch_neuronx.compiler import neff as neff_format
 from torch_neuronx.compiler import resident
 from torch_neuronx.compiler.errors import NeuronCompileError
+from torch_neuronx.runtime import openmp
 
 _log = logging.getLogger("torch_neuronx.runtime")
 
@@ -197,6 +198,8 @@ class Executable:
             raise NeuronCompileError("load", f"the NEFF has no function {function!r}")
         self._num_outputs = len(signature.get("outputs", [])) or None
         self._hal = self.device.hal
+        # Runs on the task executor's workers, which torch's spinning OpenMP threads would slow.
+        self._multithreaded = driver == "local-task"
         self._from_capsule = self._hal.from_dlpack_capsule
         self._list = rt.VmVariantList
         self._view_type = rt.HalBufferView
@@ -297,6 +300,8 @@ class Executable:
                 continue
             args.push_ref(self._view(t))
         results = self._list(self._num_outputs or 4)
+        if self._multithreaded:
+            openmp.end_idle_threads()
         try:
             context.invoke(self._function, args, results)
         except Exception as exc:

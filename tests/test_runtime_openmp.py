@@ -1,0 +1,80 @@
+"""A multi-threaded NEFF call first ends torch's idle OpenMP threads (runtime/openmp.py)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from torch_neuronx.dynamo.graph import CompiledGraph
+from torch_neuronx.runtime import openmp
+
+
+def _threads() -> set[int]:
+    return {int(tid) for tid in os.listdir("/proc/self/task")}
+
+
+def _gone(tids: set[int], seconds: float = 2.0) -> bool:
+    """Whether every thread of ``tids`` has exited (an ended thread leaves /proc shortly after)."""
+    deadline = time.monotonic() + seconds
+    while tids & _threads():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.fixture
+def two_torch_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _openmp_workers(a: torch.Tensor) -> set[int]:
+    """The threads a parallel torch op starts (its OpenMP workers), after ending any idle ones."""
+    openmp.end_idle_threads()
+    before = _threads()
+    torch.mm(a, a)  # large enough for torch to run it on both threads
+    return _threads() - before - {threading.get_native_id()}
+
+
+def _compiled_linear() -> tuple[torch.nn.Module, torch.Tensor, torch.nn.Module]:
+    model = torch.nn.Linear(512, 512).eval()  # 67 MFLOP at batch 128: the multi-threaded driver
+    x = torch.randn(128, 512)
+    compiled = torch.compile(model, backend="neuron")
+    with torch.no_grad():
+        compiled(x)
+    graph = [o for o in gc.get_objects() if type(o) is CompiledGraph and o._executable is not None][-1]
+    assert graph._executable._multithreaded
+    return model, x, compiled
+
+
+pytestmark = pytest.mark.skipif(openmp._pause_function() is None,
+                                reason="no OpenMP runtime with omp_pause_resource_all")
+
+
+def test_a_multithreaded_call_ends_idle_openmp_threads_and_torch_starts_them_again(two_torch_threads):
+    model, x, compiled = _compiled_linear()
+    a = torch.randn(512, 512)
+    workers = _openmp_workers(a)
+    assert workers, "torch's parallel op started no OpenMP thread"
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert _gone(workers)
+    torch.testing.assert_close(torch.mm(a, a), a.double().mm(a.double()).float(), rtol=1e-4, atol=1e-3)
+    assert _openmp_workers(a), "torch did not start its OpenMP threads again"
+
+
+def test_the_variable_turns_it_off(two_torch_threads, monkeypatch):
+    model, x, compiled = _compiled_linear()
+    workers = _openmp_workers(torch.randn(512, 512))
+    monkeypatch.setenv("TORCH_NEURONX_PAUSE_OPENMP", "0")
+    with torch.no_grad():
+        compiled(x)
+    assert workers and workers <= _threads()
