@@ -347,6 +347,11 @@ _register(
         "physical memory.",
         _OURS, parse_non_negative_int, default_doc="0 (a quarter of host memory)",
         readers=("runtime.executable",), ours=True),
+    Var("TORCH_NEURONX_PIN_WORKERS", "bool", True,
+        "When 1 (the default), each worker of the multi-threaded runtime driver (one per CPU this "
+        "process may use) is pinned to its own CPU, so the kernel cannot stack two workers on one core "
+        "after the calling thread was busy. 0 leaves them unpinned. Read when the runtime first starts.",
+        _OURS, parse_bool, readers=("runtime.executable",), ours=True),
     Var("TORCH_NEURONX_PAUSE_OPENMP", "bool", True,
         "When 1 (the default), a call of a NEFF that runs on several runtime workers first ends the "
         "calling thread's idle OpenMP threads (omp_pause_resource_all), whose spin-wait after a parallel "

@@ -97,11 +97,24 @@ def _rt():  # imported lazily: iree.runtime loads native libraries
     return rt
 
 
-def _task_workers() -> int:
-    # One worker per core this process may use. IREE's default topology counts physical cores
-    # from sysfs, which in a VM or container need not match the CPUs it may run on. (One more
-    # worker made a transformer block ~6% faster but a 13 MFLOP MLP ~80% slower on 2 cores.)
-    return len(os.sched_getaffinity(0))
+_MAX_WORKERS = 64  # IREE's topology tracks its worker groups in a 64-bit mask
+
+
+def _topology_flag() -> str:
+    """The task executor's topology: one worker per CPU this process may use.
+
+    IREE's default topology counts physical cores from sysfs, which in a VM or container need
+    not match the CPUs the process may run on. (One more worker made a transformer block ~6%
+    faster but a 13 MFLOP MLP ~80% slower on 2 cores.) Pinned, each worker keeps its own CPU.
+    Unpinned, calls made within tens of milliseconds after the calling thread had been busy
+    ran at about half speed, as if both workers of the 2-core host shared one core: a
+    transformer block called right after 20 eager and 20 inductor calls averaged 7.9 ms over
+    its next ten calls unpinned, 5.9-6.3 ms pinned (bench/compile.py's block).
+    """
+    cpus = sorted(os.sched_getaffinity(0))[:_MAX_WORKERS]
+    if config.get("TORCH_NEURONX_PIN_WORKERS"):
+        return "--task_topology_cpu_ids=" + ",".join(map(str, cpus))
+    return f"--task_topology_group_count={len(cpus)}"
 
 
 _flags_set = False
@@ -110,7 +123,7 @@ _flags_set = False
 def _set_runtime_flags(driver: str) -> None:
     global _flags_set
     if driver == "local-task" and not _flags_set:
-        _rt().flags.parse_flags(f"--task_topology_group_count={_task_workers()}")
+        _rt().flags.parse_flags(_topology_flag())
         _flags_set = True
 
 

@@ -1,9 +1,13 @@
-"""A multi-threaded NEFF call first ends torch's idle OpenMP threads (runtime/openmp.py)."""
+"""The runtime's threads: one pinned worker per allowed CPU, and a multi-threaded NEFF call
+first ends torch's idle OpenMP threads (runtime/openmp.py)."""
 
 from __future__ import annotations
 
 import gc
+import json
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -55,10 +59,40 @@ def _compiled_linear() -> tuple[torch.nn.Module, torch.Tensor, torch.nn.Module]:
     return model, x, compiled
 
 
-pytestmark = pytest.mark.skipif(openmp._pause_function() is None,
-                                reason="no OpenMP runtime with omp_pause_resource_all")
+_no_openmp_pause = pytest.mark.skipif(openmp._pause_function() is None,
+                                      reason="no OpenMP runtime with omp_pause_resource_all")
+
+_WORKER_AFFINITIES = """
+import json, os, torch
+model = torch.nn.Linear(512, 512).eval()
+with torch.no_grad():
+    torch.compile(model, backend="neuron")(torch.randn(128, 512))
+for tid in os.listdir("/proc/self/task"):
+    with open(f"/proc/self/task/{tid}/comm") as f:
+        if f.read().startswith("iree-worker"):
+            print(json.dumps(sorted(os.sched_getaffinity(int(tid)))))
+"""
 
 
+def _worker_affinities(env: dict[str, str]) -> list[list[int]]:
+    """The CPU sets of the runtime's workers in a fresh process that ran a multi-threaded NEFF."""
+    out = subprocess.run([sys.executable, "-c", _WORKER_AFFINITIES], env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("[")]
+
+
+def test_one_worker_pinned_to_each_cpu_the_process_may_use():
+    allowed = sorted(os.sched_getaffinity(0))[:64]
+    affinities = _worker_affinities({})
+    assert sorted(affinities) == [[cpu] for cpu in allowed]
+
+
+def test_workers_run_unpinned_with_the_variable_off():
+    allowed = sorted(os.sched_getaffinity(0))[:64]
+    assert _worker_affinities({"TORCH_NEURONX_PIN_WORKERS": "0"}) == [allowed] * len(allowed)
+
+
+@_no_openmp_pause
 def test_a_multithreaded_call_ends_idle_openmp_threads_and_torch_starts_them_again(two_torch_threads):
     model, x, compiled = _compiled_linear()
     a = torch.randn(512, 512)
@@ -71,6 +105,7 @@ def test_a_multithreaded_call_ends_idle_openmp_threads_and_torch_starts_them_aga
     assert _openmp_workers(a), "torch did not start its OpenMP threads again"
 
 
+@_no_openmp_pause
 def test_the_variable_turns_it_off(two_torch_threads, monkeypatch):
     model, x, compiled = _compiled_linear()
     workers = _openmp_workers(torch.randn(512, 512))
