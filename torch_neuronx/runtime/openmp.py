@@ -6,9 +6,10 @@ A NEFF call on the multi-threaded local-task driver that starts in that window
 shares every core with them: a transformer block took 9.1-9.6 ms instead of
 5.1-5.8 ms right after an inductor call (2 cores, bench/compile.py's block). Any
 training loop meets this window at every step (the optimizer, the loss, a graph
-break). ``omp_pause_resource_all(omp_pause_soft)`` ends those threads; the next
-parallel torch op creates them again (about 30 us, once). Without a thread pool
-it costs well under a microsecond.
+break). ``omp_pause_resource_all(omp_pause_soft)`` ends those threads: 50-70 us
+while they spin, about 200 us once they sleep (wake-ups are slow on that VM),
+well under a microsecond when there are none; the next parallel torch op
+creates them again (about 30 us, once).
 
 Only the calling thread's pool is affected, and only outside a parallel region
 (the OpenMP runtime refuses otherwise). TORCH_NEURONX_PAUSE_OPENMP=0 turns it off.
