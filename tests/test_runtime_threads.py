@@ -96,11 +96,13 @@ def test_workers_run_unpinned_with_the_variable_off():
 def test_a_multithreaded_call_ends_idle_openmp_threads_and_torch_starts_them_again(two_torch_threads):
     model, x, compiled = _compiled_linear()
     a = torch.randn(512, 512)
-    workers = _openmp_workers(a)
-    assert workers, "torch's parallel op started no OpenMP thread"
     with torch.no_grad():
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+        expected = model(x)
+        workers = _openmp_workers(a)
+        assert workers, "torch's parallel op started no OpenMP thread"
+        got = compiled(x)
     assert _gone(workers)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(torch.mm(a, a), a.double().mm(a.double()).float(), rtol=1e-4, atol=1e-3)
     assert _openmp_workers(a), "torch did not start its OpenMP threads again"
 
