@@ -86,12 +86,13 @@ def _resize_backward(kernel: Callable) -> Callable:
 
 
 _BILINEAR, _BICUBIC = aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default
+_RESIZE_BILINEAR, _RESIZE_BICUBIC = _resize(_BILINEAR), _resize(_BICUBIC)
 
 DECOMPOSITIONS: dict = {
-    _BILINEAR: _resize(_BILINEAR),
-    _BICUBIC: _resize(_BICUBIC),
-    aten._upsample_bilinear2d_aa.vec: _resize_vec(_resize(_BILINEAR)),
-    aten._upsample_bicubic2d_aa.vec: _resize_vec(_resize(_BICUBIC)),
+    _BILINEAR: _RESIZE_BILINEAR,
+    _BICUBIC: _RESIZE_BICUBIC,
+    aten._upsample_bilinear2d_aa.vec: _resize_vec(_RESIZE_BILINEAR),
+    aten._upsample_bicubic2d_aa.vec: _resize_vec(_RESIZE_BICUBIC),
     aten._upsample_bilinear2d_aa_backward.default: _resize_backward(_BILINEAR),
     aten._upsample_bicubic2d_aa_backward.default: _resize_backward(_BICUBIC),
 }

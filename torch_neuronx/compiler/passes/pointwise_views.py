@@ -37,12 +37,14 @@ def _shape(node: object) -> tuple[int, ...] | None:
     return tuple(val.shape) if val is not None else None
 
 
-def _region(end: torch.fx.Node, unviewed: tuple[int, ...]) -> list[torch.fx.Node] | None:
+def _region(end: torch.fx.Node, unviewed: tuple[int, ...]
+            ) -> tuple[list[torch.fx.Node], set[torch.fx.Node]] | None:
     """The pointwise nodes that compute ``end`` from views of ``unviewed``-shaped tensors (and
-    0-d tensors, which broadcast alike in either shape), in graph order; None when ``end``
-    is not such a region or a node inside it is used outside it."""
+    0-d tensors, which broadcast alike in either shape), in graph order, and those views; None
+    when ``end`` is not such a region or a node inside it is used outside it."""
     viewed = _shape(end)
     region: set[torch.fx.Node] = set()
+    leaves: set[torch.fx.Node] = set()
     stack = [end]
     while stack:
         node = stack.pop()
@@ -56,26 +58,23 @@ def _region(end: torch.fx.Node, unviewed: tuple[int, ...]) -> list[torch.fx.Node
             if shape == ():
                 continue
             if _is_view(arg) and shape == viewed and _shape(arg.args[0]) == unviewed:
-                continue  # a leaf: its source replaces it
-            stack.append(arg)
+                leaves.add(arg)  # its source replaces it
+            else:
+                stack.append(arg)
     if any(u not in region for node in region if node is not end for u in node.users):
         return None
-    return [node for node in end.graph.nodes if node in region]
+    return [node for node in end.graph.nodes if node in region], leaves
 
 
-def _rewrite(region: list[torch.fx.Node], unviewed: tuple[int, ...]) -> set[torch.fx.Node]:
-    """Feed ``region`` the sources of its leaf views and give it ``unviewed`` shapes; return
-    the leaf views."""
-    leaves = set()
+def _rewrite(region: list[torch.fx.Node], leaves: set[torch.fx.Node], unviewed: tuple[int, ...]) -> None:
+    """Feed ``region`` the sources of its ``leaves`` (views) and give it ``unviewed`` shapes."""
     for node in region:
         for arg in node.all_input_nodes:
-            if _is_view(arg) and arg not in region and _shape(arg) != ():
+            if arg in leaves:
                 node.replace_input_with(arg, arg.args[0])
-                leaves.add(arg)
         node.meta["val"] = node.meta["val"].reshape(unviewed)
         if "tensor_meta" in node.meta:
             node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta["val"])
-    return leaves
 
 
 def pointwise_views_unviewed(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -88,10 +87,11 @@ def pointwise_views_unviewed(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if (not isinstance(end, torch.fx.Node) or unviewed is None or unviewed == _shape(end)
                 or any(not _is_view(u) or _shape(u) != unviewed for u in end.users)):
             continue
-        region = _region(end, unviewed)
-        if region is None:
+        found = _region(end, unviewed)
+        if found is None:
             continue
-        leaves = _rewrite(region, unviewed)
+        region, leaves = found
+        _rewrite(region, leaves, unviewed)
         inverse = list(end.users)
         for view in inverse:
             view.replace_all_uses_with(end)
