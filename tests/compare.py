@@ -1,4 +1,5 @@
-"""Running a function eagerly and compiled on the same inputs, forward and backward."""
+"""Helpers the tests share: running a function eagerly and compiled on the same inputs, forward
+and backward, and finding the graph the last compile produced."""
 
 from __future__ import annotations
 
@@ -26,3 +27,12 @@ def weighted_backward(expected: Any, got: Any, keys: Iterable, generator: torch.
     weights = {k: torch.randn(expected[k].shape, generator=generator, dtype=dtype) for k in keys}
     for outputs in (expected, got):
         sum((outputs[k] * w).sum() for k, w in weights.items()).backward()
+
+
+def last_compiled_graph() -> Any:
+    """The ``CompiledGraph`` of the last neuron compile that has run (with its executable loaded)."""
+    import gc
+
+    from torch_neuronx.dynamo.graph import CompiledGraph
+
+    return [o for o in gc.get_objects() if type(o) is CompiledGraph and o._executable is not None][-1]

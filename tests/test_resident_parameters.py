@@ -9,6 +9,7 @@ import os
 import pytest
 import torch
 import torch.nn as nn
+from compare import last_compiled_graph
 
 from torch_neuronx import metrics
 from torch_neuronx.compiler import driver, resident, targets
@@ -27,15 +28,6 @@ _MODULE = """module {
 def _mlp() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
-
-
-def _graph() -> object:
-    """The CompiledGraph of the last neuron compile that has run."""
-    import gc
-
-    from torch_neuronx.dynamo.graph import CompiledGraph
-
-    return [o for o in gc.get_objects() if type(o) is CompiledGraph and o._executable is not None][-1]
 
 
 def test_rewrite_turns_chosen_arguments_into_parameter_globals():
@@ -66,7 +58,7 @@ def test_inference_graph_binds_parameters_once_and_matches_eager():
         for _ in range(3):
             torch.testing.assert_close(compiled(x), model(x))
         assert metrics.counter("parameter_bindings") == before + 1
-    executable = _graph()._executable
+    executable = last_compiled_graph()._executable
     signature = executable.neff.header.signature
     assert len(signature["resident"]) == 4  # two weights, two biases; x stays an argument
     assert [bool(spec.get("resident")) for spec in signature["inputs"]].count(False) == 1
@@ -120,7 +112,7 @@ def test_disabled_by_variable(monkeypatch):
     compiled = torch.compile(model, backend="neuron")
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
-    assert "resident" not in _graph()._executable.neff.header.signature
+    assert "resident" not in last_compiled_graph()._executable.neff.header.signature
 
 
 def test_misaligned_parameter_is_bound_from_an_aligned_copy():
@@ -168,7 +160,7 @@ def test_weights_changing_between_every_call_switch_to_arguments():
     assert metrics.counter("volatile_parameter_graphs") == before + 1
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
-    assert "resident" not in _graph()._executable.neff.header.signature
+    assert "resident" not in last_compiled_graph()._executable.neff.header.signature
 
 
 def test_weights_stable_over_several_calls_stay_resident():
@@ -181,7 +173,7 @@ def test_weights_stable_over_several_calls_stay_resident():
                 torch.testing.assert_close(compiled(x), model(x))
             model[0].bias.add_(0.5)
     assert metrics.counter("volatile_parameter_graphs") == before
-    assert "resident" in _graph()._executable.neff.header.signature
+    assert "resident" in last_compiled_graph()._executable.neff.header.signature
 
 
 def test_threads_share_one_binding_and_see_updates():
@@ -216,7 +208,7 @@ def test_threads_share_one_binding_and_see_updates():
             t.join()
         assert not errors, errors[0]
         assert metrics.counter("parameter_bindings") == before + step  # round 1 binds once, for all threads
-    assert "resident" in _graph()._executable.neff.header.signature
+    assert "resident" in last_compiled_graph()._executable.neff.header.signature
 
 
 def test_bindings_beyond_the_byte_budget_release_the_least_recently_used(monkeypatch):

@@ -3,7 +3,6 @@ first ends torch's idle OpenMP threads (runtime/openmp.py)."""
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import subprocess
@@ -13,8 +12,8 @@ import time
 
 import pytest
 import torch
+from compare import last_compiled_graph
 
-from torch_neuronx.dynamo.graph import CompiledGraph
 from torch_neuronx.runtime import openmp
 
 
@@ -54,8 +53,7 @@ def _compiled_linear() -> tuple[torch.nn.Module, torch.Tensor, torch.nn.Module]:
     compiled = torch.compile(model, backend="neuron")
     with torch.no_grad():
         compiled(x)
-    graph = [o for o in gc.get_objects() if type(o) is CompiledGraph and o._executable is not None][-1]
-    assert graph._executable._multithreaded
+    assert last_compiled_graph()._executable._multithreaded
     return model, x, compiled
 
 
