@@ -97,6 +97,32 @@ def test_option_overrides_environment_and_reports_source(monkeypatch):
     assert config.lookup("NEURON_PLATFORM_TARGET_OVERRIDE") == (None, "default")
 
 
+def test_overrides_belong_to_the_thread_that_set_them():
+    import threading
+
+    seen = []
+    with config.override(TORCH_NEURONX_COMPILE_ONLY=True):
+        thread = threading.Thread(target=lambda: seen.append(config.lookup("TORCH_NEURONX_COMPILE_ONLY")))
+        thread.start()
+        thread.join()
+        assert config.lookup("TORCH_NEURONX_COMPILE_ONLY") == (True, "option")
+    assert seen == [(False, "default")]
+
+
+def test_environment_reads_follow_every_change_of_os_environ(monkeypatch):
+    name = "TORCH_NEURONX_METRICS_DIR"
+    monkeypatch.delenv(name, raising=False)
+    assert config._environ(name) is None
+    for value in ("model", "mod\u00e8le", ""):
+        monkeypatch.setenv(name, value)
+        assert config._environ(name) == os.environ[name] == value
+        assert config.get(name) == value
+    os.environ.update({name: "updated"})
+    assert config.get(name) == "updated"
+    monkeypatch.delenv(name)
+    assert config._environ(name) is None
+
+
 def test_unknown_variable_is_a_clear_error():
     with pytest.raises(KeyError, match="not a torch_neuronx configuration variable"):
         config.get("TORCH_NEURONX_NO_SUCH_THING")

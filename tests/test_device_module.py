@@ -18,6 +18,25 @@ def test_privateuse1_is_named_neuron():
     assert torch.neuron.current_device() == 0
 
 
+def test_stream_queries_run_no_python_frame_of_ours():
+    """Dynamo asks for the current stream at the start of every compiled call: the device
+    guard answers from C, without a Python frame Dynamo would intercept each time."""
+    device = torch.device("neuron", 0)
+    ours = []
+
+    def watch(frame, event, arg):
+        if event == "call" and "torch_neuronx" in frame.f_code.co_filename:
+            ours.append(frame.f_code.co_name)
+
+    sys.setprofile(watch)
+    try:
+        stream = torch.accelerator.current_stream(device)
+    finally:
+        sys.setprofile(None)
+    assert ours == []
+    assert stream.device == device
+
+
 def test_memory_api_reachable_as_torch_neuron():
     before = torch.neuron.memory_allocated()
     address = torch.neuron.caching_allocator_alloc(3000)

@@ -6,6 +6,8 @@ query these once PrivateUse1 is renamed ``neuron``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -23,7 +25,15 @@ class NeuronHooks(torch._C._acc.PrivateUse1Hooks):
 
 
 class NeuronDeviceGuard(torch._C._acc.DeviceGuard):
-    """The device guard PyTorch switches devices through (one device here)."""
+    """The device guard PyTorch switches devices through (one device here).
 
-    def type_(self) -> torch._C._autograd.DeviceType:
-        return torch._C._autograd.DeviceType.PrivateUse1
+    Its one method, ``type_``, answers every stream query, and Dynamo queries the current
+    stream at the start of every compiled call once an accelerator is registered. So
+    ``type_`` is a C-level callable on the instance, not a Python method: PyTorch's C++ side
+    calls it without entering a Python frame, which Dynamo would otherwise intercept on
+    every compiled call (``torch.accelerator.current_stream`` 3.6 -> 1.7 us).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.type_ = functools.partial(getattr, torch._C._autograd.DeviceType, "PrivateUse1")

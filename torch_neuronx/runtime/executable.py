@@ -338,17 +338,20 @@ def _unaliased(outputs: list[torch.Tensor], arguments: Sequence[torch.Tensor],
     the gradients they were cloned from).
     """
     for i, out in enumerate(outputs):
-        address = out.data_ptr()
         if not out.nbytes:
             continue
+        address = out.data_ptr()
         for t in arguments:
             start = t.data_ptr()
             if start <= address < start + t.nbytes:
-                outputs[i] = out.clone()
                 break
         else:
-            if any(start <= address < end for start, end in resident):
-                outputs[i] = out.clone()
+            for start, end in resident:  # a plain loop: a generator here cost 0.5 us per call
+                if start <= address < end:
+                    break
+            else:
+                continue
+        outputs[i] = out.clone()
     return outputs
 
 
