@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch._functorch.aot_autograd import aot_module_simplified
+from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from torch_neuronx import config
 from torch_neuronx.compiler import decompositions
@@ -82,6 +83,7 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                 fw_compiler=compiler("forward"),
                 bw_compiler=compiler("backward"),
                 inference_compiler=compiler("inference"),
+                partition_fn=min_cut_rematerialization_partition,
                 decompositions=decompositions.table(),
                 keep_inference_input_mutations=False,
             )

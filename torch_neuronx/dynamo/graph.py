@@ -37,20 +37,32 @@ def tensor_spec(val: Any) -> dict[str, Any]:
     return {"shape": list(val.shape), "dtype": str(val.dtype).removeprefix("torch.")}
 
 
-def _strip_non_tensor_outputs(gm: torch.fx.GraphModule) -> list[Any]:
-    """Drop outputs that are not tensors (``None`` gradients, constants) from the graph.
+def _strip_outputs(gm: torch.fx.GraphModule, inputs_as_outputs: bool) -> list[Any]:
+    """Drop the outputs the NEFF need not compute from the graph; return the output template.
 
-    Returns the output template: for each original output, ``None`` where it was a
-    tensor the compiled function returns, else the constant to put back.
-    Backward graphs return ``None`` for inputs that need no gradient, and
-    torch-mlir cannot import a ``None`` result.
+    The template has one slot per original output: ``None`` for a tensor the NEFF
+    returns, ``("constant", value)`` for a non-tensor (``None`` gradients, constants:
+    backward graphs return ``None`` for inputs that need no gradient, and torch-mlir
+    cannot import a ``None`` result), and with ``inputs_as_outputs``,
+    ``("input", i)`` for an output that is the graph's ``i``-th tensor input itself.
+
+    aot_autograd's forward graphs return the inputs saved for backward (a training
+    step's activations input, weights); backward graphs can pass a gradient through.
+    Those come back as the very input tensors, as inductor returns them: a NEFF would
+    hand back the input's own buffer, which then had to be copied (see
+    ``runtime/executable.py:_unaliased``) on every call.
     """
+    tensor_inputs = [n for n in gm.graph.nodes if n.op == "placeholder"
+                     and isinstance(n.meta.get("val"), torch.Tensor)]
+    position = {n: i for i, n in enumerate(tensor_inputs)} if inputs_as_outputs else {}
     output = next(n for n in gm.graph.nodes if n.op == "output")
     values = output.args[0]
     values = list(values) if isinstance(values, list | tuple) else [values]
     template, kept = [], []
     for value in values:
-        if isinstance(value, torch.fx.Node):
+        if isinstance(value, torch.fx.Node) and value in position:
+            template.append(("input", position[value]))
+        elif isinstance(value, torch.fx.Node):
             template.append(None)
             kept.append(value)
         else:
@@ -101,6 +113,8 @@ class CompiledGraph:
         # No complex conversion, no constant outputs: results go back exactly as the NEFF returns them.
         self._plain = not (self._complex_inputs or self._complex_outputs or copy_inputs or random_inputs
                            or checks) and all(slot is None for slot in template)
+        # Whether some outputs are inputs themselves (see _strip_outputs).
+        self._returns_inputs = any(slot is not None and slot[0] == "input" for slot in template)
 
     def _load(self):
         from torch_neuronx.runtime.executable import Executable
@@ -148,9 +162,11 @@ class CompiledGraph:
             results[i] = torch.view_as_complex(results[i])
         return results
 
-    def _restore(self, results: list[torch.Tensor]) -> list[Any]:
+    def _restore(self, results: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[Any]:
+        """The graph's outputs: the NEFF's ``results`` in their slots, constants and inputs in theirs."""
         it = iter(results)
-        return [next(it) if slot is None else slot[1] for slot in self._template]
+        return [next(it) if slot is None else inputs[slot[1]] if slot[0] == "input" else slot[1]
+                for slot in self._template]
 
     def call_unboxed(self, *args: Any) -> list[Any]:
         """Dynamo's calling convention (inference graphs run without aot_autograd's wrapper)."""
@@ -167,7 +183,7 @@ class CompiledGraph:
         args.clear()  # boxed convention: let inputs die as early as possible
         if compile_only_enabled():
             # Outputs live where the inputs do: meta inputs (shapes only) give meta outputs.
-            return self._restore(self._zeros(tensors[0].device if tensors else torch.device("cpu")))
+            return self._restore(self._zeros(tensors[0].device if tensors else torch.device("cpu")), tensors)
         executable = self._executable
         if executable is not None and self._plain:  # the hot path: nothing to convert or record
             return executable(tensors)
@@ -175,6 +191,7 @@ class CompiledGraph:
         artifacts = self._artifacts
         if artifacts is not None and artifacts.dumps:
             artifacts.dump_tensors("inputs", self._calls, tensors)
+        inputs = tuple(tensors) if self._returns_inputs else ()  # _execute replaces some in the list
         results = self._execute(executable, tensors)
         if artifacts is not None:
             if artifacts.dumps:
@@ -187,7 +204,7 @@ class CompiledGraph:
             results = host_checks.run_checks(self._checks, results)
         if self._artifacts is not None:
             self._plain = False  # keep dumping tensors on every call
-        return self._restore(results)
+        return self._restore(results, inputs)
 
 
 def _lower_with_artifacts(gm: torch.fx.GraphModule, artifacts: GraphArtifacts, hlo_cache: bool) -> lower.Lowered:
@@ -202,9 +219,10 @@ def _lower_with_artifacts(gm: torch.fx.GraphModule, artifacts: GraphArtifacts, h
     return lowered
 
 
-def _prepare(gm: torch.fx.GraphModule, name: str) -> tuple[torch.fx.GraphModule, list[Any]]:
+def _prepare(gm: torch.fx.GraphModule, name: str,
+             inputs_as_outputs: bool) -> tuple[torch.fx.GraphModule, list[Any]]:
     try:
-        template = _strip_non_tensor_outputs(gm)
+        template = _strip_outputs(gm, inputs_as_outputs)
         gm = passes.run(gm)
     except NeuronCompileError:
         raise
@@ -285,15 +303,18 @@ def executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtifa
 
 def build_graph(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
                 artifacts: GraphArtifacts, *, hlo_cache: bool = True,
-                resident: Sequence[int] = ()) -> tuple[CompiledGraph, Plan]:
+                resident: Sequence[int] = (), inputs_as_outputs: bool = False) -> tuple[CompiledGraph, Plan]:
     """Compile an aot_autograd-style graph: FX passes, lowering (HLO cache), NEFF; return it and its plan.
 
     ``hlo_cache=False`` lowers without reading or writing the HLO cache. ``resident``: input
-    positions to keep resident in the runtime (see :func:`resident_inputs`). A
-    :class:`NeuronCompileError` leaves with the graph's name and artifact directory filled in.
+    positions to keep resident in the runtime (see :func:`resident_inputs`).
+    ``inputs_as_outputs``: outputs that are inputs come back as those very tensors (for
+    aot_autograd's graphs, whose wrapper owns the aliasing of outputs; see :func:`_strip_outputs`);
+    otherwise every tensor output is a new tensor. A :class:`NeuronCompileError` leaves with the
+    graph's name and artifact directory filled in.
     """
     try:
-        return _build(gm, options, name, artifacts, hlo_cache, resident)
+        return _build(gm, options, name, artifacts, hlo_cache, resident, inputs_as_outputs)
     except NeuronCompileError as err:
         err.graph = err.graph or name
         err.artifacts = err.artifacts or artifacts.root
@@ -301,15 +322,16 @@ def build_graph(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
 
 
 def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
-           artifacts: GraphArtifacts, hlo_cache: bool, resident: Sequence[int]) -> tuple[CompiledGraph, Plan]:
+           artifacts: GraphArtifacts, hlo_cache: bool, resident: Sequence[int],
+           inputs_as_outputs: bool) -> tuple[CompiledGraph, Plan]:
     artifacts.fx_graph(gm)
-    gm, template = _prepare(gm, name)
+    gm, template = _prepare(gm, name, inputs_as_outputs)
     artifacts.transformed_fx(gm)
     placeholders = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     outputs = [n.meta.get("val") for n in next(n for n in gm.graph.nodes if n.op == "output").args[0]]
     lowered = _lower_with_artifacts(gm, artifacts, hlo_cache)
     plan = Plan(graph_name=name, raw=lowered.raw, stablehlo=lowered.stablehlo,
-                template=[None if slot is None else ["constant", slot[1]] for slot in template],
+                template=[None if slot is None else list(slot) for slot in template],
                 outputs=[tensor_spec(v) for v in outputs],
                 inputs=[tensor_spec(v) for v in placeholders if isinstance(v, torch.Tensor)],
                 complex_inputs=list(gm.meta.get("complex_inputs", ())),
@@ -364,7 +386,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         artifacts = GraphArtifacts(name)
         plain = on_plan is not None and plans.plain_inference(dynamo_inputs, example_inputs)
         try:
-            compiled, plan = build_graph(gm, options, name, artifacts,
+            compiled, plan = build_graph(gm, options, name, artifacts, inputs_as_outputs=True,
                                          resident=resident_inputs(dynamo_inputs) if plain else ())
         except NeuronCompileError as err:
             if not fallback.enabled():

@@ -28,7 +28,7 @@ from torch_neuronx.compiler.options import CompileOptions
 _log = logging.getLogger("torch_neuronx.dynamo.plans")
 _PLAIN = (torch.Tensor, torch.nn.Parameter, torch._subclasses.fake_tensor.FakeTensor)
 
-PLAN_VERSION = 6
+PLAN_VERSION = 7
 
 
 @dataclasses.dataclass
@@ -38,7 +38,8 @@ class Plan:
     graph_name: str
     raw: str
     stablehlo: str
-    template: list[Any]  # per output: None (a compiled tensor) or ["constant", value]
+    # Per output: None (a compiled tensor), ["constant", value] or ["input", i] (graph.py:_strip_outputs).
+    template: list[Any]
     outputs: list[dict[str, Any]]  # {"shape", "dtype"} of each compiled output
     inputs: list[dict[str, Any]]
     complex_inputs: list[int]
