@@ -506,6 +506,10 @@ def test_outputs_never_share_memory_with_inputs():
     assert copy.data_ptr() != x.data_ptr()
     x.add_(1.0)
     torch.testing.assert_close(copy, x - 1.0)
+    a, b = torch.randn(8), torch.randn(16)
+    twice, copy_a, copy_b = torch.compile(lambda a, b: (b * 2, a.clone(), b.clone()), backend="neuron")(a, b)
+    assert copy_a.data_ptr() != a.data_ptr() and copy_b.data_ptr() != b.data_ptr()
+    torch.testing.assert_close((twice, copy_a, copy_b), (b * 2, a, b))
     model = torch.nn.Linear(4, 4)
     with torch.no_grad():
         weight = torch.compile(lambda m: m.weight.clone(), backend="neuron")(model)

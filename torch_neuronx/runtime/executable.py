@@ -337,21 +337,18 @@ def _unaliased(outputs: list[torch.Tensor], arguments: Sequence[torch.Tensor],
     in-place update of one would change the other (an optimizer's momentum buffers followed
     the gradients they were cloned from).
     """
+    spans: list[tuple[int, int]] | None = None
     for i, out in enumerate(outputs):
         if not out.nbytes:
             continue
+        if spans is None:  # each argument's span, read once (an empty tensor has none)
+            spans = [(start, start + t.nbytes) for t in arguments if (start := t.data_ptr())]
+            spans.extend(resident)
         address = out.data_ptr()
-        for t in arguments:
-            start = t.data_ptr()
-            if start <= address < start + t.nbytes:
+        for start, end in spans:
+            if start <= address < end:
+                outputs[i] = out.clone()
                 break
-        else:
-            for start, end in resident:  # a plain loop: a generator here cost 0.5 us per call
-                if start <= address < end:
-                    break
-            else:
-                continue
-        outputs[i] = out.clone()
     return outputs
 
 
