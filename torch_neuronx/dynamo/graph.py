@@ -46,8 +46,8 @@ def _strip_outputs(gm: torch.fx.GraphModule, inputs_as_outputs: bool) -> list[An
     cannot import a ``None`` result), and with ``inputs_as_outputs``,
     ``("input", i)`` for an output that is the graph's ``i``-th tensor input itself.
 
-    aot_autograd's forward graphs return the inputs saved for backward (a training
-    step's activations input, weights); backward graphs can pass a gradient through.
+    aot_autograd's forward graphs return the inputs saved for backward (the step's
+    input, the weights); backward graphs can pass a gradient straight through.
     Those come back as the very input tensors, as inductor returns them: a NEFF would
     hand back the input's own buffer, which then had to be copied (see
     ``runtime/executable.py:_unaliased``) on every call.
