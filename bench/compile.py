@@ -9,7 +9,9 @@ per-round ratios. Measures the targets of the compile-path issue:
 - per-call latency of a transformer block;
 - cold compile time of the transformer block (each competitor in a fresh
   process with empty caches);
-- throughput of four 2048-wide fp32 linears at batch 256.
+- throughput of four 2048-wide fp32 linears at batch 256;
+- beyond the targets, the per-step time of a training step of the small MLP and
+  of the transformer block.
 
 Usage: ``python bench/compile.py [--quick]``. Threads: torch gets 2 threads
 (this machine's cores); IREE's local-task executor uses its own workers.
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from copy import deepcopy
 
 import torch
 import torch.nn as nn
@@ -156,6 +159,32 @@ def per_call_row(name: str, model: nn.Module, x: torch.Tensor, seconds: float, r
     return row
 
 
+def train_step_row(name: str, model: nn.Module, x: torch.Tensor, seconds: float) -> dict:
+    """Per-step time of a training step (zero_grad, forward, loss, backward, SGD step) per competitor.
+
+    Each competitor trains its own copy of ``model``; only the model is compiled (the loss
+    and the optimizer run eagerly for all three).
+    """
+    torch._dynamo.reset()
+
+    def stepper(backend: str | None):
+        copy = deepcopy(model).train()
+        forward = copy if backend is None else torch.compile(copy, backend=backend)
+        optimizer = torch.optim.SGD(copy.parameters(), lr=1e-4)
+
+        def step(batch: torch.Tensor) -> None:
+            optimizer.zero_grad(set_to_none=True)
+            forward(batch).square().mean().backward()
+            optimizer.step()
+        return step
+
+    competitors = {"eager": stepper(None), "inductor": stepper("inductor"), "neuron": stepper("neuron")}
+    for step in competitors.values():
+        step(x)  # compile
+    samples = interleaved_us(competitors, x, seconds * len(competitors))
+    return {"name": name, "samples": samples, **{k: statistics.median(v) for k, v in samples.items()}}
+
+
 def _match_inputs(specs: list[dict], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     pool, out = list(tensors), []
     for spec in specs:
@@ -222,6 +251,18 @@ def main() -> None:
         print(f"| {r['name']} | {r['eager']:.0f} | {r['inductor']:.0f} | {r['neuron']:.0f} | {raw_us} | "
               f"{r['floor']:.0f} | {paired_ratio(smp['neuron'], smp['eager']):.2f} | "
               f"{paired_ratio(smp['neuron'], smp['inductor']):.2f} | {raw_ratio} | {net_ratio} |")
+
+    training = [
+        train_step_row("MLP 64-128-128-10, batch 32", *mlp(64, 128), seconds),
+        train_step_row("transformer block (8x64x256)", *block(), seconds),
+    ]
+    print("\ntraining step (zero_grad, forward, loss, backward, SGD step), us per step")
+    print("| workload | eager | inductor | neuron | neuron/eager | neuron/inductor |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for r in training:
+        smp = r["samples"]
+        print(f"| {r['name']} | {r['eager']:.0f} | {r['inductor']:.0f} | {r['neuron']:.0f} | "
+              f"{paired_ratio(smp['neuron'], smp['eager']):.2f} | {paired_ratio(smp['neuron'], smp['inductor']):.2f} |")
 
     neuron_cold, inductor_cold = cold_compile_s("neuron"), cold_compile_s("inductor")
     print("\ncold compile of the transformer block (fresh process, empty caches), s")
