@@ -144,7 +144,6 @@ def per_call_row(name: str, model: nn.Module, x: torch.Tensor, seconds: float, r
         inductor(x)
         floor = dynamo_floor(model, x)
         floor(x)
-        row = {"name": name}
         competitors = {"eager": model, "inductor": inductor, "neuron": neuron, "floor": floor}
         if raw:
             graph = last_compiled_graph()
@@ -152,11 +151,12 @@ def per_call_row(name: str, model: nn.Module, x: torch.Tensor, seconds: float, r
             # aot_autograd's input order: parameters in the order the graph uses them, then x.
             call = raw_iree_call(graph, _match_inputs(order, [*model.parameters(), x]))
             competitors["raw_iree"] = lambda _x: call()
-        samples = interleaved_us(competitors, x, seconds * len(competitors))
-    row["samples"] = samples
-    for label, values in samples.items():
-        row[label] = statistics.median(values)
-    return row
+        return _row(name, interleaved_us(competitors, x, seconds * len(competitors)))
+
+
+def _row(name: str, samples: dict[str, list[float]]) -> dict:
+    """A table row: the samples of every competitor and, under its label, their median."""
+    return {"name": name, "samples": samples, **{label: statistics.median(v) for label, v in samples.items()}}
 
 
 def train_step_row(name: str, model: nn.Module, x: torch.Tensor, seconds: float) -> dict:
@@ -181,8 +181,7 @@ def train_step_row(name: str, model: nn.Module, x: torch.Tensor, seconds: float)
     competitors = {"eager": stepper(None), "inductor": stepper("inductor"), "neuron": stepper("neuron")}
     for step in competitors.values():
         step(x)  # compile
-    samples = interleaved_us(competitors, x, seconds * len(competitors))
-    return {"name": name, "samples": samples, **{k: statistics.median(v) for k, v in samples.items()}}
+    return _row(name, interleaved_us(competitors, x, seconds * len(competitors)))
 
 
 def _match_inputs(specs: list[dict], tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -29,10 +29,15 @@ def weighted_backward(expected: Any, got: Any, keys: Iterable, generator: torch.
         sum((outputs[k] * w).sum() for k, w in weights.items()).backward()
 
 
-def last_compiled_graph() -> Any:
-    """The ``CompiledGraph`` of the last neuron compile that has run (with its executable loaded)."""
+def compiled_graphs() -> list[Any]:
+    """Every live ``CompiledGraph``, as the garbage collector lists them (oldest first in practice)."""
     import gc
 
     from torch_neuronx.dynamo.graph import CompiledGraph
 
-    return [o for o in gc.get_objects() if type(o) is CompiledGraph and o._executable is not None][-1]
+    return [o for o in gc.get_objects() if type(o) is CompiledGraph]
+
+
+def last_compiled_graph() -> Any:
+    """The ``CompiledGraph`` of the last neuron compile that has run (with its executable loaded)."""
+    return [g for g in compiled_graphs() if g._executable is not None][-1]

@@ -10,10 +10,10 @@ every call.
 from __future__ import annotations
 
 import copy
-import gc
 
 import torch
 import torch.nn as nn
+from compare import compiled_graphs
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from torch_neuronx.compiler.options import CompileOptions
@@ -47,7 +47,7 @@ def test_other_graphs_return_new_tensors_for_their_inputs():
 
 
 def _forward_graph(name: str) -> CompiledGraph:
-    return next(o for o in gc.get_objects() if type(o) is CompiledGraph and o.name == f"{name}_forward")
+    return next(g for g in compiled_graphs() if g.name == f"{name}_forward")
 
 
 def test_training_forward_saves_the_weights_themselves():

@@ -52,8 +52,8 @@ def _strip_outputs(gm: torch.fx.GraphModule, inputs_as_outputs: bool) -> list[An
     hand back the input's own buffer, which then had to be copied (see
     ``runtime/executable.py:_unaliased``) on every call.
     """
-    tensor_inputs = [n for n in gm.graph.nodes if n.op == "placeholder"
-                     and isinstance(n.meta.get("val"), torch.Tensor)]
+    tensor_inputs = (n for n in gm.graph.nodes if n.op == "placeholder"
+                     and isinstance(n.meta.get("val"), torch.Tensor))
     position = {n: i for i, n in enumerate(tensor_inputs)} if inputs_as_outputs else {}
     output = next(n for n in gm.graph.nodes if n.op == "output")
     values = output.args[0]
