@@ -62,6 +62,7 @@ def _register_kernels() -> None:
         source = src._data if isinstance(src, NeuronTensor) else src
         target = dst._data if isinstance(dst, NeuronTensor) else dst
         target.copy_(source)
+        eager.wrote(dst)
         return dst
 
     _library = torch.library.Library("aten", "IMPL")

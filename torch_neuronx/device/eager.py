@@ -71,9 +71,22 @@ def _to_copy(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     return from_cpu(copied)
 
 
+def wrote(*tensors: Any) -> None:
+    """Count a write into the device memory of each neuron tensor among ``tensors`` (lists too).
+
+    Inside ``__torch_dispatch__`` autograd's version counting is off for the inner tensors
+    an op writes through, so their version counters would never move; compiled graphs
+    that keep weights resident watch those counters to see in-place updates.
+    """
+    inner = [t._data for t in pytree.tree_leaves(tensors) if isinstance(t, NeuronTensor)]
+    if inner:
+        torch._C._increment_version(inner)
+
+
 def _copy_(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     dst, src = args[0], args[1]
     _cpu(dst).copy_(_cpu(src), **kwargs)
+    wrote(dst)
     return dst
 
 
@@ -259,6 +272,7 @@ def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     if kind == _IN_PLACE:
         result = _run_compiled(extra, args, kwargs)
         _cpu(args[0]).copy_(_cpu(result))
+        wrote(args[0])
         return args[0]
     if kind == _VIEW:
         return _run_view(func, args, kwargs)
@@ -266,8 +280,19 @@ def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         return extra(args, kwargs)
     if kind == _RANDOM:
         out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
-        return args[0] if extra else pytree.tree_map(_to_device, out)
-    return _fallback(func, args, kwargs, "an in-place or out= variant without a functional form")
+        if extra:
+            wrote(args[0])
+            return args[0]
+        return pytree.tree_map(_to_device, out)
+    out = _fallback(func, args, kwargs, "an in-place or out= variant without a functional form")
+    wrote(*_written(func, args, kwargs))
+    return out
+
+
+def _written(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
+    """The arguments ``func`` writes into (by its schema), positional or keyword."""
+    schema = func._schema.arguments
+    return [args[i] if i < len(args) else kwargs.get(schema[i].name) for i in _mutated(func)]
 
 
 def empty_on_device(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype | None) -> NeuronTensor:

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from torch_neuronx import memory
 
@@ -48,6 +50,18 @@ def _contiguous_strides(size: Sequence[int]) -> list[int]:
     return strides[::-1]
 
 
+def _overlapping(size: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether two elements of a tensor of ``size``/``stride`` can share memory (an expanded view)."""
+    if any(s == 0 for s in size):
+        return False
+    reach = 0  # the largest offset the smaller-strided dimensions reach
+    for st, s in sorted((st, s) for s, st in zip(size, stride) if s != 1):
+        if st <= reach:
+            return True
+        reach += (s - 1) * st
+    return False
+
+
 def allocate(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype) -> tuple[torch.Tensor, Allocation]:
     """Device memory for a tensor of ``size``/``stride``: its CPU view and its allocation."""
     size = [int(s) for s in size]
@@ -56,7 +70,7 @@ def allocate(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dty
     allocation = Allocation(nbytes)
     if nbytes == 0:
         return torch.empty(size, dtype=dtype), allocation
-    flat = memory.block_view(allocation.address, nbytes)
+    flat = memory.block_view(allocation.address, nbytes, owner=allocation)
     return flat.view(dtype).as_strided(size, stride), allocation
 
 
@@ -68,9 +82,12 @@ class NeuronTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, allocation: Allocation | None, requires_grad: bool = False,
-                index: int = 0) -> NeuronTensor:
+                index: int = 0, outer: tuple[Sequence[int], Sequence[int]] | None = None) -> NeuronTensor:
+        # ``outer``: the size and strides of a traced value whose inner tensor has other strides
+        # (torch.compile decides an output's strides before its inner tensor exists).
+        size, stride = outer if outer is not None else (data.shape, data.stride())
         wrapper = torch.Tensor._make_wrapper_subclass(
-            cls, data.shape, strides=data.stride(), storage_offset=data.storage_offset(), dtype=data.dtype,
+            cls, size, strides=stride, storage_offset=data.storage_offset(), dtype=data.dtype,
             device=torch.device("neuron", index), requires_grad=requires_grad)
         wrapper._data = data
         wrapper._allocation = allocation
@@ -79,18 +96,79 @@ class NeuronTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         return f"{self._data!r}"[:-1] + f", device='{self.device}')"
 
+    # Ops reach __torch_dispatch__ directly: no Python __torch_function__ layer (faster eager
+    # ops, and what Dynamo requires of a tensor subclass it traces through).
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    def __tensor_flatten__(self) -> tuple[list[str], int]:
+        """The inner tensor (the CPU view of the device memory) and the device index.
+
+        With :meth:`__tensor_unflatten__` this makes ``neuron`` tensors traceable by
+        ``torch.compile``: its graphs compute on the inner tensors.
+        """
+        return ["_data"], self.device.index or 0
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict[str, torch.Tensor], index: int, outer_size: Any,
+                             outer_stride: Any) -> NeuronTensor:
+        data = inner["_data"]
+        if type(data) is torch.Tensor and not data.is_meta:  # a compiled graph's output: into device memory
+            return from_cpu(data, stride=outer_stride, index=index)
+        return NeuronTensor(data, None, index=index, outer=(outer_size, outer_stride))  # a traced value
+
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if _traced(args, kwargs):
+            return _trace_op(func, args, kwargs)
         from torch_neuronx.device import eager
 
-        return eager.dispatch(func, args, kwargs or {})
+        return eager.dispatch(func, args, kwargs)
 
 
-def from_cpu(t: torch.Tensor) -> NeuronTensor:
-    """A new neuron tensor holding a copy of the CPU tensor ``t`` (contiguous)."""
-    data, allocation = allocate(t.shape, None, t.dtype)
+def _traced(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether an op's neuron tensors hold traced values (torch.compile), not device memory."""
+    for arg in args:
+        if isinstance(arg, NeuronTensor):
+            return type(arg._data) is not torch.Tensor
+    leaf = next((a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, NeuronTensor)), None)
+    return leaf is not None and type(leaf._data) is not torch.Tensor
+
+
+def _inner(t: torch.Tensor) -> torch.Tensor:
+    """The tensor a traced op computes on: a neuron tensor's inner tensor; a traced factory's
+    result on ``neuron`` (a plain fake tensor) moved to the host like every inner tensor."""
+    if isinstance(t, NeuronTensor):
+        return t._data
+    return t.to("cpu") if t.device.type == "neuron" else t
+
+
+def _leaves_device(device: Any) -> bool:
+    return device is not None and torch.device(device).type != "neuron"
+
+
+def _trace_op(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """An op on traced neuron tensors: the same op on their inner tensors, which the trace records."""
+    index = next(a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, NeuronTensor)).device.index or 0
+    inner_args, inner_kwargs = pytree.tree_map_only(torch.Tensor, _inner, (args, kwargs))
+    out = func(*inner_args, **inner_kwargs)
+    if func is torch.ops.aten._to_copy.default and _leaves_device(kwargs.get("device")):
+        return out  # ``.cpu()`` inside a compiled graph: a host tensor, as in eager
+    wrapped = pytree.tree_map_only(torch.Tensor, lambda t: NeuronTensor(t, None, index=index), out)
+    return return_and_correct_aliasing(func, args, kwargs, wrapped)
+
+
+def from_cpu(t: torch.Tensor, stride: Sequence[int] | None = None, index: int = 0) -> NeuronTensor:
+    """A new neuron tensor holding a copy of the CPU tensor ``t``.
+
+    Contiguous, or with ``stride`` when given and free of overlap (a compiled graph's
+    output keeps the strides its trace decided, channels-last or transposed).
+    """
+    if stride is not None and _overlapping(t.shape, stride):
+        stride = None
+    data, allocation = allocate(t.shape, stride, t.dtype)
     data.copy_(t)
-    return NeuronTensor(data, allocation)
+    return NeuronTensor(data, allocation, index=index)
 
 
 def alias(data: torch.Tensor, source: NeuronTensor) -> NeuronTensor:

@@ -34,6 +34,7 @@ from torch_neuronx.compiler import decompositions
 from torch_neuronx.compiler.decompositions import functional, linalg
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions
+from torch_neuronx.device.tensor import NeuronTensor, from_cpu
 from torch_neuronx.dynamo import fallback, plans, precompile
 from torch_neuronx.dynamo.graph import CompiledGraph, compile_graph, from_plan
 
@@ -65,11 +66,13 @@ def _is_symbolic(example_inputs: Sequence[Any]) -> bool:
 def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                  options: CompileOptions, model: str, plan_key: str | None = None) -> Callable:
     plain: list[CompiledGraph] = []
+    on_device = any(isinstance(a, NeuronTensor) for a in example_inputs)
 
     def keep_plan(plan: plans.Plan, compiled: CompiledGraph) -> None:
-        if plan_key:
-            plans.save(plan_key, plan)
-        precompile.record(gm, plan, options)
+        if not on_device:  # a plan runs on host tensors: neuron tensors need _on_device's wrapping
+            if plan_key:
+                plans.save(plan_key, plan)
+            precompile.record(gm, plan, options)
         plain.append(compiled)
 
     def compiler(kind: str) -> Callable:
@@ -97,9 +100,25 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                 raise err from exc
             fallback.warn(err)
         return gm.forward
-    # A plain inference graph runs as-is on Dynamo's inputs: skip aot_autograd's runtime
-    # wrapper, which costs more than the whole NEFF call for small graphs.
-    return plain[0].call_unboxed if plain else wrapped
+    # A plain inference graph runs as-is on Dynamo's inputs (on the inner tensors of neuron
+    # tensors): skip aot_autograd's runtime wrapper, which costs more than the whole NEFF
+    # call for small graphs.
+    if not plain:
+        return wrapped
+    return _on_device(plain[0].call_unboxed, _device_outputs(gm)) if on_device else plain[0].call_unboxed
+
+
+def _on_device(fn: Callable, outputs: list[int]) -> Callable:
+    """``fn`` called on the inner (host) tensors of neuron tensor arguments, with its outputs
+    at ``outputs`` placed in device memory: what aot_autograd's wrapper does, in fewer steps."""
+
+    def call(*args: Any) -> list[Any]:
+        results = fn(*[a._data if type(a) is NeuronTensor else a for a in args])
+        for i in outputs:
+            results[i] = from_cpu(results[i], stride=results[i].stride())
+        return results
+
+    return call
 
 
 class _ShapeSpecialized:
@@ -124,9 +143,43 @@ class _ShapeSpecialized:
         return fn(*args)
 
 
+def _device_outputs(gm: torch.fx.GraphModule, factories_only: bool = False) -> list[int]:
+    """Positions of the Dynamo graph's outputs on the ``neuron`` device.
+
+    ``factories_only``: those made by factories alone (``torch.zeros(device="neuron")``).
+    Traced, such values are plain tensors rather than neuron tensors (fake tensors know
+    the device only by name), so aot_autograd does not place them: the backend does.
+    """
+    outputs = gm.graph.output_node().args[0]
+    values = [node.meta.get("example_value") if isinstance(node, torch.fx.Node) else None
+              for node in (outputs if isinstance(outputs, list | tuple) else ())]
+    return [i for i, v in enumerate(values) if isinstance(v, torch.Tensor) and v.device.type == "neuron"
+            and not (factories_only and isinstance(v, NeuronTensor))]
+
+
+def _placing_outputs(fn: Callable, positions: list[int]) -> Callable:
+    """``fn`` with its host-tensor outputs at ``positions`` moved into device memory."""
+
+    def call(*args: Any) -> Any:
+        results = list(fn(*args))
+        for i in positions:
+            if type(results[i]) is torch.Tensor:
+                results[i] = from_cpu(results[i], stride=results[i].stride())
+        return results
+
+    return call
+
+
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                    options: CompileOptions | dict | None = None, **_: Any) -> Callable:
     """The ``neuron`` backend: compile a Dynamo graph through the Neuron compile path."""
+    compiled = _compile_dynamo_graph(gm, example_inputs, options)
+    positions = _device_outputs(gm, factories_only=True)
+    return _placing_outputs(compiled, positions) if positions else compiled
+
+
+def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                          options: CompileOptions | dict | None) -> Callable:
     import torch_neuronx  # noqa: F401  (configures logging when used via the entry point)
 
     opts = CompileOptions.from_any(options)

@@ -25,6 +25,7 @@ from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, compile_only_enabled
 from torch_neuronx.compiler.passes import host_checks, random_inputs
 from torch_neuronx.compiler.targets import driver_available
+from torch_neuronx.device.tensor import NeuronTensor
 from torch_neuronx.dynamo import fallback, plans
 from torch_neuronx.dynamo.artifacts import GraphArtifacts
 from torch_neuronx.dynamo.plans import Plan
@@ -258,7 +259,12 @@ def resident_inputs(dynamo_inputs: Sequence[Any]) -> list[int]:
     Only for graphs that run as-is on Dynamo's inputs (positions are the NEFF's input positions).
     """
     return [i for i, t in enumerate(dynamo_inputs)
-            if type(t) is torch.nn.Parameter and t.numel() > 0 and not t.is_complex()]
+            if _is_parameter(t) and t.numel() > 0 and not t.is_complex()]
+
+
+def _is_parameter(t: Any) -> bool:
+    """An ``nn.Parameter``: a plain one, or a neuron tensor made one by ``module.to("neuron")``."""
+    return type(t) is torch.nn.Parameter or (type(t) is NeuronTensor and getattr(t, "_is_param", False))
 
 
 def _with_resident_parameters(plan: Plan) -> tuple[str, list[int]]:

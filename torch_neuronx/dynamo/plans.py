@@ -24,6 +24,7 @@ import torch
 from torch_neuronx import config
 from torch_neuronx.compiler import hlo
 from torch_neuronx.compiler.options import CompileOptions
+from torch_neuronx.device.tensor import NeuronTensor
 
 _log = logging.getLogger("torch_neuronx.dynamo.plans")
 _PLAIN = (torch.Tensor, torch.nn.Parameter, torch._subclasses.fake_tensor.FakeTensor)
@@ -79,8 +80,9 @@ def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
 
 def plain_inference(example_inputs: Sequence[Any], graph_inputs: Sequence[Any]) -> bool:
     """Whether aot_autograd's metadata for the graph being compiled allows running it from a plan."""
-    if any(type(t) not in _PLAIN for t in example_inputs):
-        return False  # tensor subclasses (neuron tensors) are unwrapped by aot_autograd's wrapper
+    if any(type(t) not in _PLAIN and type(t) is not NeuronTensor for t in example_inputs):
+        return False  # other tensor subclasses need aot_autograd's wrapper (a neuron tensor's inner
+        # tensor is the graph input at its position; the backend unwraps it)
     context = torch._guards.TracingContext.try_get()
     meta = getattr(context, "fw_metadata", None)
     if meta is None:

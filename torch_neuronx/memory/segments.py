@@ -102,14 +102,19 @@ def block_buffer(address: int, nbytes: int) -> memoryview:
     return memoryview((ctypes.c_uint8 * nbytes).from_address(address)).cast("B")
 
 
-def block_view(address: int, nbytes: int) -> torch.Tensor:
+def block_view(address: int, nbytes: int, owner: object = None) -> torch.Tensor:
     """A zero-copy ``torch.uint8`` CPU tensor over ``nbytes`` of memory at ``address``.
 
     ``result.data_ptr() == address``; writes through the tensor land in the
-    block. The caller keeps the block allocated while the tensor is used.
+    block. ``owner``, when given, stays referenced for as long as the tensor's
+    storage lives (through any view of it): an object that frees the block when
+    it dies keeps it allocated exactly while the memory is used. Without an
+    owner, the caller keeps the block allocated while the tensor is used.
     """
     import torch  # imported here so `import torch_neuronx.memory` stays light
 
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8)
-    return torch.frombuffer((ctypes.c_uint8 * nbytes).from_address(address), dtype=torch.uint8)
+    buffer = (ctypes.c_uint8 * nbytes).from_address(address)
+    buffer.owner = owner  # the storage holds the buffer (buffer protocol), the buffer its owner
+    return torch.frombuffer(buffer, dtype=torch.uint8)

@@ -18,6 +18,7 @@ from torch_neuronx.compiler.passes.complex_to_real import complex_to_real
 from torch_neuronx.compiler.passes.constant_fold import constant_fold
 from torch_neuronx.compiler.passes.empty_slices import empty_slices_to_full
 from torch_neuronx.compiler.passes.host_checks import checks_to_outputs
+from torch_neuronx.compiler.passes.host_devices import devices_to_host
 from torch_neuronx.compiler.passes.pointwise_views import pointwise_views_unviewed
 from torch_neuronx.compiler.passes.random_inputs import random_ops_to_inputs
 from torch_neuronx.compiler.passes.scalar_inputs import inline_scalar_inputs
@@ -27,6 +28,7 @@ from torch_neuronx.compiler.passes.squeeze_dims import squeeze_dims_to_view
 Pass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 
 PIPELINE: list[Pass] = [
+    devices_to_host,  # first: graphs of neuron tensors name the device in their factories
     complex_to_real,  # first: the other passes and the importer see real tensors only
     checks_to_outputs,  # before folding: the checks' info tensors become outputs
     random_ops_to_inputs,  # before folding: a random op is no constant

@@ -1,0 +1,188 @@
+"""torch.compile(backend="neuron") of models and inputs on the ``neuron`` device.
+
+The compiled graphs compute on the inner (host) tensors of neuron tensors; their
+results come back as neuron tensors in allocator memory, with eager's values,
+devices, strides and aliasing.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import os
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from compare import last_compiled_graph
+
+from torch_neuronx import metrics
+from torch_neuronx.compiler import CompileOptions, compile_only
+from torch_neuronx.device.tensor import NeuronTensor
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+from demo import Block  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _collect_cycles():
+    """Compiled frames hold neuron tensors in reference cycles: free them for the next test."""
+    yield
+    torch._dynamo.reset()
+    gc.collect()
+
+
+def _in_allocator_memory(t: torch.Tensor) -> bool:
+    return (isinstance(t, NeuronTensor) and t._allocation is not None
+            and t._allocation.address <= t._data.data_ptr() < t._allocation.address + max(t._allocation.nbytes, 1))
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+
+def test_training_steps_match_eager_on_the_host():
+    model = _mlp()
+    on_device = copy.deepcopy(model).to("neuron")
+    compiled = torch.compile(on_device, backend="neuron")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt_device = torch.optim.Adam(on_device.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        x, y = torch.randn(5, 8, generator=gen), torch.randn(5, 4, generator=gen)
+        loss = F.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        out = compiled(x.to("neuron"))  # the input's wrapper dies here; the backward still reads it
+        assert type(out) is NeuronTensor and _in_allocator_memory(out)
+        filler = [torch.randn(5, 8).to("neuron") for _ in range(4)]  # reuses freed blocks
+        loss_device = F.mse_loss(out, y.to("neuron"))
+        opt_device.zero_grad()
+        loss_device.backward()
+        opt_device.step()
+        del filler
+        torch.testing.assert_close(loss_device.cpu(), loss, rtol=1e-5, atol=1e-6)
+    for p, q in zip(model.parameters(), on_device.parameters()):
+        assert type(q.grad) is NeuronTensor
+        torch.testing.assert_close(q.cpu(), p, rtol=1e-5, atol=1e-6)
+
+
+def test_inference_keeps_weights_resident_and_sees_every_in_place_update():
+    model = _mlp().eval()
+    on_device = copy.deepcopy(model).to("neuron")
+    compiled = torch.compile(on_device, backend="neuron")
+    x = torch.randn(3, 8)
+    xd = x.to("neuron")
+    with torch.no_grad():
+        before = metrics.counter("parameter_bindings")
+        for _ in range(3):
+            out = compiled(xd)
+            assert type(out) is NeuronTensor and _in_allocator_memory(out)
+            torch.testing.assert_close(out.cpu(), model(x))
+        assert metrics.counter("parameter_bindings") == before + 1  # bound once
+        assert len(last_compiled_graph()._executable.neff.header.signature["resident"]) == 4
+        updates = [
+            lambda m: m[0].weight.mul_(-2.0),
+            lambda m: m[2].bias.copy_(torch.arange(4.0)),  # a host tensor copied in
+            lambda m: m[0].weight.data.add_(1.0),  # through .data: the device memory is written
+            lambda m: m.load_state_dict({k: v * 0.5 for k, v in m.state_dict().items()}),
+            lambda m: m[2].weight.uniform_(),  # random, in place
+        ]
+        for update in updates:
+            update(on_device)
+            model.load_state_dict({k: v.cpu() for k, v in on_device.state_dict().items()})
+            torch.testing.assert_close(compiled(xd).cpu(), model(x))
+
+
+def test_eager_writes_move_the_inner_version_counter():
+    t = torch.randn(4).to("neuron")
+    inner = t._data
+
+    def moved(write) -> bool:
+        version = inner._version
+        write()
+        return inner._version > version
+
+    assert moved(lambda: t.mul_(2))
+    assert moved(lambda: t.copy_(torch.ones(4)))
+    assert moved(lambda: t.copy_(torch.zeros(4).to("neuron")))
+    assert moved(lambda: t.normal_())
+    assert moved(lambda: torch.add(t, 1, out=t))  # an out= variant, run on the host
+    assert not moved(lambda: t + 1)
+
+
+def test_a_storage_keeps_its_block_after_the_wrapper_dies():
+    gc.collect()
+    before = torch.neuron.memory_allocated()
+    t = torch.arange(1024.0).to("neuron")
+    inner = t._data
+    del t
+    gc.collect()
+    assert torch.neuron.memory_allocated() > before  # the inner view still uses the block
+    others = [torch.zeros(1024).to("neuron") for _ in range(4)]
+    assert torch.equal(inner, torch.arange(1024.0))  # and nobody else was given it
+    del inner, others
+    gc.collect()
+    assert torch.neuron.memory_allocated() == before
+
+
+def test_transformer_block_with_causal_attention_and_its_gradients():
+    torch.manual_seed(0)
+    model = Block(dim=32, heads=4)
+    on_device = copy.deepcopy(model).to("neuron")
+    x = torch.randn(2, 8, 32)
+    compiled = torch.compile(on_device, backend="neuron")  # the causal mask is made on the device
+    expected, got = model(x), compiled(x.to("neuron"))
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
+    expected.square().sum().backward()
+    got.square().sum().backward()
+    for p, q in zip(model.parameters(), on_device.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_devices_strides_and_aliasing_of_outputs_follow_eager():
+    def f(x):
+        y = x * 2
+        return (x.transpose(0, 1), y.t(), y.cpu(), torch.zeros(2, device="neuron"),
+                torch.arange(3, device=x.device) + x[0])
+
+    x = torch.randn(3, 3)
+    xd = x.to("neuron")
+    expected, got = f(xd), torch.compile(f, backend="neuron")(xd)
+    for e, g in zip(expected, got):
+        assert (type(g), g.device, g.shape, g.stride()) == (type(e), e.device, e.shape, e.stride())
+        torch.testing.assert_close(g.cpu(), e.cpu())
+    view = got[0]  # a view of the input, as in eager: it shares the input's memory
+    assert view._allocation is xd._allocation
+    xd.add_(1)
+    torch.testing.assert_close(view.cpu(), (x + 1).t())
+
+
+def test_channels_last_convolution_keeps_its_layout():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 4, 3).eval()
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        expected = conv(x)
+        got = torch.compile(copy.deepcopy(conv).to("neuron"), backend="neuron")(x.to("neuron"))
+    assert type(got) is NeuronTensor
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_fallback_and_compile_only_return_neuron_tensors():
+    def f(x):
+        return torch.special.zeta(x, torch.full_like(x, 2.0)) + 1  # nothing lowers zeta
+
+    x = torch.rand(4) + 2
+    with torch.no_grad():
+        got = torch.compile(f, backend="neuron", options=CompileOptions(fallback_execution=True))(x.to("neuron"))
+        assert type(got) is NeuronTensor
+        torch.testing.assert_close(got.cpu(), f(x))
+        torch._dynamo.reset()
+        with compile_only():
+            shaped = torch.compile(lambda t: t.sum(0), backend="neuron")(torch.ones(3, 5).to("neuron"))
+        assert type(shaped) is NeuronTensor and shaped.shape == (5,)
