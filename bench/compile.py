@@ -11,7 +11,7 @@ per-round ratios. Measures the targets of the compile-path issue:
   process with empty caches);
 - throughput of four 2048-wide fp32 linears at batch 256;
 - beyond the targets, the per-step time of a training step of the small MLP and
-  of the transformer block.
+  of the transformer block, and the per-call time of both on ``neuron`` tensors.
 
 Usage: ``python bench/compile.py [--quick]``. Threads: torch gets 2 threads
 (this machine's cores); IREE's local-task executor uses its own workers.
@@ -184,6 +184,20 @@ def train_step_row(name: str, model: nn.Module, x: torch.Tensor, seconds: float)
     return _row(name, interleaved_us(competitors, x, seconds * len(competitors)))
 
 
+def device_tensor_row(name: str, model: nn.Module, x: torch.Tensor, seconds: float) -> dict:
+    """Per-call time of the neuron backend on host tensors and on ``neuron`` tensors (inference)."""
+    import torch_neuronx  # noqa: F401  (the neuron device)
+
+    torch._dynamo.reset()
+    on_device, x_device = deepcopy(model).to("neuron"), x.to("neuron")
+    host, device = torch.compile(model, backend="neuron"), torch.compile(on_device, backend="neuron")
+    with torch.no_grad():
+        host(x)
+        device(x_device)
+        competitors = {"host": host, "device": lambda _x: device(x_device)}
+        return _row(name, interleaved_us(competitors, x, seconds * len(competitors)))
+
+
 def _match_inputs(specs: list[dict], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     pool, out = list(tensors), []
     for spec in specs:
@@ -221,6 +235,15 @@ def cold_compile_s(backend: str) -> float:
         return float(out.stdout.strip().splitlines()[-1])
 
 
+def _table(title: str, columns: list[str], lines: list[list[str]]) -> None:
+    """Print a markdown table under ``title``."""
+    print(f"\n{title}")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + " --- |" * len(columns))
+    for line in lines:
+        print("| " + " | ".join(line) + " |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter timings (noisier)")
@@ -235,40 +258,44 @@ def main() -> None:
         per_call_row("transformer block (8x64x256)", *block(), seconds, raw=False),
         per_call_row("4x Linear 2048, batch 256", *big_mlp(), seconds, raw=False),
     ]
-    print(f"\nper-call latency, us (torch threads: {THREADS}; lower is better). Dynamo floor: the same")
-    print("model compiled with a backend that computes nothing (Dynamo's own cost per call).")
-    print("| workload | eager | inductor | neuron | raw IREE call | Dynamo floor | neuron/eager | "
-          "neuron/inductor | neuron/raw | (neuron-floor)/raw |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    lines = []
     for r in rows:
-        smp = r["samples"]
-        raw = r.get("raw_iree")
-        raw_us = f"{raw:.0f}" if raw else "-"
-        raw_ratio = f"{paired_ratio(smp['neuron'], smp['raw_iree']):.2f}" if raw else "-"
+        smp, raw = r["samples"], r.get("raw_iree")
         net = [n - f for n, f in zip(smp["neuron"], smp["floor"])]
-        net_ratio = f"{paired_ratio(net, smp['raw_iree']):.2f}" if raw else "-"
-        print(f"| {r['name']} | {r['eager']:.0f} | {r['inductor']:.0f} | {r['neuron']:.0f} | {raw_us} | "
-              f"{r['floor']:.0f} | {paired_ratio(smp['neuron'], smp['eager']):.2f} | "
-              f"{paired_ratio(smp['neuron'], smp['inductor']):.2f} | {raw_ratio} | {net_ratio} |")
+        lines.append([r["name"], f"{r['eager']:.0f}", f"{r['inductor']:.0f}", f"{r['neuron']:.0f}",
+                      f"{raw:.0f}" if raw else "-", f"{r['floor']:.0f}",
+                      f"{paired_ratio(smp['neuron'], smp['eager']):.2f}",
+                      f"{paired_ratio(smp['neuron'], smp['inductor']):.2f}",
+                      f"{paired_ratio(smp['neuron'], smp['raw_iree']):.2f}" if raw else "-",
+                      f"{paired_ratio(net, smp['raw_iree']):.2f}" if raw else "-"])
+    _table(f"per-call latency, us (torch threads: {THREADS}; lower is better). Dynamo floor: the same\n"
+           "model compiled with a backend that computes nothing (Dynamo's own cost per call).",
+           ["workload", "eager", "inductor", "neuron", "raw IREE call", "Dynamo floor", "neuron/eager",
+            "neuron/inductor", "neuron/raw", "(neuron-floor)/raw"], lines)
 
     training = [
         train_step_row("MLP 64-128-128-10, batch 32", *mlp(64, 128), seconds),
         train_step_row("transformer block (8x64x256)", *block(), seconds),
     ]
-    print("\ntraining step (zero_grad, forward, loss, backward, SGD step), us per step")
-    print("| workload | eager | inductor | neuron | neuron/eager | neuron/inductor |")
-    print("| --- | --- | --- | --- | --- | --- |")
-    for r in training:
-        smp = r["samples"]
-        print(f"| {r['name']} | {r['eager']:.0f} | {r['inductor']:.0f} | {r['neuron']:.0f} | "
-              f"{paired_ratio(smp['neuron'], smp['eager']):.2f} | {paired_ratio(smp['neuron'], smp['inductor']):.2f} |")
+    _table("training step (zero_grad, forward, loss, backward, SGD step), us per step",
+           ["workload", "eager", "inductor", "neuron", "neuron/eager", "neuron/inductor"],
+           [[r["name"], f"{r['eager']:.0f}", f"{r['inductor']:.0f}", f"{r['neuron']:.0f}",
+             f"{paired_ratio(r['samples']['neuron'], r['samples']['eager']):.2f}",
+             f"{paired_ratio(r['samples']['neuron'], r['samples']['inductor']):.2f}"] for r in training])
+
+    on_device = [
+        device_tensor_row("MLP 64-128-128-10, batch 32", *mlp(64, 128), seconds),
+        device_tensor_row("transformer block (8x64x256)", *block(), seconds),
+    ]
+    _table("neuron backend on host tensors and on neuron tensors (model and input .to('neuron')), us per call",
+           ["workload", "host tensors", "neuron tensors", "neuron/host"],
+           [[r["name"], f"{r['host']:.0f}", f"{r['device']:.0f}",
+             f"{paired_ratio(r['samples']['device'], r['samples']['host']):.2f}"] for r in on_device])
 
     neuron_cold, inductor_cold = cold_compile_s("neuron"), cold_compile_s("inductor")
-    print("\ncold compile of the transformer block (fresh process, empty caches), s")
-    print("| neuron | inductor | neuron/inductor |")
-    print("| --- | --- | --- |")
-    print(f"| {neuron_cold:.2f} | {inductor_cold:.2f} | {neuron_cold / inductor_cold:.2f} |")
-
+    _table("cold compile of the transformer block (fresh process, empty caches), s",
+           ["neuron", "inductor", "neuron/inductor"],
+           [[f"{neuron_cold:.2f}", f"{inductor_cold:.2f}", f"{neuron_cold / inductor_cold:.2f}"]])
 
 if __name__ == "__main__":
     main()

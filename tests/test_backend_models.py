@@ -169,6 +169,42 @@ def test_misaligned_and_strided_inputs_are_copied_once_and_correct():
     torch.testing.assert_close(out, fn(misaligned, strided))
 
 
+def test_outputs_keep_eager_strides_forward_and_backward():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(3, 4, 3)
+    x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        expected, got = conv(x), torch.compile(conv, backend="neuron")(x)
+    assert got.stride() == expected.stride() == (144, 1, 24, 4)  # channels-last in, channels-last out
+    torch.testing.assert_close(got, expected)
+
+    def fn(x, a, b):
+        return conv(x), (a @ b).t(), a.permute(1, 0) * 2
+
+    inputs = [x, torch.randn(3, 4), torch.randn(4, 5)]
+    eager_in = [t.clone().requires_grad_() for t in inputs]
+    compiled_in = [t.clone().requires_grad_() for t in inputs]
+    expected, got = fn(*eager_in), torch.compile(fn, backend="neuron")(*compiled_in)
+    for e, g in zip(expected, got):
+        assert g.stride() == e.stride()
+        torch.testing.assert_close(g, e)
+    sum(o.square().sum() for o in expected).backward()
+    sum(o.square().sum() for o in got).backward()
+    for e, g in zip(eager_in, compiled_in):
+        assert g.grad.stride() == e.grad.stride()
+        torch.testing.assert_close(g.grad, e.grad, rtol=1e-4, atol=1e-5)
+
+
+def test_memory_order_only_for_permutations_of_dense_layouts():
+    from torch_neuronx.compiler.passes.output_layouts import memory_order
+
+    assert memory_order(torch.empty(2, 3)) is None  # contiguous already
+    assert memory_order(torch.empty(3, 2).t()) == [1, 0]
+    assert memory_order(torch.empty(2, 8, 8, 3).permute(0, 3, 1, 2)) == [0, 2, 3, 1]
+    assert memory_order(torch.empty(4, 6)[:, :3]) is None  # gaps
+    assert memory_order(torch.empty(3, 1).expand(3, 4)) is None  # overlap
+
+
 def test_aligned_inputs_cross_without_copies():
     from torch_neuronx.runtime.executable import _aligned_contiguous
 

@@ -169,7 +169,7 @@ def test_channels_last_convolution_keeps_its_layout():
     with torch.no_grad():
         expected = conv(x)
         got = torch.compile(copy.deepcopy(conv).to("neuron"), backend="neuron")(x.to("neuron"))
-    assert type(got) is NeuronTensor
+    assert type(got) is NeuronTensor and got.stride() == expected.stride()
     torch.testing.assert_close(got.cpu(), expected)
 
 

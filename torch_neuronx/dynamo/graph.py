@@ -92,8 +92,10 @@ class CompiledGraph:
                  complex_inputs: Sequence[int] = (), complex_outputs: Sequence[int] = (),
                  copy_inputs: bool = False, argument_neff: Callable[[], Any] | None = None,
                  random_inputs: Sequence[dict[str, Any]] = (),
-                 checks: Sequence[dict[str, Any]] = ()) -> None:
+                 checks: Sequence[dict[str, Any]] = (), layouts: Sequence[Sequence[Any]] = ()) -> None:
         self.name = name
+        # Outputs returned in memory order, permuted back to their traced strides on the host.
+        self._layouts = tuple((int(i), tuple(inverse)) for i, inverse in layouts)
         # Error checks of the trailing outputs, run on the host after every call (passes/host_checks.py).
         self._checks = tuple(checks)
         # Random values the graph takes as its last inputs, drawn on the host at every call.
@@ -113,7 +115,7 @@ class CompiledGraph:
         self._calls = 0
         # No complex conversion, no constant outputs: results go back exactly as the NEFF returns them.
         self._plain = not (self._complex_inputs or self._complex_outputs or copy_inputs or random_inputs
-                           or checks) and all(slot is None for slot in template)
+                           or checks or self._layouts) and all(slot is None for slot in template)
         # Whether some outputs are inputs themselves (see _strip_outputs).
         self._returns_inputs = any(slot is not None and slot[0] == "input" for slot in template)
 
@@ -150,7 +152,12 @@ class CompiledGraph:
         zeros = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in self._outputs]
         for i in self._complex_outputs:  # outputs are the (..., 2) real views of complex results
             zeros[i] = torch.view_as_complex(zeros[i])
-        return zeros
+        return self._relayout(zeros)
+
+    def _relayout(self, results: list[torch.Tensor]) -> list[torch.Tensor]:
+        for i, inverse in self._layouts:
+            results[i] = results[i].permute(inverse)
+        return results
 
     def _execute(self, executable: Any, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         tensors.extend(random_inputs.draw(spec) for spec in self._random_inputs)
@@ -161,7 +168,7 @@ class CompiledGraph:
         results = executable(tensors)
         for i in self._complex_outputs:
             results[i] = torch.view_as_complex(results[i])
-        return results
+        return self._relayout(results)
 
     def _restore(self, results: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[Any]:
         """The graph's outputs: the NEFF's ``results`` in their slots, constants and inputs in theirs."""
@@ -304,7 +311,7 @@ def executable_graph(plan: Plan, options: CompileOptions, artifacts: GraphArtifa
     return CompiledGraph(plan.graph_name, neff, driver, plan.template, outputs, artifacts,
                          plan.complex_inputs, plan.complex_outputs, copy_inputs=plan.copy_inputs,
                          argument_neff=argument_neff, random_inputs=plan.random_inputs,
-                         checks=plan.host_checks)
+                         checks=plan.host_checks, layouts=plan.output_layouts)
 
 
 def build_graph(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
@@ -344,7 +351,8 @@ def _build(gm: torch.fx.GraphModule, options: CompileOptions, name: str,
                 complex_outputs=list(gm.meta.get("complex_outputs", ())), flops=graph_flops(gm),
                 keep_f64=_has_float64(gm), copy_inputs=writes_its_inputs(lowered.stablehlo),
                 resident=list(resident), random_inputs=list(gm.meta.get("random_inputs", ())),
-                host_checks=list(gm.meta.get("host_checks", ())))
+                host_checks=list(gm.meta.get("host_checks", ())),
+                output_layouts=list(gm.meta.get("output_layouts", ())))
     return executable_graph(plan, options, artifacts), plan
 
 

@@ -29,7 +29,7 @@ from torch_neuronx.device.tensor import NeuronTensor
 _log = logging.getLogger("torch_neuronx.dynamo.plans")
 _PLAIN = (torch.Tensor, torch.nn.Parameter, torch._subclasses.fake_tensor.FakeTensor)
 
-PLAN_VERSION = 7
+PLAN_VERSION = 8
 
 
 @dataclasses.dataclass
@@ -53,6 +53,9 @@ class Plan:
     random_inputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     # Checks of trailing outputs run on the host after every call (compiler/passes/host_checks.py).
     host_checks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # [output, inverse permutation] of outputs the NEFF returns in memory order
+    # (compiler/passes/output_layouts.py).
+    output_layouts: list[list[Any]] = dataclasses.field(default_factory=list)
 
 
 def _tensor_spec(t: torch.Tensor) -> str:

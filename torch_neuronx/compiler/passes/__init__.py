@@ -19,6 +19,7 @@ from torch_neuronx.compiler.passes.constant_fold import constant_fold
 from torch_neuronx.compiler.passes.empty_slices import empty_slices_to_full
 from torch_neuronx.compiler.passes.host_checks import checks_to_outputs
 from torch_neuronx.compiler.passes.host_devices import devices_to_host
+from torch_neuronx.compiler.passes.output_layouts import outputs_in_memory_order
 from torch_neuronx.compiler.passes.pointwise_views import pointwise_views_unviewed
 from torch_neuronx.compiler.passes.random_inputs import random_ops_to_inputs
 from torch_neuronx.compiler.passes.scalar_inputs import inline_scalar_inputs
@@ -38,7 +39,8 @@ PIPELINE: list[Pass] = [
     squeeze_dims_to_view,
     empty_slices_to_full,
     bool_constants_to_int8,
-    pointwise_views_unviewed,  # an optimization: last, on the legalized graph
+    pointwise_views_unviewed,  # an optimization: on the legalized graph
+    outputs_in_memory_order,  # last: it adds the outputs' final permutes
 ]
 
 
