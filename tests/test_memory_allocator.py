@@ -402,6 +402,10 @@ def test_block_view_is_zero_copy_over_an_allocation():
     view.fill_(7)
     assert memory.block_buffer(address, 4096)[4095] == 7
     assert address % 64 == 0
+    floats = memory.block_view(address, 4096, dtype=torch.float32)
+    assert floats.shape == (1024,) and floats.data_ptr() == address
+    floats[1023] = 1.0
+    assert bytes(memory.block_buffer(address + 4092, 4)) == torch.tensor([1.0]).numpy().tobytes()
     allocator.free(address)
     allocator.empty_cache()
 

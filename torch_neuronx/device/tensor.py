@@ -18,20 +18,22 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from torch_neuronx import memory
+from torch_neuronx.runtime import streams
 
 
 class Allocation:
-    """One caching-allocator block; freed when the last tensor holding it is gone."""
+    """One caching-allocator block of the current stream; freed when the last tensor holding it is gone."""
 
-    __slots__ = ("address", "nbytes", "__weakref__")
+    __slots__ = ("address", "nbytes", "_allocator", "__weakref__")
 
     def __init__(self, nbytes: int) -> None:
         self.nbytes = nbytes
-        self.address = memory.caching_allocator_alloc(max(nbytes, 1))
+        self._allocator = memory.device_allocator(0)  # device_count() is 1
+        self.address = self._allocator.malloc(max(nbytes, 1), streams.current_stream(0).id)
 
     def __del__(self) -> None:
         try:
-            memory.caching_allocator_delete(self.address)
+            self._allocator.free(self.address)
         except Exception:  # interpreter shutdown: the allocator may already be gone
             pass
 
@@ -70,8 +72,18 @@ def allocate(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dty
     allocation = Allocation(nbytes)
     if nbytes == 0:
         return torch.empty(size, dtype=dtype), allocation
-    flat = memory.block_view(allocation.address, nbytes, owner=allocation)
-    return flat.view(dtype).as_strided(size, stride), allocation
+    flat = memory.block_view(allocation.address, nbytes, owner=allocation, dtype=dtype)
+    return flat.as_strided(size, stride), allocation
+
+
+_DEVICES: dict[int, torch.device] = {}
+
+
+def _device(index: int) -> torch.device:
+    device = _DEVICES.get(index)
+    if device is None:
+        device = _DEVICES[index] = torch.device("neuron", index)
+    return device
 
 
 class NeuronTensor(torch.Tensor):
@@ -79,6 +91,7 @@ class NeuronTensor(torch.Tensor):
 
     _data: torch.Tensor
     _allocation: Allocation | None
+    _index: int
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, allocation: Allocation | None, requires_grad: bool = False,
@@ -88,9 +101,10 @@ class NeuronTensor(torch.Tensor):
         size, stride = outer if outer is not None else (data.shape, data.stride())
         wrapper = torch.Tensor._make_wrapper_subclass(
             cls, size, strides=stride, storage_offset=data.storage_offset(), dtype=data.dtype,
-            device=torch.device("neuron", index), requires_grad=requires_grad)
+            device=_device(index), requires_grad=requires_grad)
         wrapper._data = data
         wrapper._allocation = allocation
+        wrapper._index = index  # what Dynamo's guards read through __tensor_flatten__ on every call
         return wrapper
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
@@ -106,7 +120,7 @@ class NeuronTensor(torch.Tensor):
         With :meth:`__tensor_unflatten__` this makes ``neuron`` tensors traceable by
         ``torch.compile``: its graphs compute on the inner tensors.
         """
-        return ["_data"], self.device.index or 0
+        return ["_data"], self._index
 
     @staticmethod
     def __tensor_unflatten__(inner: dict[str, torch.Tensor], index: int, outer_size: Any,
@@ -164,7 +178,8 @@ def from_cpu(t: torch.Tensor, stride: Sequence[int] | None = None, index: int = 
     Contiguous, or with ``stride`` when given and free of overlap (a compiled graph's
     output keeps the strides its trace decided, channels-last or transposed).
     """
-    if stride is not None and _overlapping(t.shape, stride):
+    if stride is not None and not (t.is_contiguous() and tuple(stride) == t.stride()) \
+            and _overlapping(t.shape, stride):
         stride = None
     data, allocation = allocate(t.shape, stride, t.dtype)
     data.copy_(t)

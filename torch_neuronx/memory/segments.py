@@ -102,19 +102,21 @@ def block_buffer(address: int, nbytes: int) -> memoryview:
     return memoryview((ctypes.c_uint8 * nbytes).from_address(address)).cast("B")
 
 
-def block_view(address: int, nbytes: int, owner: object = None) -> torch.Tensor:
-    """A zero-copy ``torch.uint8`` CPU tensor over ``nbytes`` of memory at ``address``.
+def block_view(address: int, nbytes: int, owner: object = None, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A zero-copy 1-d CPU tensor of ``dtype`` (default ``torch.uint8``) over ``nbytes`` at ``address``.
 
     ``result.data_ptr() == address``; writes through the tensor land in the
     block. ``owner``, when given, stays referenced for as long as the tensor's
     storage lives (through any view of it): an object that frees the block when
     it dies keeps it allocated exactly while the memory is used. Without an
     owner, the caller keeps the block allocated while the tensor is used.
+    ``nbytes`` must be a multiple of the dtype's size.
     """
     import torch  # imported here so `import torch_neuronx.memory` stays light
 
+    dtype = dtype or torch.uint8
     if nbytes == 0:
-        return torch.empty(0, dtype=torch.uint8)
+        return torch.empty(0, dtype=dtype)
     buffer = (ctypes.c_uint8 * nbytes).from_address(address)
     buffer.owner = owner  # the storage holds the buffer (buffer protocol), the buffer its owner
-    return torch.frombuffer(buffer, dtype=torch.uint8)
+    return torch.frombuffer(buffer, dtype=dtype)
