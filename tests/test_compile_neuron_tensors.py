@@ -162,6 +162,26 @@ def test_devices_strides_and_aliasing_of_outputs_follow_eager():
     torch.testing.assert_close(view.cpu(), (x + 1).t())
 
 
+def test_views_of_inputs_at_an_offset_alias_the_right_elements():
+    def f(x):
+        return x[2:5], x.view(2, -1)[:, 1:].t(), x * 2
+
+    x = torch.arange(8.0)
+    xd = x.to("neuron")
+    compiled = torch.compile(f, backend="neuron")
+    for start in (0, 1, 0):  # an input at another offset compiles again (guarded), then hits
+        inputs = xd[start:start + 6]
+        expected, got = f(inputs), compiled(inputs)
+        for e, g in zip(expected, got):
+            assert (g.shape, g.stride(), g.storage_offset()) == (e.shape, e.stride(), e.storage_offset())
+            torch.testing.assert_close(g.cpu(), e.cpu())
+    got[0].mul_(10)  # the views share the input's memory, as in eager
+    torch.testing.assert_close(xd.cpu(), torch.tensor([0.0, 1, 20, 30, 40, 5, 6, 7]))
+    w = torch.arange(6.0).to("neuron").requires_grad_()
+    torch.compile(lambda t: t[1:4], backend="neuron")(w).sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), torch.tensor([0.0, 1, 1, 1, 0, 0]))
+
+
 def test_channels_last_convolution_keeps_its_layout():
     torch.manual_seed(0)
     conv = nn.Conv2d(3, 4, 3).eval()

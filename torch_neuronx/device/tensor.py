@@ -95,12 +95,13 @@ class NeuronTensor(torch.Tensor):
 
     @staticmethod
     def __new__(cls, data: torch.Tensor, allocation: Allocation | None, requires_grad: bool = False,
-                index: int = 0, outer: tuple[Sequence[int], Sequence[int]] | None = None) -> NeuronTensor:
-        # ``outer``: the size and strides of a traced value whose inner tensor has other strides
-        # (torch.compile decides an output's strides before its inner tensor exists).
-        size, stride = outer if outer is not None else (data.shape, data.stride())
+                index: int = 0, outer: tuple[Sequence[int], Sequence[int], int] | None = None) -> NeuronTensor:
+        # ``outer``: the size, strides and storage offset of a traced value whose inner tensor
+        # has others (torch.compile decides an output's strides before its inner tensor exists,
+        # and an inner tensor traced alone does not know it is a view of an input).
+        size, stride, offset = outer if outer is not None else (data.shape, data.stride(), data.storage_offset())
         wrapper = torch.Tensor._make_wrapper_subclass(
-            cls, size, strides=stride, storage_offset=data.storage_offset(), dtype=data.dtype,
+            cls, size, strides=stride, storage_offset=offset, dtype=data.dtype,
             device=_device(index), requires_grad=requires_grad)
         wrapper._data = data
         wrapper._allocation = allocation
@@ -114,21 +115,32 @@ class NeuronTensor(torch.Tensor):
     # ops, and what Dynamo requires of a tensor subclass it traces through).
     __torch_function__ = torch._C._disabled_torch_function_impl
 
-    def __tensor_flatten__(self) -> tuple[list[str], int]:
-        """The inner tensor (the CPU view of the device memory) and the device index.
+    def __tensor_flatten__(self) -> tuple[list[str], tuple[int, int]]:
+        """The inner tensor (the CPU view of the device memory); the device index and storage offset.
 
         With :meth:`__tensor_unflatten__` this makes ``neuron`` tensors traceable by
-        ``torch.compile``: its graphs compute on the inner tensors.
+        ``torch.compile``: its graphs compute on the inner tensors. The storage offset
+        travels with the trace (``__tensor_unflatten__`` gets no other way to know it):
+        aot_autograd rebuilds an output that is a view of an input (``x[2:5]``) from the
+        traced output's offset. Dynamo's guards compare this metadata, so a call with an
+        input at another offset compiles again rather than rebuilding that view wrongly.
         """
-        return ["_data"], self._index
+        return ["_data"], (self._index, self.storage_offset())
 
     @staticmethod
-    def __tensor_unflatten__(inner: dict[str, torch.Tensor], index: int, outer_size: Any,
+    def __tensor_unflatten__(inner: dict[str, torch.Tensor], meta: tuple[int, int], outer_size: Any,
                              outer_stride: Any) -> NeuronTensor:
+        index, offset = meta
         data = inner["_data"]
         if type(data) is torch.Tensor and not data.is_meta:  # a compiled graph's output: into device memory
-            return from_cpu(data, stride=outer_stride, index=index)
-        return NeuronTensor(data, None, index=index, outer=(outer_size, outer_stride))  # a traced value
+            placed = from_cpu(data, stride=outer_stride, index=index)
+            if offset == placed.storage_offset():
+                return placed
+            # An output that is a view of an input: aot_autograd rebuilds it from the input
+            # with this tensor's size, strides and offset (the values here are a copy).
+            return NeuronTensor(placed._data, placed._allocation, index=index,
+                                outer=(placed.shape, placed.stride(), offset))
+        return NeuronTensor(data, None, index=index, outer=(outer_size, outer_stride, offset))  # a traced value
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict | None = None) -> Any:
