@@ -200,3 +200,24 @@ def test_integer_floor_division_and_remainder_are_exact_at_the_limits(dtype):
         return torch.stack([a // b, a % b, a // 3, a % 1000003, torch.div(a, b, rounding_mode="floor"), a >> 3])
 
     torch.testing.assert_close(torch.compile(fn, backend="neuron")(a, b), fn(a, b), rtol=0, atol=0)
+
+
+def test_boolean_mask_assignment_forward_and_backward():
+    """``x[mask] = v`` with a value shared by the selection (the common ``x[x < 0] = 0``).
+
+    The gradient of assigned values that require grad (``grad[mask]``) has a
+    data-dependent shape, which aot_autograd cannot trace: the row here needs none.
+    """
+    torch.manual_seed(0)
+    row = torch.randn(5)
+
+    def fn(x):
+        y = x * 3
+        y[x < 0] = 0
+        y[x[:, 0] > 0.5] = row  # a row mask, one row broadcast over the selected rows
+        z = (y * 2).long()
+        z[z > 2] = 9
+        accumulated = y.index_put((x > 1,), torch.tensor(2.0), accumulate=True)
+        return y + accumulated + z
+
+    _check(fn, _leaf(6, 5))

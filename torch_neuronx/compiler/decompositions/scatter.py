@@ -1,4 +1,4 @@
-"""Reductions over index tensors: ``scatter_reduce``, ``index_reduce``, embedding bags, masked scatter.
+"""Index tensors: ``scatter_reduce``, ``index_reduce``, embedding bags, masked scatter, ``x[mask] = v``.
 
 torch-mlir lowers a scatter that adds (``index_put`` with ``accumulate``) and one
 that overwrites, but no scatter that takes a maximum, a minimum or a product,
@@ -304,6 +304,31 @@ def histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> t
     return counts[:bins]
 
 
+def index_put_mask(x: torch.Tensor, indices: list, values: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+    """``aten.index_put`` with one boolean mask over the leading dims (``x[mask] = v``) as a ``where``.
+
+    torch-mlir cannot lower a boolean index. When ``v`` is the same for every selected
+    element (a scalar, or a row broadcast over the selection), the write is
+    ``where(mask, v, x)`` (``x + where(mask, v, 0)`` when accumulating: a mask selects
+    each element once). Values that differ per selected element, whose count depends
+    on the data, keep the op (and its error).
+    """
+    if len(indices) != 1 or indices[0] is None or indices[0].dtype not in (torch.bool, torch.uint8):
+        return NotImplemented
+    mask = indices[0].bool()
+    rest = x.shape[mask.dim():]
+    if mask.dim() > x.dim() or mask.shape != x.shape[:mask.dim()]:
+        return NotImplemented
+    if values.dim() > len(rest) and any(s != 1 for s in values.shape[:values.dim() - len(rest)]):
+        return NotImplemented  # one value per selected element
+    row = values.reshape(values.shape[values.dim() - len(rest):] if values.dim() > len(rest) else values.shape)
+    row = row.to(x.dtype).expand(rest)
+    selected = mask.reshape(*mask.shape, *([1] * len(rest)))
+    if accumulate:
+        return x + torch.where(selected, row, torch.zeros((), dtype=x.dtype, device=x.device))
+    return torch.where(selected, row, x)
+
+
 #: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.scatter_reduce.two: scatter_reduce,
@@ -317,4 +342,5 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.masked_scatter_backward.default: masked_scatter_backward,
     aten.embedding_renorm.default: embedding_renorm,
     aten.histc.default: histc,
+    aten.index_put.default: index_put_mask,
 }
