@@ -206,3 +206,27 @@ def test_fallback_and_compile_only_return_neuron_tensors():
         with compile_only():
             shaped = torch.compile(lambda t: t.sum(0), backend="neuron")(torch.ones(3, 5).to("neuron"))
         assert type(shaped) is NeuronTensor and shaped.shape == (5,)
+
+
+@pytest.mark.parametrize("layer", [nn.LSTM(4, 5, num_layers=2), nn.GRU(4, 5, bias=False, bidirectional=True)],
+                         ids=["lstm", "gru"])
+def test_recurrent_layers_train_on_the_device(layer, recwarn):
+    """Dynamo leaves recurrent layers to eager: on the device they run the fused cells that
+    ATen uses off the CPU (decompositions/rnn.py), with no CPU fallback."""
+    def run(model, inputs):
+        out, state = model(inputs)
+        hidden = state[0] if isinstance(state, tuple) else state
+        (out.sum() + hidden.sum()).backward()
+        return out, inputs.grad
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 2, 4)
+    on_device = copy.deepcopy(layer).to("neuron")
+    expected, expected_grad = run(layer, x.clone().requires_grad_())
+    got, got_grad = run(torch.compile(on_device, backend="neuron"), x.to("neuron").requires_grad_())
+    assert type(got) is NeuronTensor
+    torch.testing.assert_close(got.cpu(), expected)
+    torch.testing.assert_close(got_grad.cpu(), expected_grad)
+    for p, q in zip(layer.parameters(), on_device.parameters(), strict=True):
+        torch.testing.assert_close(q.grad.cpu(), p.grad)
+    assert not [w for w in recwarn if "runs on the CPU" in str(w.message)]

@@ -65,7 +65,9 @@ def _register_kernels() -> None:
         eager.wrote(dst)
         return dst
 
+    # Never traced by Dynamo (as torch does for __torch_dispatch__): eager code inside a
+    # compiled region, after a graph break (nn.LSTM's initial states), calls them too.
     _library = torch.library.Library("aten", "IMPL")
-    _library.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
-    _library.impl("empty_strided", empty_strided, "PrivateUse1")
-    _library.impl("_copy_from", copy_from, "PrivateUse1")
+    _library.impl("empty.memory_format", torch._disable_dynamo(empty_memory_format), "PrivateUse1")
+    _library.impl("empty_strided", torch._disable_dynamo(empty_strided), "PrivateUse1")
+    _library.impl("_copy_from", torch._disable_dynamo(copy_from), "PrivateUse1")

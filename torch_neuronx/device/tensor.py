@@ -143,7 +143,10 @@ class NeuronTensor(torch.Tensor):
         return NeuronTensor(data, None, index=index, outer=(outer_size, outer_stride, offset))  # a traced value
 
     @classmethod
+    @torch._disable_dynamo
     def __torch_dispatch__(cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict | None = None) -> Any:
+        # Never traced by Dynamo: eager ops inside a compiled region (an op Dynamo leaves to
+        # eager, nn.GRU's) would have it compile the device's own code.
         kwargs = kwargs or {}
         if _traced(args, kwargs):
             return _trace_op(func, args, kwargs)

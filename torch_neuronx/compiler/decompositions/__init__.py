@@ -9,6 +9,7 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 - :mod:`.convolution`: the backward of every convolution torch-mlir cannot train
   (grouped, dilated, 1-d, 3-d, transposed) and transposed convolutions with
   differing output paddings, in plain and transposed convolutions.
+- :mod:`.rnn`: the fused LSTM and GRU cells that recurrent layers run on the device.
 - :mod:`.resampling`: antialiased bilinear and bicubic resizing, as two matmuls
   with weights taken from torch's kernels at trace time.
 - :mod:`.linalg`: LU, Cholesky and triangular solves, and ``inv``, ``solve``,
@@ -36,6 +37,7 @@ from torch_neuronx.compiler.decompositions import (
     orthogonal,
     pooling,
     resampling,
+    rnn,
     sampling,
     scatter,
     special,
@@ -59,5 +61,6 @@ def _table(with_fma: bool) -> dict:
             **general.DECOMPOSITIONS, **special.DECOMPOSITIONS, **pooling.DECOMPOSITIONS,
             **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS, **foreach.DECOMPOSITIONS,
             **sampling.DECOMPOSITIONS, **convolution.DECOMPOSITIONS, **resampling.DECOMPOSITIONS,
+            **rnn.DECOMPOSITIONS,
             **linalg.DECOMPOSITIONS,
             **orthogonal.DECOMPOSITIONS, **float64_math.DECOMPOSITIONS, **extra}
