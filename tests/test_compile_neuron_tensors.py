@@ -163,8 +163,8 @@ def test_devices_strides_and_aliasing_of_outputs_follow_eager():
 
 
 def test_views_of_inputs_at_an_offset_alias_the_right_elements():
-    def f(x):
-        return x[2:5], x.view(2, -1)[:, 1:].t(), x * 2
+    def f(x):  # slices, a transpose, views whose elements share memory (expand, unfold)
+        return x[2:5], x.view(2, -1)[:, 1:].t(), x * 2, x[1:3].expand(2, 2), x.unfold(0, 2, 1)
 
     x = torch.arange(8.0)
     xd = x.to("neuron")
@@ -177,6 +177,7 @@ def test_views_of_inputs_at_an_offset_alias_the_right_elements():
             torch.testing.assert_close(g.cpu(), e.cpu())
     got[0].mul_(10)  # the views share the input's memory, as in eager
     torch.testing.assert_close(xd.cpu(), torch.tensor([0.0, 1, 20, 30, 40, 5, 6, 7]))
+    torch.testing.assert_close(got[3].cpu(), torch.tensor([[1.0, 20], [1, 20]]))
     w = torch.arange(6.0).to("neuron").requires_grad_()
     torch.compile(lambda t: t[1:4], backend="neuron")(w).sum().backward()
     torch.testing.assert_close(w.grad.cpu(), torch.tensor([0.0, 1, 1, 1, 0, 0]))

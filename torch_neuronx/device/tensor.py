@@ -190,15 +190,24 @@ def _trace_op(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
 def from_cpu(t: torch.Tensor, stride: Sequence[int] | None = None, index: int = 0) -> NeuronTensor:
     """A new neuron tensor holding a copy of the CPU tensor ``t``.
 
-    Contiguous, or with ``stride`` when given and free of overlap (a compiled graph's
-    output keeps the strides its trace decided, channels-last or transposed).
+    Contiguous, or with ``stride`` when given: a compiled graph's output keeps the
+    strides its trace decided (channels-last, transposed, or expanded, whose
+    elements that share memory hold one value).
     """
-    if stride is not None and not (t.is_contiguous() and tuple(stride) == t.stride()) \
-            and _overlapping(t.shape, stride):
-        stride = None
     data, allocation = allocate(t.shape, stride, t.dtype)
-    data.copy_(t)
+    if stride is None or (t.is_contiguous() and tuple(stride) == t.stride()) or not _overlapping(t.shape, stride):
+        data.copy_(t)
+    else:
+        _fill_overlapping(data, t)
     return NeuronTensor(data, allocation, index=index)
+
+
+def _fill_overlapping(data: torch.Tensor, t: torch.Tensor) -> None:
+    """Write ``t`` into ``data``, a layout whose elements share memory (``copy_`` refuses one)."""
+    span = _span_bytes(data.shape, data.stride(), data.dtype) // data.dtype.itemsize
+    memory = data.as_strided((span,), (1,), data.storage_offset())
+    positions = torch.arange(span).as_strided(data.shape, data.stride())
+    memory.index_put_((positions.reshape(-1),), t.reshape(-1))
 
 
 def alias(data: torch.Tensor, source: NeuronTensor) -> NeuronTensor:
