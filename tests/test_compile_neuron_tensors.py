@@ -162,6 +162,19 @@ def test_devices_strides_and_aliasing_of_outputs_follow_eager():
     torch.testing.assert_close(view.cpu(), (x + 1).t())
 
 
+@pytest.mark.parametrize("factory", [
+    lambda x: torch.linspace(0, 1, 4, device=x.device) + x,  # a decomposition adds scalar operands
+    lambda x: torch.polar(torch.ones(4, device=x.device), x).abs() + torch.eye(4, device=x.device)[0],
+    lambda x: torch.zeros(0, 4, device=x.device).sum(0) + torch.arange(4, device=x.device) * x,
+], ids=["linspace", "complex", "empty"])
+def test_factories_on_the_device_inside_a_graph(factory):
+    """Factories made on ``neuron`` inside a graph compute on the host with the rest of it."""
+    x = torch.randn(4)
+    got = torch.compile(factory, backend="neuron")(x.to("neuron"))
+    assert type(got) is NeuronTensor
+    torch.testing.assert_close(got.cpu(), factory(x))
+
+
 def test_views_of_inputs_at_an_offset_alias_the_right_elements():
     def f(x):  # slices, a transpose, views whose elements share memory (expand, unfold)
         return x[2:5], x.view(2, -1)[:, 1:].t(), x * 2, x[1:3].expand(2, 2), x.unfold(0, 2, 1)
