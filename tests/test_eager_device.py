@@ -59,6 +59,21 @@ def test_views_alias_device_memory_and_in_place_ops_write_through():
     assert t.shape == (3, 2) and t._allocation is x._allocation
 
 
+def test_inference_tensors_leave_the_device_and_alias_like_others():
+    """Without autograd keys (inference mode), ``to``/``reshape`` reach the device whole."""
+    with torch.inference_mode():
+        x = torch.arange(6.0).reshape(2, 3).to("neuron")
+        assert type(x.cpu()) is torch.Tensor and x.to("cpu").device.type == "cpu"
+        assert type(x.to(torch.float64)) is NeuronTensor and x.to(torch.float64).dtype == torch.float64
+        assert x.float() is x
+        flat = x.reshape(6)  # a view: writes show in x
+        flat[0] = 7
+        assert x.cpu()[0, 0] == 7
+        copied = x.t().reshape(6)  # a copy
+        torch.testing.assert_close(copied.cpu(), torch.tensor([7.0, 3, 1, 4, 2, 5]))
+    assert type(x.cpu()) is torch.Tensor  # and still after inference mode
+
+
 def test_training_step_on_neuron_matches_cpu():
     torch.manual_seed(0)
     cpu_model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))

@@ -240,7 +240,7 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
     return pytree.tree_map(_to_device, pytree.tree_unflatten(results, out_spec))
 
 
-_SPECIAL_OP, _VIEW, _RANDOM, _IN_PLACE, _NO_FUNCTIONAL, _FUNCTIONAL = range(6)
+_SPECIAL_OP, _COMPOSITE_VIEW, _VIEW, _RANDOM, _IN_PLACE, _NO_FUNCTIONAL, _FUNCTIONAL = range(7)
 _kinds: dict[Any, tuple[int, Any]] = {}
 
 
@@ -250,6 +250,10 @@ def _classify(func: Any) -> tuple[int, Any]:
     if kind is None:
         if func in _SPECIAL:
             kind = (_SPECIAL_OP, _SPECIAL[func])
+        elif _is_view(func) and func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+            # An op that may alias (``to``, ``reshape``): without autograd keys (inference mode)
+            # it arrives whole; its decomposition decides between a view and a copy.
+            kind = (_COMPOSITE_VIEW, None)
         elif _is_view(func):
             kind = (_VIEW, None)
         elif torch.Tag.nondeterministic_seeded in func.tags:  # random numbers: the host generator
@@ -276,6 +280,8 @@ def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         return args[0]
     if kind == _VIEW:
         return _run_view(func, args, kwargs)
+    if kind == _COMPOSITE_VIEW:
+        return func.decompose(*args, **kwargs)
     if kind == _SPECIAL_OP:
         return extra(args, kwargs)
     if kind == _RANDOM:
