@@ -96,6 +96,11 @@ def test_inference_keeps_weights_resident_and_sees_every_in_place_update():
             update(on_device)
             model.load_state_dict({k: v.cpu() for k, v in on_device.state_dict().items()})
             torch.testing.assert_close(compiled(xd).cpu(), model(x))
+        bias = torch.randn(16)
+        on_device[0].bias.data = bias.to("neuron")  # other device memory
+        model[0].bias.data = bias
+        torch.testing.assert_close(on_device[0].bias.cpu(), bias)
+        torch.testing.assert_close(compiled(xd).cpu(), model(x))
 
 
 def test_eager_writes_move_the_inner_version_counter():

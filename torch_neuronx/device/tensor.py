@@ -111,6 +111,18 @@ class NeuronTensor(torch.Tensor):
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         return f"{self._data!r}"[:-1] + f", device='{self.device}')"
 
+    @property
+    def data(self) -> torch.Tensor:
+        """A detached alias, as ``Tensor.data``."""
+        return torch.Tensor.data.__get__(self, type(self))
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        """``p.data = t``: ``p`` now holds ``t``'s device memory (torch swaps only the metadata)."""
+        torch.Tensor.data.__set__(self, value)
+        if isinstance(value, NeuronTensor):
+            self._data, self._allocation, self._index = value._data, value._allocation, value._index
+
     # Ops reach __torch_dispatch__ directly: no Python __torch_function__ layer (faster eager
     # ops, and what Dynamo requires of a tensor subclass it traces through).
     __torch_function__ = torch._C._disabled_torch_function_impl
