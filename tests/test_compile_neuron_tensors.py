@@ -227,8 +227,10 @@ def test_fallback_and_compile_only_return_neuron_tensors():
         assert type(shaped) is NeuronTensor and shaped.shape == (5,)
 
 
-@pytest.mark.parametrize("layer", [nn.LSTM(4, 5, num_layers=2), nn.GRU(4, 5, bias=False, bidirectional=True)],
-                         ids=["lstm", "gru"])
+@pytest.mark.parametrize("layer", [
+    nn.LSTM(4, 5, num_layers=2),
+    nn.GRU(4, 5, bias=False, bidirectional=True, batch_first=True),
+], ids=["lstm", "gru"])
 def test_recurrent_layers_train_on_the_device(layer, recwarn):
     """Dynamo leaves recurrent layers to eager: on the device they run the fused cells that
     ATen uses off the CPU (decompositions/rnn.py), with no CPU fallback."""

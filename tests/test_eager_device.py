@@ -57,6 +57,10 @@ def test_views_alias_device_memory_and_in_place_ops_write_through():
     assert torch.equal(x.cpu(), torch.tensor([[0.0, 0.0, 0.0], [5.0, 5.0, 5.0]]))
     t = x.t()
     assert t.shape == (3, 2) and t._allocation is x._allocation
+    assert t.transpose_(0, 1) is t and t.shape == (2, 3) and t.stride() == (3, 1)  # in-place views
+    t.unsqueeze_(0).as_strided_((3,), (1,), 3)
+    assert (t.shape, t.stride(), t.storage_offset()) == ((3,), (1,), 3)
+    torch.testing.assert_close(t.cpu(), torch.tensor([5.0, 5.0, 5.0]))
 
 
 def test_inference_tensors_leave_the_device_and_alias_like_others():

@@ -121,6 +121,21 @@ def _run_view(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return pytree.tree_map(lambda t: alias(t, source) if isinstance(t, torch.Tensor) else t, out)
 
 
+def _run_inplace_view(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """An op that changes a tensor's sizes and strides in place: on the inner tensor, then on the
+    wrapper itself (the way ``return_and_correct_aliasing`` does, without dispatching again)."""
+    target = args[0]
+    func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
+    with torch.utils._mode_utils.no_dispatch():
+        meta_in_tls = torch._C._meta_in_tls_dispatch_include()
+        torch._C._set_meta_in_tls_dispatch_include(True)
+        try:
+            func(*args, **kwargs)
+        finally:
+            torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
+    return target
+
+
 def _functional_variant(func: Any) -> Any | None:
     name = func._schema.name.split("::")[1]
     if not name.endswith("_") or func._schema.overload_name == "out":
@@ -240,7 +255,7 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
     return pytree.tree_map(_to_device, pytree.tree_unflatten(results, out_spec))
 
 
-_SPECIAL_OP, _COMPOSITE_VIEW, _VIEW, _RANDOM, _IN_PLACE, _NO_FUNCTIONAL, _FUNCTIONAL = range(7)
+_SPECIAL_OP, _COMPOSITE_VIEW, _INPLACE_VIEW, _VIEW, _RANDOM, _IN_PLACE, _NO_FUNCTIONAL, _FUNCTIONAL = range(8)
 _kinds: dict[Any, tuple[int, Any]] = {}
 
 
@@ -254,6 +269,8 @@ def _classify(func: Any) -> tuple[int, Any]:
             # An op that may alias (``to``, ``reshape``): without autograd keys (inference mode)
             # it arrives whole; its decomposition decides between a view and a copy.
             kind = (_COMPOSITE_VIEW, None)
+        elif torch.Tag.inplace_view in func.tags:  # transpose_, unsqueeze_: metadata changes in place
+            kind = (_INPLACE_VIEW, None)
         elif _is_view(func):
             kind = (_VIEW, None)
         elif torch.Tag.nondeterministic_seeded in func.tags:  # random numbers: the host generator
@@ -282,6 +299,8 @@ def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         return _run_view(func, args, kwargs)
     if kind == _COMPOSITE_VIEW:
         return func.decompose(*args, **kwargs)
+    if kind == _INPLACE_VIEW:
+        return _run_inplace_view(func, args, kwargs)
     if kind == _SPECIAL_OP:
         return extra(args, kwargs)
     if kind == _RANDOM:
