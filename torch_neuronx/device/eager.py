@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from torch_neuronx import config, metrics
 from torch_neuronx.device.tensor import NeuronTensor, alias, allocate, from_cpu
@@ -123,17 +124,9 @@ def _run_view(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
 
 def _run_inplace_view(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """An op that changes a tensor's sizes and strides in place: on the inner tensor, then on the
-    wrapper itself (the way ``return_and_correct_aliasing`` does, without dispatching again)."""
-    target = args[0]
+    wrapper itself (``return_and_correct_aliasing`` sets a wrapper's metadata without dispatching)."""
     func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
-    with torch.utils._mode_utils.no_dispatch():
-        meta_in_tls = torch._C._meta_in_tls_dispatch_include()
-        torch._C._set_meta_in_tls_dispatch_include(True)
-        try:
-            func(*args, **kwargs)
-        finally:
-            torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
-    return target
+    return return_and_correct_aliasing(func, args, kwargs, args[0])
 
 
 def _functional_variant(func: Any) -> Any | None:

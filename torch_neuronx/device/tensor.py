@@ -10,6 +10,7 @@ devices are registered for PrivateUse1 with ``torch.library``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,14 +77,9 @@ def allocate(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dty
     return flat.as_strided(size, stride), allocation
 
 
-_DEVICES: dict[int, torch.device] = {}
-
-
+@functools.cache
 def _device(index: int) -> torch.device:
-    device = _DEVICES.get(index)
-    if device is None:
-        device = _DEVICES[index] = torch.device("neuron", index)
-    return device
+    return torch.device("neuron", index)
 
 
 class NeuronTensor(torch.Tensor):

@@ -321,8 +321,7 @@ def index_put_mask(x: torch.Tensor, indices: list, values: torch.Tensor, accumul
         return NotImplemented
     if values.dim() > len(rest) and any(s != 1 for s in values.shape[:values.dim() - len(rest)]):
         return NotImplemented  # one value per selected element
-    row = values.reshape(values.shape[values.dim() - len(rest):] if values.dim() > len(rest) else values.shape)
-    row = row.to(x.dtype).expand(rest)
+    row = values.reshape(values.shape[max(values.dim() - len(rest), 0):]).to(x.dtype)  # leading 1s dropped
     selected = mask.reshape(*mask.shape, *([1] * len(rest)))
     if accumulate:
         return x + torch.where(selected, row, torch.zeros((), dtype=x.dtype, device=x.device))
