@@ -158,9 +158,13 @@ def dispatch_key(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tupl
 
 
 def _hlo_key(key: tuple) -> str:
+    """The HLO cache key of a dispatch key: with the lowering and trace versions, so entries that
+    older code wrote (format 2 traced ``a * a`` as a one-input kernel) are never looked up."""
     from torch_neuronx.compiler.hlo import lowering_versions
+    from torch_neuronx.kernels.trace import FORMAT
 
-    return "eager-" + hashlib.sha256(f"{lowering_versions()}|{key!r}".encode()).hexdigest()
+    text = f"{lowering_versions()}|trace-format-{FORMAT}|{key!r}"
+    return "eager-" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def _compile(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

@@ -119,6 +119,11 @@ class NeuronTensor(torch.Tensor):
         if isinstance(value, NeuronTensor):
             self._data, self._allocation, self._index = value._data, value._allocation, value._index
 
+    def tolist(self) -> Any:
+        """The values as nested Python lists, read from device memory (as ``Tensor.tolist`` on CUDA;
+        torch refuses ``tolist`` for tensor subclasses)."""
+        return self.cpu().tolist()
+
     # Ops reach __torch_dispatch__ directly: no Python __torch_function__ layer (faster eager
     # ops, and what Dynamo requires of a tensor subclass it traces through).
     __torch_function__ = torch._C._disabled_torch_function_impl

@@ -30,7 +30,9 @@ from torch_neuronx.dynamo.artifacts import GraphArtifacts
 from torch_neuronx.dynamo.graph import CompiledGraph, build_graph, executable_graph
 from torch_neuronx.dynamo.plans import Plan
 
-FORMAT = 2  # bumped when the stored fields change, so old entries stop matching
+# Bumped when the stored fields change, or when what a trace computes does, so old entries stop
+# matching. 3: traces see distinct inputs (format 2 traced ``a * a`` as a one-input kernel).
+FORMAT = 3
 
 _DATA_DEPENDENT = (GuardOnDataDependentSymNode, DataDependentOutputException, DynamicOutputShapeException)
 
@@ -84,6 +86,19 @@ def _reject_input_mutation(gm: torch.fx.GraphModule, name: str) -> None:
                                      graph=name)
 
 
+def _distinct(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Stand-ins of ``tensors`` for tracing: the same shapes, strides and dtypes, no memory shared.
+
+    A trace is stored under a key of shapes, strides and dtypes, and serves every later call of
+    that key. Traced with the caller's tensors, it would depend on more: ``make_fx`` gives one
+    tensor passed twice a single placeholder (so ``a * a`` computes from one input and serves
+    ``b * a`` wrongly), and views of one memory as aliases. Fresh tensors make the trace a
+    function of what the key holds, whatever aliasing the call that traced it had. (Only their
+    metadata is read: tracing is fake, and uninitialized memory is never touched.)
+    """
+    return [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) for t in tensors]
+
+
 def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[torch.Tensor],
           options: CompileOptions | None = None, *,
           hlo_cache: bool = True) -> tuple[CompiledGraph, Trace, pytree.TreeSpec]:
@@ -108,7 +123,8 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
     with options.applied():
         try:
             functional = torch.func.functionalize(flat, remove="mutations")
-            gm = make_fx(functional, decomposition_table=decompositions.table(), tracing_mode="fake")(*tensors)
+            gm = make_fx(functional, decomposition_table=decompositions.table(),
+                         tracing_mode="fake")(*_distinct(tensors))
         except _DATA_DEPENDENT as exc:
             raise NeuronCompileError(
                 "trace", f"kernel {name} branches on tensor values ({str(exc).splitlines()[0]}); a kernel is "
