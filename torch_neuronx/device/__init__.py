@@ -37,6 +37,10 @@ def register() -> bool:
 
     _setup_privateuseone_for_python_backend("neuron", module, NeuronHooks(), NeuronDeviceGuard())
     _register_kernels()
+    from torch_neuronx.device import accelerator, autocast
+
+    autocast.register()
+    accelerator.install()
     _registered = True
     return True
 

@@ -11,7 +11,7 @@ so a new process neither traces nor lowers an op any process has run before.
 Not every op runs compiled:
 - views run on the CPU view of the device memory (they only change metadata);
 - in-place ops run their functional variant compiled and write the result back;
-- random ops draw from the host generator (seeded by ``torch.manual_seed``);
+- random ops run on the host, drawing from their device's generator (:mod:`.random`);
 - an op nothing can lower falls back to CPU execution (one warning per op,
   counted as ``eager_fallbacks``); an op that lowers but fails to execute falls
   back too, unless TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS=1.
@@ -33,6 +33,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from torch_neuronx import config, metrics
+from torch_neuronx.device import random
 from torch_neuronx.device.tensor import NeuronTensor, alias, allocate, from_cpu
 
 _log = logging.getLogger("torch_neuronx.device.eager")
@@ -301,7 +302,7 @@ def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     if kind == _SPECIAL_OP:
         return extra(args, kwargs)
     if kind == _RANDOM:
-        out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
+        out = random.draw(func, pytree.tree_map(_cpu, args), pytree.tree_map(_cpu, kwargs), _first_neuron(args).device)
         if extra:
             wrote(args[0])
             return args[0]

@@ -8,8 +8,20 @@ from :mod:`torch_neuronx.runtime.streams`.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
+from torch_neuronx.device.random import (  # noqa: F401
+    get_rng_state,
+    get_rng_state_all,
+    initial_seed,
+    manual_seed,
+    manual_seed_all,
+    seed,
+    seed_all,
+    set_rng_state,
+    set_rng_state_all,
+)
 from torch_neuronx.memory import (  # noqa: F401  (re-exported as torch.neuron.*)
     caching_allocator_alloc,
     caching_allocator_delete,
@@ -22,6 +34,7 @@ from torch_neuronx.memory import (  # noqa: F401  (re-exported as torch.neuron.*
     memory_snapshot,
     memory_stats,
     memory_summary,
+    reset_accumulated_memory_stats,  # noqa: F401
     reset_peak_memory_stats,
 )
 from torch_neuronx.runtime.streams import (  # noqa: F401
@@ -35,6 +48,7 @@ from torch_neuronx.runtime.streams import (  # noqa: F401
 )
 
 _current = 0
+_initialized = True  # torch.cuda's flag: torch.utils.checkpoint saves a device's RNG state only when it is set
 
 
 def is_available() -> bool:
@@ -72,15 +86,103 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
-def manual_seed_all(seed: int) -> None:
-    """Seed every neuron device's generator: a no-op, neuron random numbers come from the host generator.
-
-    ``torch.manual_seed`` seeds that generator and then calls this function.
-    """
-
-
 def get_amp_supported_dtype() -> list[Any]:
     """Dtypes autocast may use on neuron."""
     import torch
 
     return [torch.bfloat16, torch.float16]
+
+
+def init() -> None:
+    """Initialize the runtime (it starts lazily on first use; kept for ``torch.cuda.init`` habits)."""
+
+
+_lazy_init = init
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """Whether bfloat16 tensors compute on neuron (they do: Trainium's native type)."""
+    return True
+
+
+def is_in_bad_fork() -> bool:
+    """Whether this is a forked child whose runtime cannot be used (never here: the host runtime forks)."""
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProperties:
+    """What ``get_device_properties`` reports of one neuron device."""
+
+    name: str
+    total_memory: int
+    type: str = "neuron"
+
+
+def get_device_name(device: Any = None) -> str:
+    """The name of a neuron device: its target's runtime (the host CPU here)."""
+    import platform
+
+    from torch_neuronx.runtime.streams import device_index
+
+    return f"NeuronCore {device_index(device)} ({platform.machine()} host)"
+
+
+def get_device_properties(device: Any = None) -> DeviceProperties:
+    """The name and total memory (bytes the allocator may hold) of a neuron device."""
+    return DeviceProperties(name=get_device_name(device), total_memory=mem_get_info(device)[1])
+
+
+def get_device_capability(device: Any = None) -> tuple[int, int]:
+    """A (major, minor) capability, as ``torch.cuda.get_device_capability``: (0, 0) for the host target."""
+    return (0, 0)
+
+
+class device:
+    """Context manager that makes ``device`` the current neuron device, as ``torch.cuda.device``."""
+
+    def __init__(self, device: Any) -> None:
+        from torch_neuronx.runtime.streams import device_index
+
+        self.index = -1 if device is None else device_index(device)
+        self.previous = -1
+
+    def __enter__(self) -> None:
+        if self.index >= 0:
+            self.previous = current_device()
+            set_device(self.index)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.previous >= 0:
+            set_device(self.previous)
+
+
+class device_of(device):
+    """Context manager that makes the device of tensor ``obj`` current (no-op for a non-neuron tensor)."""
+
+    def __init__(self, obj: Any) -> None:
+        on_neuron = getattr(getattr(obj, "device", None), "type", None) == "neuron"
+        super().__init__(obj.device if on_neuron else None)
+
+
+def wait_stream(other: Stream) -> None:
+    """Make the current stream wait for all work queued on ``other`` so far."""
+    current_stream().wait_stream(other)
+
+
+def wait_event(event: Event) -> None:
+    """Make the current stream wait for ``event``."""
+    current_stream().wait_event(event)
+
+
+def record_event(event: Event | None = None) -> Event:
+    """Record ``event`` (a new one when None) on the current stream."""
+    return current_stream().record_event(event)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "default_generators":  # one generator per device, made on first use
+        from torch_neuronx.device.random import generators
+
+        return generators()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

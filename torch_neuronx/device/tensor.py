@@ -185,6 +185,11 @@ def _inner(t: torch.Tensor) -> torch.Tensor:
     return t.to("cpu") if t.device.type == "neuron" else t
 
 
+def _host_device(device: torch.device) -> torch.device:
+    """``cpu`` for a neuron device (a device argument of an op on inner tensors); any other unchanged."""
+    return torch.device("cpu") if device.type == "neuron" else device
+
+
 def _leaves_device(device: Any) -> bool:
     return device is not None and torch.device(device).type != "neuron"
 
@@ -193,6 +198,10 @@ def _trace_op(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """An op on traced neuron tensors: the same op on their inner tensors, which the trace records."""
     index = next(a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, NeuronTensor)).device.index or 0
     inner_args, inner_kwargs = pytree.tree_map_only(torch.Tensor, _inner, (args, kwargs))
+    # The inner tensors live on the host: an op that names the neuron device (``m.to(x.device,
+    # torch.bool)``, ``x.new_ones(..., device=x.device)``) makes its inner result there too, else
+    # that result's fake tensor sits on ``neuron`` and the next op mixes it with host ones.
+    inner_args, inner_kwargs = pytree.tree_map_only(torch.device, _host_device, (inner_args, inner_kwargs))
     out = func(*inner_args, **inner_kwargs)
     if func is torch.ops.aten._to_copy.default and _leaves_device(kwargs.get("device")):
         return out  # ``.cpu()`` inside a compiled graph: a host tensor, as in eager

@@ -1,0 +1,58 @@
+"""``torch.accelerator`` on neuron: the calls torch answers only from a C++ backend, answered here.
+
+torch 2.13's ``torch.accelerator.synchronize`` asks the device guard to synchronize the
+device, and its memory functions ask a C++ ``DeviceAllocator``; a Python backend can
+register neither (its device guard has one method, ``type_``), so each raised an
+internal error for neuron. :func:`install` wraps those functions: when the current
+accelerator is neuron they call ``torch.neuron``'s (the caching allocator's statistics,
+the streams), otherwise torch's own, unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# torch.accelerator names whose neuron answer is torch.neuron's function of the same name,
+# except where the right side names another.
+_ROUTED = {
+    "synchronize": "synchronize",
+    "empty_cache": "empty_cache",
+    "memory_stats": "memory_stats",
+    "memory_allocated": "memory_allocated",
+    "max_memory_allocated": "max_memory_allocated",
+    "memory_reserved": "memory_reserved",
+    "max_memory_reserved": "max_memory_reserved",
+    "reset_peak_memory_stats": "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats": "reset_accumulated_memory_stats",
+    "get_memory_info": "mem_get_info",
+}
+
+
+def _on_neuron() -> bool:
+    current = torch.accelerator.current_accelerator()
+    return current is not None and current.type == "neuron"
+
+
+def _routed(original: Callable[..., Any], ours: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return ours(*args, **kwargs) if _on_neuron() else original(*args, **kwargs)
+
+    call.__neuron_original__ = original  # type: ignore[attr-defined]
+    return call
+
+
+def install() -> None:
+    """Route torch.accelerator's device-wide calls to torch.neuron's when neuron is the accelerator; idempotent."""
+    from torch_neuronx.device import module
+
+    for name, ours in _ROUTED.items():
+        for namespace in (torch.accelerator, torch.accelerator.memory):
+            original = getattr(namespace, name, None)
+            if original is None or hasattr(original, "__neuron_original__"):
+                continue
+            setattr(namespace, name, _routed(original, getattr(module, ours)))

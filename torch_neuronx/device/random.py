@@ -1,0 +1,134 @@
+"""The neuron devices' random number generators, and the RNG state API torch asks an accelerator for.
+
+Each neuron device has its own generator, as each CUDA device has: ``torch.manual_seed``
+seeds them all (through :func:`manual_seed_all`), ``torch.neuron.manual_seed`` the
+current one, and ``torch.random.fork_rng``, ``torch.utils.checkpoint`` and Dynamo
+save and restore them through :func:`get_rng_state` / :func:`set_rng_state`. Random
+ops on neuron tensors run on the host (their values land in device memory), drawing
+from their device's generator: a host ``torch.Generator`` whose state is a byte tensor,
+the same sequence the CPU generator gives from the same seed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+_DEFAULT_SEED = torch.Generator().initial_seed()  # what torch's CPU generator starts from
+_generators: dict[int, torch.Generator] = {}
+_lock = threading.Lock()  # serializes draws of ops that can only use the host's default generator
+
+
+def _index(device: Any) -> int:
+    from torch_neuronx.runtime.streams import device_index
+
+    return device_index(device)
+
+
+def _count() -> int:
+    from torch_neuronx.device import module
+
+    return module.device_count()
+
+
+def generator(device: Any = None) -> torch.Generator:
+    """The generator of neuron device ``device`` (the current one when None)."""
+    index = _index(device)
+    found = _generators.get(index)
+    if found is None:
+        if not 0 <= index < _count():
+            raise ValueError(f"neuron device {index} does not exist; device_count() is {_count()}")
+        found = _generators.setdefault(index, torch.Generator().manual_seed(_DEFAULT_SEED))
+    return found
+
+
+def generators() -> tuple[torch.Generator, ...]:
+    """One generator per neuron device, as ``torch.cuda.default_generators``."""
+    return tuple(generator(i) for i in range(_count()))
+
+
+def get_rng_state(device: Any = "neuron") -> torch.Tensor:
+    """The state of a device's generator, as a ``torch.ByteTensor`` (on the host, as CUDA's)."""
+    return generator(device).get_state()
+
+
+def set_rng_state(new_state: torch.Tensor, device: Any = "neuron") -> None:
+    """Set a device's generator to ``new_state`` (from :func:`get_rng_state`)."""
+    if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8:
+        raise TypeError(f"set_rng_state expects a torch.ByteTensor from get_rng_state, got {type(new_state)!r}")
+    generator(device).set_state(new_state.detach().cpu().contiguous())
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    """The states of every device's generator."""
+    return [get_rng_state(i) for i in range(_count())]
+
+
+def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
+    """Set every device's generator, in device order."""
+    for index, state in enumerate(new_states):
+        set_rng_state(state, index)
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the current device's generator."""
+    generator().manual_seed(int(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seed every device's generator (``torch.manual_seed`` calls this)."""
+    for index in range(_count()):
+        generator(index).manual_seed(int(seed))
+
+
+def seed() -> None:
+    """Seed the current device's generator with a non-deterministic random number."""
+    generator().seed()
+
+
+def seed_all() -> None:
+    """Seed every device's generator with one non-deterministic random number."""
+    value = torch.Generator().seed()
+    manual_seed_all(value)
+
+
+def initial_seed() -> int:
+    """The seed the current device's generator started from."""
+    return generator().initial_seed()
+
+
+def _generator_position(func: Any) -> int | None:
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.name == "generator":
+            return position if not argument.kwarg_only else -1
+    return None
+
+
+def draw(func: Any, args: Sequence[Any], kwargs: dict[str, Any], device: Any) -> Any:
+    """Run the random op ``func`` on host tensors, drawing from ``device``'s generator.
+
+    The generator is passed as the op's ``generator`` argument when the caller gave none;
+    ops without one (dropout, the fused attention ops) run with the host's default
+    generator set to the device's state for the call, and the advanced state kept.
+    """
+    position = _generator_position(func)
+    if position is not None:
+        if position >= 0 and len(args) > position:
+            if args[position] is not None:
+                return func(*args, **kwargs)
+            return func(*args[:position], generator(device), *args[position + 1:], **kwargs)
+        if kwargs.get("generator") is not None:
+            return func(*args, **kwargs)
+        return func(*args, **{**kwargs, "generator": generator(device)})
+    own = generator(device)
+    with _lock:
+        host = torch.random.default_generator.get_state()
+        torch.random.default_generator.set_state(own.get_state())
+        try:
+            return func(*args, **kwargs)
+        finally:
+            own.set_state(torch.random.default_generator.get_state())
+            torch.random.default_generator.set_state(host)
