@@ -245,7 +245,8 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
     try:
         results = compiled(tensors)
     except Exception as exc:
-        if config.get("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"):
+        # Bad input (an index out of range, a singular matrix) raises eager's error, never a fallback.
+        if getattr(exc, "neuron_input_error", False) or config.get("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"):
             raise
         return _fallback(func, args, kwargs, f"execution failed: {exc}")
     if out_spec.is_leaf():

@@ -9,6 +9,8 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 - :mod:`.convolution`: the backward of every convolution torch-mlir cannot train
   (grouped, dilated, 1-d, 3-d, transposed) and transposed convolutions with
   differing output paddings, in plain and transposed convolutions.
+- :mod:`.indexing`: ``index_add``, ``index_copy`` and ``index_fill`` with the index range
+  checks of their eager kernels (torch's decompositions would change them), and ``put``.
 - :mod:`.rnn`: the fused LSTM and GRU cells that recurrent layers run on the device.
 - :mod:`.resampling`: antialiased bilinear and bicubic resizing, as two matmuls
   with weights taken from torch's kernels at trace time.
@@ -33,6 +35,7 @@ from torch_neuronx.compiler.decompositions import (
     float64_math,
     foreach,
     general,
+    indexing,
     linalg,
     orthogonal,
     pooling,
@@ -61,6 +64,6 @@ def _table(with_fma: bool) -> dict:
             **general.DECOMPOSITIONS, **special.DECOMPOSITIONS, **pooling.DECOMPOSITIONS,
             **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS, **foreach.DECOMPOSITIONS,
             **sampling.DECOMPOSITIONS, **convolution.DECOMPOSITIONS, **resampling.DECOMPOSITIONS,
-            **rnn.DECOMPOSITIONS,
+            **rnn.DECOMPOSITIONS, **indexing.DECOMPOSITIONS,
             **linalg.DECOMPOSITIONS,
             **orthogonal.DECOMPOSITIONS, **float64_math.DECOMPOSITIONS, **extra}

@@ -19,6 +19,7 @@ from torch_neuronx.compiler.passes.constant_fold import constant_fold
 from torch_neuronx.compiler.passes.empty_slices import empty_slices_to_full
 from torch_neuronx.compiler.passes.host_checks import checks_to_outputs
 from torch_neuronx.compiler.passes.host_devices import devices_to_host
+from torch_neuronx.compiler.passes.index_bounds import index_bounds_checked
 from torch_neuronx.compiler.passes.output_layouts import outputs_in_memory_order
 from torch_neuronx.compiler.passes.pointwise_views import pointwise_views_unviewed
 from torch_neuronx.compiler.passes.random_inputs import random_ops_to_inputs
@@ -32,6 +33,7 @@ PIPELINE: list[Pass] = [
     devices_to_host,  # first: graphs of neuron tensors name the device in their factories
     complex_to_real,  # first: the other passes and the importer see real tensors only
     checks_to_outputs,  # before folding: the checks' info tensors become outputs
+    index_bounds_checked,  # after checks_to_outputs (its checks follow those); before folding and scalars
     random_ops_to_inputs,  # before folding: a random op is no constant
     constant_fold,
     inline_scalar_inputs,

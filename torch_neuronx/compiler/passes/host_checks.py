@@ -36,13 +36,26 @@ def checks_to_outputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         recorded.append({"api_name": api_name, "is_matrix": bool(is_matrix)})
         gm.graph.erase_node(node)
     output.args = (tuple(values),)
-    gm.meta["host_checks"] = recorded
+    gm.meta["host_checks"] = list(gm.meta.get("host_checks", ())) + recorded
     return gm
 
 
 def run_checks(checks: Sequence[dict[str, Any]], results: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Check the trailing ``info`` outputs of ``results`` (raising eager's error); return the others."""
+    """Check the trailing outputs of ``results`` (raising eager's error); return the others.
+
+    A check is a linear-algebra ``info`` (this pass's) or, with ``kind: "index"``, an index
+    operand's (min, max) (``passes/index_bounds.py``).
+    """
+    from torch_neuronx.compiler.passes.index_bounds import raise_out_of_range
+
     kept = len(results) - len(checks)
-    for check, info in zip(checks, results[kept:]):
-        torch._linalg_check_errors(info, check["api_name"], is_matrix=check["is_matrix"])
+    for check, value in zip(checks, results[kept:]):
+        if check.get("kind") == "index":
+            raise_out_of_range(check, value)
+        else:
+            try:
+                torch._linalg_check_errors(value, check["api_name"], is_matrix=check["is_matrix"])
+            except RuntimeError as error:
+                error.neuron_input_error = True  # type: ignore[attr-defined]  # bad input: never a fallback
+                raise
     return results[:kept]

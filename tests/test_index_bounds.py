@@ -1,0 +1,81 @@
+"""Indices as torch takes them: negative ones wrap where the op allows them, out-of-range ones raise
+torch's error, and no index reads or writes outside its tensor; compiled and on the eager device."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_neuronx  # noqa: F401  (registers the neuron device)
+
+X = torch.arange(12.0).reshape(3, 4)
+ROWS = torch.ones(2, 4)
+
+# name -> (fn(x, i), a valid index with negatives where the op takes them, an out-of-range index)
+CASES: dict[str, tuple[Callable, torch.Tensor, torch.Tensor]] = {
+    "index": (lambda x, i: x[i], torch.tensor([-1, 0, -3]), torch.tensor([-4, 0, 1])),
+    "index_dim1": (lambda x, i: x[:, i], torch.tensor([-1, 0, -4]), torch.tensor([4, 0, 1])),
+    "take": (lambda x, i: torch.take(x, i), torch.tensor([-1, 0, -12]), torch.tensor([12, 0, 1])),
+    "put": (lambda x, i: x.put(i, torch.tensor([7.0, 8.0])), torch.tensor([-1, 3]), torch.tensor([-13, 3])),
+    "index_put": (lambda x, i: x.index_put((i,), torch.tensor(5.0)), torch.tensor([-1, 0]), torch.tensor([3, 0])),
+    "index_put_acc": (lambda x, i: x.index_put((i,), ROWS, accumulate=True), torch.tensor([-3, -1]),
+                      torch.tensor([0, 3])),
+    "index_fill": (lambda x, i: x.index_fill(1, i, -2.0), torch.tensor([-1, 1]), torch.tensor([-5, 1])),
+    "gather": (lambda x, i: torch.gather(x, 1, i), torch.tensor([[3, 0], [1, 1], [2, 0]]),
+               torch.tensor([[3, 0], [-1, 1], [2, 0]])),
+    "scatter": (lambda x, i: x.scatter(1, i, 9.0), torch.tensor([[3, 0], [1, 1], [2, 0]]),
+                torch.tensor([[4, 0], [1, 1], [2, 0]])),
+    "scatter_add": (lambda x, i: x.scatter_add(0, i, torch.ones(2, 4)), torch.tensor([[2, 0, 1, 1], [0, 0, 2, 1]]),
+                    torch.tensor([[2, 0, 1, 1], [0, -1, 2, 1]])),
+    "scatter_reduce": (lambda x, i: x.scatter_reduce(0, i, -torch.ones(2, 4), "amin"),
+                       torch.tensor([[2, 0, 1, 1], [0, 0, 2, 1]]), torch.tensor([[2, 0, 3, 1], [0, 0, 2, 1]])),
+    "index_select": (lambda x, i: x.index_select(1, i), torch.tensor([3, 0, 1]), torch.tensor([3, -1, 1])),
+    "embedding": (lambda x, i: F.embedding(i, x), torch.tensor([[2, 0], [1, 1]]), torch.tensor([[2, 0], [3, 1]])),
+    "index_add": (lambda x, i: x.index_add(0, i, ROWS), torch.tensor([2, 0]), torch.tensor([-1, 0])),
+    "index_copy": (lambda x, i: x.index_copy(0, i, ROWS), torch.tensor([2, 0]), torch.tensor([2, 3])),
+}
+
+
+def _eager_error(fn: Callable, index: torch.Tensor) -> type[BaseException]:
+    """The exception eager raises (IndexError or RuntimeError: it depends on the op and dimension)."""
+    with pytest.raises((IndexError, RuntimeError)) as info:
+        fn(X.clone(), index)
+    return type(info.value)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_compiled_indexing_wraps_negatives_and_raises_out_of_range(name):
+    fn, good, bad = CASES[name]
+    compiled = torch.compile(fn, backend="neuron", dynamic=False)
+    torch.testing.assert_close(compiled(X.clone(), good), fn(X.clone(), good))
+    with pytest.raises(_eager_error(fn, bad), match="out of (bounds|range)"):
+        compiled(X.clone(), bad)  # the same graph: the index is an input
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_eager_neuron_indexing_wraps_negatives_and_raises_out_of_range(name):
+    fn, good, bad = CASES[name]
+    x = X.to("neuron")
+    torch.testing.assert_close(fn(x.clone(), good.to("neuron")).cpu(), fn(X.clone(), good))
+    with pytest.raises(_eager_error(fn, bad), match="out of (bounds|range)"):
+        fn(x.clone(), bad.to("neuron"))
+
+
+def test_an_index_check_is_bad_input_not_a_reason_to_fall_back(monkeypatch):
+    from torch_neuronx import metrics
+
+    before = metrics.counter("eager_fallbacks")
+    with pytest.raises(IndexError, match="out of bounds for dimension 0 with size 3"):
+        X.to("neuron")[torch.tensor([5], device="neuron")]
+    assert metrics.counter("eager_fallbacks") == before
+
+
+def test_indices_a_graph_computes_are_checked_too():
+    # The index is an intermediate: nothing outside the graph could check it first.
+    compiled = torch.compile(lambda x, k: x[(k * 2) - 7], backend="neuron")
+    torch.testing.assert_close(compiled(X, torch.tensor([2, 3])), X[torch.tensor([-3, -1])])
+    with pytest.raises(IndexError, match="index 5 is out of bounds"):
+        compiled(X, torch.tensor([6, 2]))

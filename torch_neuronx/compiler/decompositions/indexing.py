@@ -1,0 +1,77 @@
+"""Index checks that decompositions would hide: :data:`BOUNDS` marks an index torch checks.
+
+``index_add`` and ``index_copy`` reject negative indices in eager, but torch's
+decompositions turn them into ``index_put``, which wraps them (and ``index_fill``, which
+takes them, into ``index_copy``): a compiled
+``x.index_add(0, torch.tensor([-1]), y)`` would add into the last row where eager
+raises. Their decompositions here pass the index through :data:`BOUNDS` first, which
+the ``index_bounds`` pass (``passes/index_bounds.py``) expands into a clamp and a host
+check with the op's own error. Run eagerly, :data:`BOUNDS` checks and returns the index.
+``put``, which torch-mlir cannot lower, is an ``index_put`` into the flattened tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch._refs
+from torch._decomp import decompositions as torch_decompositions
+
+aten = torch.ops.aten
+
+
+@torch.library.custom_op("neuron::index_bounds", mutates_args=())
+def _index_bounds(index: torch.Tensor, size: int, negative: bool, op: str, message: str) -> torch.Tensor:
+    """``index`` for a dimension of ``size``, wrapped when ``negative``; raises when out of range."""
+    floor = -size if negative else 0
+    if index.numel() and (int(index.min()) < floor or int(index.max()) >= size):
+        bad = int(index.min()) if int(index.min()) < floor else int(index.max())
+        raise IndexError(f"index {bad} is out of bounds for dimension 0 with size {size} ({op})")
+    return torch.where(index < 0, index + size, index) if negative else index.clone()
+
+
+@_index_bounds.register_fake
+def _(index: torch.Tensor, size: int, negative: bool, op: str, message: str) -> torch.Tensor:
+    return torch.empty_like(index)
+
+
+#: The op a traced graph keeps for an index whose range torch checks (see the module docstring).
+BOUNDS = torch.ops.neuron.index_bounds.default
+
+
+def _size(x: torch.Tensor, dim: int) -> int:
+    return x.shape[dim] if x.dim() else 1
+
+
+def index_add(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *,
+              alpha: float = 1) -> torch.Tensor:
+    """``index_add`` with its index range checked (eager: RuntimeError for a negative index)."""
+    index = BOUNDS(index, _size(x, dim), False, "index_add", "bounds")
+    return torch_decompositions.index_add(x, dim, index, source, alpha=alpha)
+
+
+def index_copy(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """``index_copy`` with its index range checked (eager: IndexError for a negative index)."""
+    index = BOUNDS(index, _size(x, dim), False, "index_copy", "bounds")
+    return torch_decompositions.index_copy(x, dim, index, source)
+
+
+def index_fill(x: torch.Tensor, dim: int, index: torch.Tensor, value: torch.Tensor | float) -> torch.Tensor:
+    """``index_fill`` with its index wrapped and checked (eager takes negative indices here); torch's
+    decomposition goes through ``index_copy``, which would reject them."""
+    index = BOUNDS(index, _size(x, dim), True, "index_fill", "bounds")
+    return torch._refs.index_fill(x, dim, index, value)
+
+
+def put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+    """``put`` (torch-mlir has no lowering): an ``index_put`` into ``x`` flattened, negative indices wrapping."""
+    flat = x.reshape(-1).index_put((index.reshape(-1),), source.reshape(-1), accumulate=accumulate)
+    return flat.view(x.shape)
+
+
+DECOMPOSITIONS = {
+    aten.put.default: put,
+    aten.index_add.default: index_add,
+    aten.index_copy.default: index_copy,
+    aten.index_fill.int_Scalar: index_fill,
+    aten.index_fill.int_Tensor: index_fill,
+}

@@ -1,0 +1,185 @@
+"""Index operands → wrapped, clamped into their dimension, and checked on the host after the call.
+
+torch-mlir lowers ``aten.index``, ``gather``, ``scatter`` and their kin to StableHLO
+gathers and scatters that take an index as an offset: a negative index read memory
+before the tensor (``x[torch.tensor([-1])]`` returned ``9.1e-44``), an index past the
+end read or wrote memory after it. torch wraps negative indices where the op allows
+them (``index``, ``index_put``, ``take``, ``put``, ``index_fill``) and raises for an
+index out of range. This pass rewrites every index operand ``i`` of such an op over a
+dimension of size ``n``:
+
+- wrapped: ``where(i < 0, i + n, i)`` where the op takes negative indices;
+- clamped: ``clamp(wrapped, 0, n - 1)``, so no index reaches outside the tensor;
+- checked: ``stack([amin(i), amax(i)])`` becomes a trailing graph output and a recorded
+  check (``gm.meta["host_checks"]``, ``kind: "index"``): after every call the host
+  raises :class:`IndexOutOfRangeError` (an IndexError and a RuntimeError, with torch's
+  message) when the range was exceeded. The
+  results of such a call are never returned, so the clamped values are never seen.
+
+Ops whose index torch checks but whose decomposition hides it (``index_add`` and
+``index_copy`` become ``index_put``, which wraps negatives) mark the index with
+:data:`BOUNDS` in their decomposition (``decompositions/indexing.py``); the pass
+expands those the same way. Sizes that are symbolic (dynamic shapes) are left alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torch_neuronx.compiler.decompositions.indexing import BOUNDS
+
+aten = torch.ops.aten
+
+# op -> (how to find its index operands, whether negative indices wrap, message kind)
+_SELF_DIM = "self_dim"  # args: (self, dim, index, ...)
+_INDICES = "indices"  # args: (self, [index per leading dim or None], ...)
+_FLAT = "flat"  # args: (self, index, ...): an index into self flattened
+_WEIGHT = "weight"  # args: (weight, indices, ...): rows of weight
+
+_OPS: dict[Any, tuple[str, bool, str]] = {
+    aten.index.Tensor: (_INDICES, True, "bounds"),
+    aten._unsafe_index.Tensor: (_INDICES, True, "bounds"),
+    aten.index_put.default: (_INDICES, True, "bounds"),
+    aten._unsafe_index_put.default: (_INDICES, True, "bounds"),
+    aten.put.default: (_FLAT, True, "bounds"),
+    aten.gather.default: (_SELF_DIM, False, "bounds"),
+    aten.scatter.src: (_SELF_DIM, False, "bounds"),
+    aten.scatter.value: (_SELF_DIM, False, "bounds"),
+    aten.scatter.reduce: (_SELF_DIM, False, "bounds"),
+    aten.scatter.value_reduce: (_SELF_DIM, False, "bounds"),
+    aten.scatter_add.default: (_SELF_DIM, False, "bounds"),
+    aten.scatter_reduce.two: (_SELF_DIM, False, "bounds"),
+    aten.index_select.default: (_SELF_DIM, False, "in_self"),
+    aten.index_add.default: (_SELF_DIM, False, "bounds"),
+    aten.index_copy.default: (_SELF_DIM, False, "bounds"),
+    aten.index_fill.int_Scalar: (_SELF_DIM, True, "bounds"),
+    aten.index_fill.int_Tensor: (_SELF_DIM, True, "bounds"),
+    aten.embedding.default: (_WEIGHT, False, "in_self"),
+}
+
+
+class IndexOutOfRangeError(IndexError, RuntimeError):
+    """An index outside its dimension, found by a host check after a call.
+
+    Both an IndexError and a RuntimeError: torch raises one or the other depending on the op
+    and the dimension (``index_select`` over dim 0 raises IndexError, over dim 1 RuntimeError),
+    and code written against either keeps catching it.
+    """
+
+    neuron_input_error = True  # bad input: eager raises it, never falls back to the CPU
+
+
+def _val(value: Any) -> Any:
+    return value.meta.get("val") if isinstance(value, torch.fx.Node) else value
+
+
+def _call(gm: torch.fx.GraphModule, before: torch.fx.Node, target: Any, *args: Any) -> torch.fx.Node:
+    """Insert ``target(*args)`` before ``before``, with its example value computed from its arguments'."""
+    with gm.graph.inserting_before(before):
+        node = gm.graph.call_function(target, args)
+    vals = [[_val(a) for a in arg] if isinstance(arg, list) else _val(arg) for arg in args]
+    node.meta["val"] = target(*vals)
+    return node
+
+
+def _is_index(node: Any) -> bool:
+    val = _val(node)
+    return (isinstance(node, torch.fx.Node) and isinstance(val, torch.Tensor)
+            and val.dtype in (torch.int64, torch.int32) and val.numel() != 0)
+
+
+def _guard(gm: torch.fx.GraphModule, before: torch.fx.Node, index: torch.fx.Node, size: Any,
+           negative: bool, check: dict[str, Any] | None, checks: list[tuple[torch.fx.Node, dict]]) -> torch.fx.Node:
+    """The safe form of ``index`` for a dimension of ``size``; its range check appended to ``checks``."""
+    if check is not None:
+        dims = list(range(_val(index).dim()))
+        low = _call(gm, before, aten.amin.default, index, dims)
+        high = _call(gm, before, aten.amax.default, index, dims)
+        checks.append((_call(gm, before, aten.stack.default, [low, high]), {**check, "size": int(size)}))
+    safe = index
+    if negative:
+        below = _call(gm, before, aten.lt.Scalar, index, 0)
+        shifted = _call(gm, before, aten.add.Tensor, index, size)
+        safe = _call(gm, before, aten.where.self, below, shifted, index)
+    return _call(gm, before, aten.clamp.default, safe, 0, max(int(size) - 1, 0))
+
+
+def _operands(node: torch.fx.Node, form: str) -> list[tuple[int, int | None, Any]]:
+    """(argument position, position inside a list argument or None, dimension size) of each index."""
+    source = _val(node.args[0])
+    if form == _INDICES:
+        return [(1, k, source.shape[k]) for k, i in enumerate(node.args[1]) if _is_index(i)]
+    if form == _FLAT:
+        return [(1, None, source.numel())] if _is_index(node.args[1]) else []
+    if form == _WEIGHT:
+        return [(1, None, source.shape[0])] if _is_index(node.args[1]) else []
+    dim = node.args[1]
+    size = source.shape[dim] if source.dim() else 1
+    return [(2, None, size)] if _is_index(node.args[2]) else []
+
+
+def _static(size: Any) -> bool:
+    return isinstance(size, int)
+
+
+def index_bounds_checked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Wrap, clamp and check every index operand of the ops in :data:`_OPS` and every :data:`BOUNDS` mark."""
+    checks: list[tuple[torch.fx.Node, dict[str, Any]]] = []
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target is BOUNDS:
+            index, size, negative, op_name, message = node.args
+            check = {"kind": "index", "op": op_name, "dim": 0, "negative": negative, "message": message}
+            safe = _guard(gm, node, index, size, negative, check, checks)
+            node.replace_all_uses_with(safe)
+            gm.graph.erase_node(node)
+            continue
+        rule = _OPS.get(node.target)
+        if rule is None or not isinstance(_val(node.args[0]), torch.Tensor):
+            continue
+        form, negative, message = rule
+        args = list(node.args)
+        for position, inner, size in _operands(node, form):
+            if not _static(size):
+                continue
+            index = args[position][inner] if inner is not None else args[position]
+            dim = inner if inner is not None else (args[1] if form == _SELF_DIM else 0)
+            check = {
+                "kind": "index", "op": node.target._schema.name.split("::")[1], "dim": int(dim),
+                "negative": negative, "message": message}
+            safe = _guard(gm, node, index, size, negative, check, checks)
+            if inner is not None:
+                replaced = list(args[position])
+                replaced[inner] = safe
+                args[position] = replaced
+            else:
+                args[position] = safe
+        node.args = tuple(args)
+    if checks:
+        _append_outputs(gm, checks)
+    return gm
+
+
+def _append_outputs(gm: torch.fx.GraphModule, checks: Sequence[tuple[torch.fx.Node, dict[str, Any]]]) -> None:
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    output.args = (tuple(output.args[0]) + tuple(node for node, _ in checks),)
+    gm.meta["host_checks"] = list(gm.meta.get("host_checks", ())) + [check for _, check in checks]
+
+
+def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:
+    """Raise torch's error when the index range ``extremes`` (min, max) leaves ``check``'s dimension."""
+    low, high = (int(v) for v in extremes.tolist())
+    size = check["size"]
+    floor = -size if check["negative"] else 0
+    if floor <= low and high < size:
+        return
+    bad = low if low < floor else high
+    if check["message"] == "in_self":
+        message = "index out of range in self"
+    else:
+        message = f"index {bad} is out of bounds for dimension {check['dim']} with size {size}"
+    raise IndexOutOfRangeError(f"{message} ({check['op']} on neuron)")
