@@ -115,7 +115,7 @@ def test_editing_the_lowering_code_changes_every_graph_key(tmp_path, monkeypatch
 
     (tmp_path / "passes").mkdir()
     (tmp_path / "decompositions").mkdir()
-    for name in ("decompositions/general.py", "lower.py", "passes/a.py"):
+    for name in ("decompositions/general.py", "lower.py", "torch_to_stablehlo.py", "passes/a.py"):
         (tmp_path / name).write_text("x = 1\n")
     monkeypatch.setattr(hlo, "__file__", str(tmp_path / "hlo.py"))
     before = hlo.sources_digest()

@@ -27,7 +27,7 @@ _log = logging.getLogger("torch_neuronx.compiler.hlo")
 LOWERING_VERSION = 4
 # The code that decides what a graph lowers to: decompositions run when aot_autograd traces
 # (so they shape the FX graph a plan or HLO entry stands for), passes and lowering after it.
-_LOWERING_SOURCES = ("decompositions", "lower.py", "passes")
+_LOWERING_SOURCES = ("decompositions", "lower.py", "torch_to_stablehlo.py", "passes")
 
 
 def sources_digest() -> str:

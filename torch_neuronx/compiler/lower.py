@@ -9,31 +9,11 @@ the message identifies one.
 from __future__ import annotations
 
 import dataclasses
-import math
-import re
 
 import torch
 
+from torch_neuronx.compiler import torch_to_stablehlo
 from torch_neuronx.compiler.errors import NeuronCompileError
-
-_OP_PATTERNS = (
-    # An op torch-mlir has no definition for is a generic torch.operator carrying its name.
-    re.compile(r"'torch\.operator'[^\n]*?name = \"([\w.]+)\""),
-    re.compile(r"failed to legalize operation '([\w.]+)'"),
-    re.compile(r"unsupported (?:by backend contract|op)[^']*'([\w.]+)'"),
-    re.compile(r"'(torch\.aten\.[\w.]+)'"),
-    re.compile(r"(torch\.aten\.[\w]+(?:\.[\w]+)?)"),
-    re.compile(r"(aten\.[\w]+(?:\.[\w]+)?)"),
-)
-
-
-def op_from_message(message: str) -> str | None:
-    """The first operator an MLIR / torch-mlir diagnostic names, if any."""
-    for pattern in _OP_PATTERNS:
-        match = pattern.search(message)
-        if match:
-            return match.group(1)
-    return None
 
 
 @dataclasses.dataclass
@@ -44,10 +24,9 @@ class Lowered:
     stablehlo: str
 
 
-def _asm(module: object) -> str:
-    # Locations stripped: they hold Python file/line info that would make the
-    # HLO (and so the cache key) change on benign source edits.
-    return module.operation.get_asm(enable_debug_info=False)  # type: ignore[attr-defined]
+_asm = torch_to_stablehlo.asm
+op_from_message = torch_to_stablehlo.op_from_message
+parse_raw = torch_to_stablehlo.parse_raw
 
 
 def import_raw(gm: torch.fx.GraphModule, func_name: str = "main") -> object:
@@ -67,292 +46,29 @@ def import_raw(gm: torch.fx.GraphModule, func_name: str = "main") -> object:
 
 
 def to_stablehlo(raw_module: object) -> str:
-    """Lower an imported raw torch-dialect module to StableHLO text (mutates the module)."""
-    from torch_mlir import fx as tmfx
-    from torch_mlir.compiler_utils import OutputType
-
-    diagnostics: list[str] = []
-
-    def collect(diagnostic: object) -> bool:
-        diagnostics.append(f"{diagnostic.severity}: {diagnostic.message}")  # type: ignore[attr-defined]
-        return True  # handled: keep MLIR from printing it to stderr
-
-    handler = raw_module.context.attach_diagnostic_handler(collect)  # type: ignore[attr-defined]
+    """Lower an imported raw torch-dialect module to StableHLO text, in this process (mutates the module)."""
     try:
-        module = tmfx._module_lowering(False, False, OutputType.STABLEHLO, raw_module)
-    except Exception as exc:
-        found = [d for d in diagnostics if "legalize" in d] + diagnostics
-        message = "\n".join(dict.fromkeys(found[:6])) or f"{type(exc).__name__}: {exc}".splitlines()[0]
-        raise NeuronCompileError("lowering", f"torch-mlir could not lower to StableHLO: {message}",
-                                 op=op_from_message(message)) from exc
-    finally:
-        handler.detach()
-    _narrow_scatter_indices(module)
-    _round_narrowed_constants(module)
-    _materialize_sliced_operands(module)
-    _signed_unsigned_converts(module)
-    _materialize_broadcast_products_of_full_sums(module)
-    return _asm(module)
-
-
-_INT32_LIMIT = 2**31
-
-
-def _ops_named(module: object, name: str) -> list[object]:
-    from torch_mlir import ir
-
-    found: list[object] = []
-
-    def visit(op: object) -> object:
-        if op.name == name:  # type: ignore[attr-defined]
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)  # type: ignore[attr-defined]
-    return found
-
-
-_NARROW_FLOATS = ("f32", "f16", "bf16")
-
-
-def _round_narrowed_constants(module: object) -> None:
-    """Fold ``convert`` of a float64 constant to a narrower float into a correctly rounded constant.
-
-    Python floats reach StableHLO as float64 constants converted to the tensor's type.
-    IREE 3.13's float64 demotion truncates those constants instead of rounding them to
-    nearest (0.8 became 0.79999995 rather than 0.8000000119), so ``(i + 0.5) * 0.8``
-    computed 1.9999999 where torch computes 2.0, and ``nearest-exact`` interpolation
-    picked the wrong rows. The conversion is done here, as torch does it, for splat
-    constants and float32/float16 arrays.
-    """
-    import numpy as np
-    from torch_mlir import ir
-
-    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
-        for convert in _ops_named(module, "stablehlo.convert"):
-            source = convert.operands[0]  # type: ignore[attr-defined]
-            owner = _defining_op(source)
-            if getattr(owner, "name", None) not in ("arith.constant", "stablehlo.constant"):
-                continue
-            source_type = ir.RankedTensorType(source.type)
-            target_type = ir.RankedTensorType(convert.results[0].type)  # type: ignore[attr-defined]
-            target = str(target_type.element_type)
-            if str(source_type.element_type) != "f64" or target not in _NARROW_FLOATS:
-                continue
-            value = ir.DenseFPElementsAttr(owner.attributes["value"])  # type: ignore[attr-defined]
-            if value.is_splat:
-                element = ir.FloatAttr.get(target_type.element_type, ir.FloatAttr(value.get_splat_value()).value)
-                attr = ir.DenseElementsAttr.get_splat(target_type, element)
-            elif target in ("f32", "f16"):
-                array = np.array(value).astype(np.float32 if target == "f32" else np.float16)
-                array = array.reshape(target_type.shape)
-                attr = ir.DenseElementsAttr.get(array, type=target_type)
-            else:
-                continue
-            constant = ir.Operation.create("stablehlo.constant", results=[target_type],
-                                           attributes={"value": attr}, ip=ir.InsertionPoint(convert))
-            convert.results[0].replace_all_uses_with(constant.result)  # type: ignore[attr-defined]
-            convert.erase()  # type: ignore[attr-defined]
-
-
-def _narrow_scatter_indices(module: object) -> None:
-    """Give every ``stablehlo.scatter`` with int64 indices an explicit int32 copy of them.
-
-    IREE 3.13 narrows scatter indices to int32 itself, and fails ("failed to legalize
-    unresolved source materialization") when one index tensor feeds two scatters, as when
-    a graph sums values and counts into the same targets. Converting first avoids it. Only
-    where every dimension of the scattered-into operand is below 2**31, so every valid
-    index fits; out-of-range indices are already invalid in torch.
-    """
-    from torch_mlir import ir
-
-    scatters = _ops_named(module, "stablehlo.scatter")
-    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
-        i32 = ir.IntegerType.get_signless(32)
-        for op in scatters:
-            operands = op.operands  # type: ignore[attr-defined]
-            count = len(operands) // 2  # (inputs..., indices, updates...)
-            inputs, indices = operands[:count], operands[count]
-            index_type = ir.RankedTensorType(indices.type)
-            if str(index_type.element_type) != "i64":
-                continue
-            if not index_type.has_static_shape or any(
-                    d >= _INT32_LIMIT or d < 0 for v in inputs for d in ir.RankedTensorType(v.type).shape):
-                continue
-            narrowed = ir.Operation.create(
-                "stablehlo.convert", results=[ir.RankedTensorType.get(index_type.shape, i32)],
-                operands=[indices], ip=ir.InsertionPoint(op))  # type: ignore[attr-defined]
-            op.operands[count] = narrowed.result  # type: ignore[attr-defined]
-
-
-#: Ops that only move their operand's elements: a consumer reads through them to the data's source.
-_VIEWS = ("stablehlo.reshape", "stablehlo.bitcast_convert", "stablehlo.transpose", "stablehlo.broadcast_in_dim")
-
-
-def _defining_op(value: object) -> object | None:
-    """The operation that produced ``value`` (None for a block argument)."""
-    from torch_mlir import ir
-
-    owner = value.owner  # type: ignore[attr-defined]
-    if isinstance(owner, ir.Block):
-        return None
-    return owner.operation if hasattr(owner, "operation") else owner
-
-
-def _barrier(value: object, point: object) -> object:
-    """An ``optimization_barrier`` of ``value`` created at ``point``: IREE fuses nothing across it."""
-    from torch_mlir import ir
-
-    return ir.Operation.create("stablehlo.optimization_barrier", results=[value.type],  # type: ignore[attr-defined]
-                               operands=[value], ip=point)
-
-
-def _materialize_operand(op: object, position: int) -> None:
-    """Make ``op`` read its operand ``position`` through a barrier (a tensor of its own)."""
-    from torch_mlir import ir
-
-    op.operands[position] = _barrier(op.operands[position], ir.InsertionPoint(op)).result  # type: ignore[attr-defined]
-
-
-def _reads_a_slice(value: object) -> bool:
-    """Whether ``value`` is a slice seen through ops that only move elements (a strided view)."""
-    source = _defining_op(value)
-    while source is not None and source.name in _VIEWS:  # type: ignore[attr-defined]
-        source = _defining_op(source.operands[0])  # type: ignore[attr-defined]
-    return source is not None and source.name == "stablehlo.slice"  # type: ignore[attr-defined]
-
-
-_DOT_DIMS = re.compile(r"(lhs|rhs)_(batching|contracting)_dimensions = \[([\d, ]*)\]")
-
-
-def _vector_operands(dot: object) -> list[int]:
-    """The operand positions of a ``dot_general`` that are vectors: one element outside batch and contracted dims."""
-    from torch_mlir import ir
-
-    used: dict[str, set[int]] = {"lhs": set(), "rhs": set()}
-    for side, _, dims in _DOT_DIMS.findall(str(dot.attributes["dot_dimension_numbers"])):  # type: ignore[attr-defined]
-        used[side].update(int(d) for d in dims.split(",") if d.strip())
-    vectors = []
-    for position, side in enumerate(("lhs", "rhs")):
-        shape = ir.RankedTensorType(dot.operands[position].type).shape  # type: ignore[attr-defined]
-        if math.prod(size for d, size in enumerate(shape) if d not in used[side]) == 1:
-            vectors.append(position)
-    return vectors
-
-
-def _materialize_sliced_operands(module: object) -> None:
-    """Put an ``optimization_barrier`` between a slice and the gathers and vector products that read it.
-
-    IREE 3.13 fuses the slice into its consumer's dispatch as a strided load, and then
-    - fails to vectorize a gather from that strided buffer ("LLVM Translation failed for
-      operation: builtin.unrealized_conversion_cast", iree-org/iree#15364):
-      ``torch.gather(x[..., 0], ...)`` of an input;
-    - computes a matrix-vector product whose vector is that strided view wrongly (its
-      data-tiled ``mmt4d`` path): ``x[:, 0] @ m`` returned garbage, as did the backward of
-      ``householder_product``. Products of two matrices read strided slices correctly.
-    The barrier makes the slice a contiguous tensor first.
-    """
-    from torch_mlir import ir
-
-    reads: list[tuple[object, int]] = [(op, 0) for op in _ops_named(module, "stablehlo.gather")]
-    for dot in _ops_named(module, "stablehlo.dot_general"):
-        reads += [(dot, position) for position in _vector_operands(dot)]
-    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
-        for op, position in reads:
-            if _reads_a_slice(op.operands[position]):  # type: ignore[attr-defined]
-                _materialize_operand(op, position)
-
-
-def _broadcast_vector(value: object) -> bool:
-    """Whether ``value`` broadcasts a lower-rank tensor that is not a single element."""
-    from torch_mlir import ir
-
-    source = _defining_op(value)
-    if source is None or source.name != "stablehlo.broadcast_in_dim":  # type: ignore[attr-defined]
-        return False
-    shape = ir.RankedTensorType(source.operands[0].type).shape  # type: ignore[attr-defined]
-    return len(shape) < ir.RankedTensorType(value.type).rank and math.prod(shape) > 1  # type: ignore[attr-defined]
-
-
-def _materialize_broadcast_products_of_full_sums(module: object) -> None:
-    """Put an ``optimization_barrier`` between a sum to a scalar and a product with a broadcast it reads.
-
-    IREE 3.13 takes ``reduce(add, x * broadcast(w))`` over every dim for a contraction and
-    fails to compile it ("'vector.contract' op invalid accumulator/result vector shape"):
-    ``(x * w).sum()`` with ``w`` broadcast over rows, ``F.binary_cross_entropy`` with a
-    ``weight`` and mean reduction. With the product materialized, the sum is a plain reduction.
-    """
-    from torch_mlir import ir
-
-    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
-        for reduce in _ops_named(module, "stablehlo.reduce"):
-            operands = reduce.operands  # type: ignore[attr-defined]
-            if len(operands) != 2 or ir.RankedTensorType(reduce.results[0].type).rank != 0:  # type: ignore[attr-defined]
-                continue
-            product = _defining_op(operands[0])
-            if product is None or product.name != "stablehlo.multiply":  # type: ignore[attr-defined]
-                continue
-            if any(_broadcast_vector(v) for v in product.operands):  # type: ignore[attr-defined]
-                _materialize_operand(reduce, 0)
-
-
-_UNSIGNED = ("ui8", "ui16", "ui32", "ui64")
-
-
-def _signed_unsigned_converts(module: object) -> None:
-    """Keep conversions from booleans and unsigned integers out of the ops that consume them.
-
-    IREE 3.13 sign-extends the narrow integer when it fuses the conversion into a
-    matmul's operand: ``torch.eye(5) @ v`` (eye is a comparison converted to float)
-    returned ``-v``, ``mask.float() @ x`` likewise, and a uint8 image's 200 became -56
-    in ``x.float() @ w``, ``x.double() @ w`` and ``x.long() @ m``. Booleans become a
-    ``select`` of 1 and 0 (static shapes); an unsigned conversion is followed by an
-    optimization barrier, so it runs as its own (correct) elementwise dispatch: chains
-    of conversions were folded back into the matmul otherwise.
-    """
-    from torch_mlir import ir
-
-    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
-        for convert in _ops_named(module, "stablehlo.convert"):
-            source = convert.operands[0]  # type: ignore[attr-defined]
-            kind = str(ir.RankedTensorType(source.type).element_type)
-            target_type = ir.RankedTensorType(convert.results[0].type)  # type: ignore[attr-defined]
-            target = str(target_type.element_type)
-            point = ir.InsertionPoint(convert)
-            if kind == "i1" and target != "i1" and target_type.has_static_shape:
-                replacement = _select_one_zero(source, target_type, point)
-            elif kind in _UNSIGNED and target not in _UNSIGNED:
-                converted = ir.Operation.create("stablehlo.convert", results=[target_type], operands=[source],
-                                                ip=point)
-                replacement = _barrier(converted.result, point)
-            else:
-                continue
-            convert.results[0].replace_all_uses_with(replacement.result)  # type: ignore[attr-defined]
-            convert.erase()  # type: ignore[attr-defined]
-
-
-def _select_one_zero(condition: object, target_type: object, point: object) -> object:
-    """``select(condition, 1, 0)`` in ``target_type`` (a statically shaped tensor type)."""
-    from torch_mlir import ir
-
-    element = target_type.element_type  # type: ignore[attr-defined]
-    if str(element).startswith(("i", "si", "ui")):
-        one, zero = (ir.IntegerAttr.get(element, v) for v in (1, 0))
-    else:
-        one, zero = (ir.FloatAttr.get(element, v) for v in (1.0, 0.0))
-    ones, zeros = (ir.Operation.create("stablehlo.constant", results=[target_type],
-                                       attributes={"value": ir.DenseElementsAttr.get_splat(target_type, v)},
-                                       ip=point) for v in (one, zero))
-    return ir.Operation.create("stablehlo.select", results=[target_type],
-                               operands=[condition, ones.result, zeros.result], ip=point)
+        return torch_to_stablehlo.to_stablehlo(raw_module)
+    except torch_to_stablehlo.LoweringError as exc:
+        raise NeuronCompileError("lowering", exc.detail, op=exc.op) from exc
 
 
 def lower(gm: torch.fx.GraphModule, func_name: str = "main") -> Lowered:
-    """Import and lower ``gm``; the raw text is captured before lowering mutates the module."""
+    """Import and lower ``gm``; the raw text is captured before lowering mutates the module.
+
+    The lowering runs in a worker process (``lowering_worker``), where an abort of
+    torch-mlir's C++ becomes a NeuronCompileError instead of the end of this process.
+    """
+    from torch_neuronx import config
+    from torch_neuronx.compiler import lowering_worker
+
     module = import_raw(gm, func_name)
     raw = _asm(module)
     try:
-        stablehlo = to_stablehlo(module)
+        if config.get("TORCH_NEURONX_LOWER_IN_SUBPROCESS"):
+            stablehlo = lowering_worker.to_stablehlo(raw)
+        else:
+            stablehlo = to_stablehlo(module)
     except NeuronCompileError as err:
         err.raw_text = raw  # type: ignore[attr-defined]  # for the torch_mlir_error artifact
         raise

@@ -358,6 +358,15 @@ _register(
         "calling thread's idle OpenMP threads (omp_pause_resource_all), whose spin-wait after a parallel "
         "torch op would take cores from the workers; the next parallel torch op starts them again.",
         _OURS, parse_bool, readers=("runtime.openmp",), ours=True),
+    Var("TORCH_NEURONX_LOWER_IN_SUBPROCESS", "bool", True,
+        "When 1 (the default), torch-mlir's lowering to StableHLO runs in a worker process (one per "
+        "process, reused), so a graph that makes torch-mlir's C++ abort raises a NeuronCompileError of "
+        "stage lowering instead of ending the program. 0 lowers in the calling process.",
+        _OURS, parse_bool, readers=("compiler.lower", "compiler.lowering_worker"), ours=True),
+    Var("TORCH_NEURONX_LOWERING_TIMEOUT", "int", 1200,
+        "Seconds one graph's lowering may take in the worker process before it is stopped and the "
+        "graph fails with a NeuronCompileError of stage lowering.",
+        _OURS, parse_non_negative_int, readers=("compiler.lowering_worker",), ours=True),
     Var("TORCH_NEURONX_IREE_COMPILE", "path", "",
         "Path of the iree-compile executable. Empty (the default): the one shipped with "
         "iree-base-compiler.",

@@ -733,6 +733,8 @@ def _extreme_index(x: torch.Tensor, dim: int | None, keepdim: bool, extreme: Cal
     """
     if x.dtype == torch.bool or x.is_complex():
         return None
+    if x.dim() == 0:  # a scalar's one element (dims 0 and -1 name it)
+        return torch.zeros((), dtype=torch.int64, device=x.device)
     if dim is None:
         x, dim = x.reshape(-1), 0
     if x.dtype == torch.uint8:

@@ -16,6 +16,7 @@ import torch
 from torch_neuronx.compiler.passes.bool_constants import bool_constants_to_int8
 from torch_neuronx.compiler.passes.complex_to_real import complex_to_real
 from torch_neuronx.compiler.passes.constant_fold import constant_fold
+from torch_neuronx.compiler.passes.degenerate_shapes import degenerate_shapes_spelled_out
 from torch_neuronx.compiler.passes.empty_slices import empty_slices_to_full
 from torch_neuronx.compiler.passes.host_checks import checks_to_outputs
 from torch_neuronx.compiler.passes.host_devices import devices_to_host
@@ -32,6 +33,7 @@ Pass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 PIPELINE: list[Pass] = [
     devices_to_host,  # first: graphs of neuron tensors name the device in their factories
     complex_to_real,  # first: the other passes and the importer see real tensors only
+    degenerate_shapes_spelled_out,  # early: later passes see no zero-size tensors or dims of 0-d ones
     checks_to_outputs,  # before folding: the checks' info tensors become outputs
     index_bounds_checked,  # after checks_to_outputs (its checks follow those); before folding and scalars
     random_ops_to_inputs,  # before folding: a random op is no constant

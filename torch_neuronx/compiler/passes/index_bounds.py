@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from torch_neuronx.compiler.decompositions.indexing import BOUNDS
+from torch_neuronx.compiler.passes.rewrite import call_before
 
 aten = torch.ops.aten
 
@@ -76,15 +77,6 @@ def _val(value: Any) -> Any:
     return value.meta.get("val") if isinstance(value, torch.fx.Node) else value
 
 
-def _call(gm: torch.fx.GraphModule, before: torch.fx.Node, target: Any, *args: Any) -> torch.fx.Node:
-    """Insert ``target(*args)`` before ``before``, with its example value computed from its arguments'."""
-    with gm.graph.inserting_before(before):
-        node = gm.graph.call_function(target, args)
-    vals = [[_val(a) for a in arg] if isinstance(arg, list) else _val(arg) for arg in args]
-    node.meta["val"] = target(*vals)
-    return node
-
-
 def _is_index(node: Any) -> bool:
     val = _val(node)
     return (isinstance(node, torch.fx.Node) and isinstance(val, torch.Tensor)
@@ -96,15 +88,15 @@ def _guard(gm: torch.fx.GraphModule, before: torch.fx.Node, index: torch.fx.Node
     """The safe form of ``index`` for a dimension of ``size``; its range check appended to ``checks``."""
     if check is not None:
         dims = list(range(_val(index).dim()))
-        low = _call(gm, before, aten.amin.default, index, dims)
-        high = _call(gm, before, aten.amax.default, index, dims)
-        checks.append((_call(gm, before, aten.stack.default, [low, high]), {**check, "size": int(size)}))
+        low = call_before(gm, before, aten.amin.default, index, dims)
+        high = call_before(gm, before, aten.amax.default, index, dims)
+        checks.append((call_before(gm, before, aten.stack.default, [low, high]), {**check, "size": int(size)}))
     safe = index
     if negative:
-        below = _call(gm, before, aten.lt.Scalar, index, 0)
-        shifted = _call(gm, before, aten.add.Tensor, index, size)
-        safe = _call(gm, before, aten.where.self, below, shifted, index)
-    return _call(gm, before, aten.clamp.default, safe, 0, max(int(size) - 1, 0))
+        below = call_before(gm, before, aten.lt.Scalar, index, 0)
+        shifted = call_before(gm, before, aten.add.Tensor, index, size)
+        safe = call_before(gm, before, aten.where.self, below, shifted, index)
+    return call_before(gm, before, aten.clamp.default, safe, 0, max(int(size) - 1, 0))
 
 
 def _operands(node: torch.fx.Node, form: str) -> list[tuple[int, int | None, Any]]:

@@ -26,3 +26,21 @@ def replace_with_call(gm: torch.fx.GraphModule, node: torch.fx.Node, target: Any
     if not node.users:
         gm.graph.erase_node(node)
     return new
+
+
+def example(value: Any) -> Any:
+    """The example value of a node argument: a node's ``meta["val"]`` (lists element-wise), else itself."""
+    if isinstance(value, torch.fx.Node):
+        return value.meta.get("val")
+    if isinstance(value, list | tuple):
+        return type(value)(example(v) for v in value)
+    return value
+
+
+def call_before(gm: torch.fx.GraphModule, before: torch.fx.Node, target: Any, *args: Any,
+                **kwargs: Any) -> torch.fx.Node:
+    """Insert ``target(*args, **kwargs)`` before ``before``, its example value computed from its arguments'."""
+    with gm.graph.inserting_before(before):
+        node = gm.graph.call_function(target, args, kwargs)
+    node.meta["val"] = target(*example(list(args)), **{k: example(v) for k, v in kwargs.items()})
+    return node

@@ -1,0 +1,65 @@
+"""Degenerate shapes compile to torch's values, and a lowering that aborts cannot end the process.
+
+0-d tensors given a ``dim`` and zero-size tensors made torch-mlir's C++ abort (SIGSEGV,
+``LLVM ERROR``) inside the user's process. The compile path now spells those shapes out
+before lowering (``passes/degenerate_shapes.py``), and lowers in a worker process
+(``compiler/lowering_worker.py``) whose death is a NeuronCompileError.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from torch_neuronx.compiler import lower, lowering_worker
+from torch_neuronx.compiler.errors import NeuronCompileError
+
+
+def scalar_dims(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (x.sum(dim=0, keepdim=True), x.amax(dim=0), x.amin(dim=-1, keepdim=True), x.argmax(dim=0),
+            x.argmin(), x.logsumexp(dim=0), x.mean(dim=0), (x > 0).any(dim=0), (x > 0).all(dim=-1),
+            x.cumsum(dim=0), x.softmax(dim=0), x.max(dim=0).values, x.sort(dim=0).values, torch.fmax(x, x))
+
+
+def zero_size(x: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    empty_index = torch.zeros(0, dtype=torch.long)
+    return (x.sum(), x.sum(dim=0), x.mean(dim=0), x.prod(dim=0), x.t() @ x, x @ torch.ones(3, 0),
+            torch.cat([x, k]), torch.gather(x.reshape(-1), 0, empty_index), k[empty_index], x * 2,
+            x.amax(dim=1), k.reshape(-1)[empty_index].sum())
+
+
+@pytest.mark.parametrize("fn, inputs", [
+    (scalar_dims, (torch.tensor(-3.5),)),
+    (zero_size, (torch.randn(0, 3), torch.randn(2, 3))),
+], ids=["scalar-dims", "zero-size"])
+def test_degenerate_shapes_compile_to_eagers_values(fn, inputs):
+    got = torch.compile(fn, backend="neuron")(*inputs)
+    expected = fn(*inputs)
+    for g, e in zip(got, expected, strict=True):
+        torch.testing.assert_close(g, e, equal_nan=True)
+
+
+def _raw_zero_size_gather() -> str:
+    """A raw torch-dialect module whose StableHLO conversion aborts torch-mlir (LLVM ERROR)."""
+    gm = make_fx(lambda x, i: torch.gather(x, 0, i))(torch.randn(0), torch.zeros(0, dtype=torch.long))
+    return lower._asm(lower.import_raw(gm))
+
+
+def test_an_aborting_lowering_is_an_error_and_the_next_graph_lowers():
+    with pytest.raises(NeuronCompileError, match="lowering process (was killed by SIG|exited)") as info:
+        lowering_worker.to_stablehlo(_raw_zero_size_gather())
+    assert info.value.stage == "lowering"
+    assert "Failed to infer result type" in str(info.value)  # the worker's last words, kept
+    gm = make_fx(lambda x: x + 1)(torch.randn(3))
+    assert "stablehlo.add" in lowering_worker.to_stablehlo(lower._asm(lower.import_raw(gm)))
+
+
+def test_a_lowering_past_its_timeout_is_stopped(monkeypatch):
+    gm = make_fx(lambda x: x * 3)(torch.randn(3))
+    raw = lower._asm(lower.import_raw(gm))
+    monkeypatch.setenv("TORCH_NEURONX_LOWERING_TIMEOUT", "0")
+    with pytest.raises(NeuronCompileError, match="TORCH_NEURONX_LOWERING_TIMEOUT"):
+        lowering_worker.to_stablehlo(raw)
+    monkeypatch.delenv("TORCH_NEURONX_LOWERING_TIMEOUT")
+    assert "stablehlo.multiply" in lowering_worker.to_stablehlo(raw)

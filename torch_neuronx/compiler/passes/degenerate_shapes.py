@@ -1,0 +1,179 @@
+"""Zero-size tensors and dims of 0-d tensors → shapes torch-mlir lowers (it crashed on both).
+
+torch-mlir's StableHLO conversion aborts the process on some degenerate shapes (now in
+a worker process, see ``compiler/lowering_worker.py``, but the graph still failed):
+``x.sum(dim=0)`` of a 0-d ``x`` (SIGSEGV), a gather with zero indices (``Failed to
+infer result type(s)``), and ``any``, ``argmax``, ``fmax`` and others on such shapes
+raised. torch gives them ordinary meanings, which this pass spells out:
+
+- an op whose result has no elements computes nothing: it becomes a ``full`` of its shape;
+- an op whose tensor inputs all have no elements (``sum`` of an empty tensor, a product
+  with an empty inner dimension) has a result fixed by its shapes alone: it is computed
+  here, on empty host tensors, and becomes a constant;
+- an empty tensor among ``cat``'s inputs contributes nothing and is dropped;
+- ``as_strided`` of a 0-d tensor reads its storage as the one-element view's;
+- an op given a ``dim`` of a 0-d tensor (torch reads dims 0 and -1 of a scalar as its one
+  element) runs on the tensor unsqueezed to shape ``[1]`` with dim 0, and its results are
+  squeezed (or viewed) back to their traced shapes.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+
+from torch_neuronx.compiler.passes.rewrite import call_before, example
+
+aten = torch.ops.aten
+
+
+def _tensor(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and all(isinstance(d, int) for d in value.shape)
+
+
+def _empty(value: Any) -> bool:
+    return _tensor(value) and value.numel() == 0
+
+
+def _constant(gm: torch.fx.GraphModule, node: torch.fx.Node, value: torch.Tensor) -> torch.fx.Node:
+    """A node computing the host tensor ``value`` (a ``full`` when it holds one value)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # ``value`` is real; aot_autograd runs the passes under its fake mode
+        flat = value.reshape(-1)
+        uniform = flat.numel() == 0 or bool((flat == flat[0]).all()) or bool(flat.isnan().all())
+        fill = flat[0].item() if flat.numel() else 0
+    if uniform:
+        return call_before(gm, node, aten.full.default, list(value.shape), fill, dtype=value.dtype,
+                           device=node.meta["val"].device)
+    name = f"_degenerate_constant_{len([n for n in gm.graph.nodes if n.op == 'get_attr'])}"
+    gm.register_buffer(name, value.contiguous())
+    with gm.graph.inserting_before(node):
+        attr = gm.graph.get_attr(name)
+    attr.meta["val"] = node.meta["val"]
+    return attr
+
+
+def _fixed_by_shapes(node: torch.fx.Node) -> torch.Tensor | None:
+    """The value of ``node`` when all its tensor inputs are empty (computed on empty host tensors)."""
+    inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
+    if not inputs or not all(_empty(a.meta["val"]) for a in inputs) or not _tensor(node.meta.get("val")):
+        return None
+    if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
+        return None
+
+    def real(value: Any) -> Any:
+        if isinstance(value, torch.fx.Node):
+            val = value.meta["val"]
+            return torch.empty(val.shape, dtype=val.dtype) if isinstance(val, torch.Tensor) else val
+        if isinstance(value, list | tuple):
+            return type(value)(real(v) for v in value)
+        return value
+
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    try:
+        with unset_fake_temporarily():
+            out = node.target(*real(list(node.args)), **{k: real(v) for k, v in node.kwargs.items()})
+    except Exception:
+        return None
+    return out if isinstance(out, torch.Tensor) and out.shape == node.meta["val"].shape else None
+
+
+def _dim_argument(node: torch.fx.Node) -> tuple[str, int, Any] | None:
+    """("arg" or "kwarg", position or name, value) of a ``dim`` given to an op of a 0-d first input."""
+    if not isinstance(node.target, torch._ops.OpOverload) or not node.args:
+        return None
+    first = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if not (isinstance(first, torch.Tensor) and first.dim() == 0):
+        return None
+    for position, argument in enumerate(node.target._schema.arguments):
+        if argument.name not in ("dim", "dimension"):  # unfold calls it dimension
+            continue
+        if position < len(node.args):
+            value = node.args[position]
+        elif argument.name in node.kwargs:
+            value = node.kwargs[argument.name]
+        else:
+            return None
+        if value is None or value == [] or value == ():
+            return None
+        return ("arg", position, value) if position < len(node.args) else ("kwarg", argument.name, value)
+    return None
+
+
+def _one_element(gm: torch.fx.GraphModule, node: torch.fx.Node, where: tuple[str, Any, Any]) -> None:
+    """Run ``node`` on its 0-d input viewed as ``[1]`` with dim 0; view its results back."""
+    kind, slot, value = where
+    zero = [0] * len(value) if isinstance(value, list | tuple) else 0
+    # unsqueeze and squeeze rather than views: the pointwise_views pass moves views through
+    # pointwise ops, and would make the 0-d operands around them one-element ones.
+    viewed = call_before(gm, node, aten.unsqueeze.default, node.args[0], 0)
+    args, kwargs = [viewed, *node.args[1:]], dict(node.kwargs)
+    if kind == "arg":
+        args[slot] = zero
+    else:
+        kwargs[slot] = zero
+    try:
+        new = call_before(gm, node, node.target, *args, **kwargs)
+    except Exception:  # the op does not take that form either: leave it for the lowering to report
+        gm.graph.erase_node(viewed)
+        return
+    traced = node.meta["val"]
+    if isinstance(traced, torch.Tensor):
+        node.replace_all_uses_with(_view_back(gm, node, new, traced))
+    else:
+        for user in list(node.users):
+            index = user.args[1]
+            with gm.graph.inserting_before(user):
+                item = gm.graph.call_function(user.target, (new, index))
+            item.meta["val"] = new.meta["val"][index]
+            user.replace_all_uses_with(_view_back(gm, user, item, user.meta["val"]))
+            gm.graph.erase_node(user)
+    gm.graph.erase_node(node)
+
+
+def _view_back(gm: torch.fx.GraphModule, before: torch.fx.Node, new: torch.fx.Node, traced: Any) -> torch.fx.Node:
+    value = new.meta["val"]
+    if not (isinstance(value, torch.Tensor) and isinstance(traced, torch.Tensor)) or value.shape == traced.shape:
+        return new
+    if traced.dim() == 0 and tuple(value.shape) == (1,):
+        return call_before(gm, before, aten.squeeze.dim, new, 0)
+    return call_before(gm, before, aten.view.default, new, list(traced.shape))
+
+
+def degenerate_shapes_spelled_out(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Apply the rewrites of the module docstring to every op of ``gm``."""
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        val = node.meta.get("val")
+        if node.target is operator.getitem and _empty(val):  # an empty result of a multi-output op
+            node.replace_all_uses_with(_constant(gm, node, torch.empty(val.shape, dtype=val.dtype)))
+            gm.graph.erase_node(node)
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        if _empty(val) and torch.Tag.nondeterministic_seeded not in node.target.tags:
+            node.replace_all_uses_with(_constant(gm, node, torch.empty(val.shape, dtype=val.dtype)))
+            gm.graph.erase_node(node)
+            continue
+        fixed = _fixed_by_shapes(node)
+        if fixed is not None:
+            node.replace_all_uses_with(_constant(gm, node, fixed))
+            gm.graph.erase_node(node)
+            continue
+        if node.target is aten.cat.default and any(_empty(example(t)) for t in node.args[0]):
+            kept = [t for t in node.args[0] if not _empty(example(t))]
+            node.args = (kept, *node.args[1:])
+            continue
+        if node.target is aten.as_strided.default and example(node.args[0]).dim() == 0:
+            node.args = (call_before(gm, node, aten.unsqueeze.default, node.args[0], 0), *node.args[1:])
+            continue  # strides over a scalar's storage: the same over its one-element view
+        where = _dim_argument(node)
+        if where is not None:
+            _one_element(gm, node, where)
+    gm.graph.eliminate_dead_code()
+    return gm
