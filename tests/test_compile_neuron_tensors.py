@@ -180,6 +180,24 @@ def test_factories_on_the_device_inside_a_graph(factory):
     torch.testing.assert_close(got.cpu(), factory(x))
 
 
+def test_ops_of_neuron_tensors_that_name_the_device_mix_with_factories():
+    """``m.to(x.device, torch.bool)``, ``zeros_like(x, device=...)``, ``new_zeros(device=...)`` on a
+    neuron tensor inside a graph: their traced values stay on the host with every other inner
+    tensor (they sat on ``neuron``, and the next op with a factory's value failed: "Expected all
+    tensors to be on the same device, but found at least two devices, cpu and neuron:0", as in
+    transformers' attention masks)."""
+    def masks(x, m):
+        keep = torch.ones(x.shape, dtype=torch.bool, device=x.device) & m.to(x.device, torch.bool)
+        keep = keep & (torch.arange(4, device=x.device) < 3)
+        scaled = x * m.to(device=x.device, dtype=x.dtype) + torch.zeros_like(x, device=x.device)
+        return torch.where(keep, scaled, x.new_zeros(x.shape, device=x.device) - 1)
+
+    x, m = torch.randn(3, 4), (torch.rand(3, 4, generator=torch.Generator().manual_seed(0)) > 0.5).long()
+    got = torch.compile(masks, backend="neuron", fullgraph=True)(x.to("neuron"), m.to("neuron"))
+    assert type(got) is NeuronTensor
+    torch.testing.assert_close(got.cpu(), masks(x, m))
+
+
 def test_views_of_inputs_at_an_offset_alias_the_right_elements():
     def f(x):  # slices, a transpose, views whose elements share memory (expand, unfold)
         return x[2:5], x.view(2, -1)[:, 1:].t(), x * 2, x[1:3].expand(2, 2), x.unfold(0, 2, 1)

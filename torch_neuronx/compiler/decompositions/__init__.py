@@ -4,8 +4,11 @@ PyTorch's core ATen decompositions, a few more of PyTorch's own, and ours: ops
 torch-mlir cannot lower (or lowers wrongly) rewritten in ops it lowers. Ours
 live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 
-- :mod:`.general`: fast-path attention ops, sorts and extremes, 2-d average
-  pooling, cumulative, bitwise and remainder ops, special values.
+- :mod:`.general`: sorts and extremes, 2-d average pooling, cumulative,
+  bitwise and remainder ops, special values.
+- :mod:`.attention`: the fast-path attention ops and every fused kernel of
+  ``scaled_dot_product_attention`` (CPU flash, flash, memory-efficient, cuDNN,
+  overrideable) with their backward ops, grouped-query attention included.
 - :mod:`.convolution`: the backward of every convolution torch-mlir cannot train
   (grouped, dilated, 1-d, 3-d, transposed) and transposed convolutions with
   differing output paddings, in plain and transposed convolutions.
@@ -31,6 +34,7 @@ import torch
 from torch._decomp import core_aten_decompositions
 
 from torch_neuronx.compiler.decompositions import (
+    attention,
     convolution,
     float64_math,
     foreach,
@@ -61,7 +65,8 @@ def _table(with_fma: bool) -> dict:
 
     extra = {torch.ops.prims.fma.default: general.fma} if with_fma else {}
     return {**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
-            **general.DECOMPOSITIONS, **special.DECOMPOSITIONS, **pooling.DECOMPOSITIONS,
+            **general.DECOMPOSITIONS, **attention.DECOMPOSITIONS, **special.DECOMPOSITIONS,
+            **pooling.DECOMPOSITIONS,
             **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS, **foreach.DECOMPOSITIONS,
             **sampling.DECOMPOSITIONS, **convolution.DECOMPOSITIONS, **resampling.DECOMPOSITIONS,
             **rnn.DECOMPOSITIONS, **indexing.DECOMPOSITIONS,

@@ -1,10 +1,8 @@
 """General decompositions: ops torch-mlir rejects or lowers wrongly, rewritten in ops it lowers.
 
-Math decompositions of the fused "fast path" inference ops
-(``nn.TransformerEncoderLayer`` / ``nn.MultiheadAttention`` in eval mode),
-sorts and extremes with torch's NaN and tie rules, 2-d average pooling,
+Sorts and extremes with torch's NaN and tie rules, 2-d average pooling,
 cumulative ops, bitwise and remainder ops, and more (see the README's
-"Known limits of the compile path").
+"Known limits of the compile path"). Attention ops live in :mod:`.attention`.
 """
 
 from __future__ import annotations
@@ -36,153 +34,6 @@ def _calls_itself(decomposition: Callable) -> Callable:
             setattr(_inside, decomposition.__name__, False)
 
     return wrapper
-
-
-def _additive_mask(mask: torch.Tensor | None, mask_type: int | None, batch: int, heads: int,
-                   length: int, dtype: torch.dtype) -> torch.Tensor | None:
-    """The fast-path mask as an additive (B, H, L, S) bias; True in a bool mask means "masked out"."""
-    if mask is None:
-        return None
-    if mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, float("-inf"))
-    else:
-        mask = mask.to(dtype)
-    if mask_type == 1:  # key padding mask (B, S)
-        return mask.view(batch, 1, 1, -1)
-    return mask  # (L, S) or (B, H, L, S): broadcasts
-
-
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int,
-               bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    batch, length, embed = q.shape
-    head_dim = embed // heads
-
-    def split(t: torch.Tensor) -> torch.Tensor:
-        return t.view(batch, -1, heads, head_dim).transpose(1, 2)
-
-    scores = split(q) @ split(k).transpose(-2, -1) * (head_dim ** -0.5)
-    if bias is not None:
-        scores = scores + bias
-    # A row masked everywhere gives NaN, as eager's softmax does.
-    weights, total, _ = _row_exponentials(scores, masked_rows_zero=False)
-    out = ((weights @ split(v)) / total).transpose(1, 2).reshape(batch, length, embed)
-    return out, weights / total
-
-
-def _row_exponentials(scores: torch.Tensor, masked_rows_zero: bool,
-                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Softmax before its division: ``(exp(scores - top), their row sums, top)``, ``top`` the row maxima.
-
-    Attention divides after its product with the values, as flash attention does: one
-    exponential per score, and that product stays a plain batch matmul (IREE data-tiles it).
-    Dividing first, or recomputing the probabilities from logsumexp, cost the transformer
-    block of bench/compile.py 160 us more per call (iree-profile). With ``masked_rows_zero``
-    a row of -inf gets weights and a sum of 0 (else NaN).
-    """
-    top = scores.amax(dim=-1, keepdim=True)
-    if masked_rows_zero:
-        top = torch.where(top == float("-inf"), 0.0, top)
-    weights = torch.exp(scores - top)
-    return weights, weights.sum(dim=-1, keepdim=True), top
-
-
-def transformer_encoder_layer_fwd(
-    src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu, norm_first,
-    eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1, ffn_bias_1,
-    ffn_weight_2, ffn_bias_2, mask=None, mask_type=None,
-):
-    """``aten._transformer_encoder_layer_fwd`` as the math ``nn.TransformerEncoderLayer`` does."""
-    batch, length, _ = src.shape
-    bias = _additive_mask(mask, mask_type, batch, num_heads, length, src.dtype)
-
-    def self_attention(x: torch.Tensor) -> torch.Tensor:
-        q, k, v = F.linear(x, qkv_weight, qkv_bias).chunk(3, dim=-1)
-        return F.linear(_attention(q, k, v, num_heads, bias)[0], proj_weight, proj_bias)
-
-    def feed_forward(x: torch.Tensor) -> torch.Tensor:
-        hidden = F.linear(x, ffn_weight_1, ffn_bias_1)
-        hidden = F.gelu(hidden) if use_gelu else F.relu(hidden)
-        return F.linear(hidden, ffn_weight_2, ffn_bias_2)
-
-    def norm1(x):
-        return F.layer_norm(x, (embed_dim,), norm_weight_1, norm_bias_1, eps)
-
-    def norm2(x):
-        return F.layer_norm(x, (embed_dim,), norm_weight_2, norm_bias_2, eps)
-
-    if norm_first:
-        x = src + self_attention(norm1(src))
-        return x + feed_forward(norm2(x))
-    x = norm1(src + self_attention(src))
-    return norm2(x + feed_forward(x))
-
-
-def native_multi_head_attention(
-    query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias,
-    mask=None, need_weights=True, average_attn_weights=True, mask_type=None,
-):
-    """``aten._native_multi_head_attention`` (batch-first fast path of nn.MultiheadAttention)."""
-    w_q, w_k, w_v = qkv_weight.chunk(3)
-    b_q, b_k, b_v = qkv_bias.chunk(3)
-    q, k, v = F.linear(query, w_q, b_q), F.linear(key, w_k, b_k), F.linear(value, w_v, b_v)
-    bias = _additive_mask(mask, mask_type, query.shape[0], num_head, query.shape[1], query.dtype)
-    out, weights = _attention(q, k, v, num_head, bias)
-    out = F.linear(out, proj_weight, proj_bias)
-    if not need_weights:
-        return out, torch.empty(0, dtype=out.dtype, device=out.device)
-    return out, weights.mean(dim=1) if average_attn_weights else weights
-
-
-def _attention_bias(query: torch.Tensor, key: torch.Tensor, is_causal: bool,
-                    attn_mask: torch.Tensor | None) -> torch.Tensor | None:
-    length, source = query.shape[-2], key.shape[-2]
-    bias = None
-    if is_causal:
-        keep = torch.ones(length, source, dtype=torch.bool, device=query.device).tril()
-        bias = torch.zeros(length, source, dtype=query.dtype, device=query.device).masked_fill(
-            keep.logical_not(), float("-inf"))
-    if attn_mask is not None:
-        extra = (torch.zeros_like(attn_mask, dtype=query.dtype).masked_fill(attn_mask.logical_not(), float("-inf"))
-                 if attn_mask.dtype == torch.bool else attn_mask)
-        bias = extra if bias is None else bias + extra
-    return bias
-
-
-def flash_attention_for_cpu(query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
-                            scale=None):
-    """The CPU flash-attention forward as math: ``(output, logsumexp)``."""
-    if dropout_p != 0.0:
-        raise NotImplementedError("scaled_dot_product_attention with dropout_p > 0 in a compiled graph")
-    scale = query.shape[-1] ** -0.5 if scale is None else scale
-    scores = query @ key.transpose(-2, -1) * scale
-    bias = _attention_bias(query, key, is_causal, attn_mask)
-    if bias is not None:
-        scores = scores + bias
-    # A row masked everywhere gives zeros and a logsumexp of 0, as torch's CPU kernel does.
-    weights, total, top = _row_exponentials(scores, masked_rows_zero=True)
-    out = (weights @ value) / torch.where(total == 0, 1.0, total)
-    logsumexp = torch.where(total == 0, 0.0, torch.log(total) + top).squeeze(-1)
-    return out, logsumexp
-
-
-def flash_attention_for_cpu_backward(grad_out, query, key, value, out, logsumexp, dropout_p, is_causal,
-                                     *, attn_mask=None, scale=None):
-    """Gradients of :func:`flash_attention_for_cpu`, recomputing the probabilities from logsumexp.
-
-    Nothing lowers ``_scaled_dot_product_flash_attention_for_cpu_backward``; this is
-    the textbook attention backward: dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)).
-    """
-    scale = query.shape[-1] ** -0.5 if scale is None else scale
-    scores = query @ key.transpose(-2, -1) * scale
-    bias = _attention_bias(query, key, is_causal, attn_mask)
-    if bias is not None:
-        scores = scores + bias
-    probs = torch.exp(scores - logsumexp.unsqueeze(-1))
-    grad_value = probs.transpose(-2, -1) @ grad_out
-    grad_probs = grad_out @ value.transpose(-2, -1)
-    delta = (grad_out * out).sum(dim=-1, keepdim=True)
-    grad_scores = probs * (grad_probs - delta) * scale
-    return grad_scores @ key, grad_scores.transpose(-2, -1) @ query, grad_value
 
 
 def remainder(a, b):
@@ -990,8 +841,6 @@ FROM_TORCH = (
 )
 
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
-    aten._transformer_encoder_layer_fwd.default: transformer_encoder_layer_fwd,
-    aten._native_multi_head_attention.default: native_multi_head_attention,
     aten.remainder.Tensor: remainder,
     aten.remainder.Scalar: remainder_scalar,
     aten.div.Tensor_mode: div_mode,
@@ -1058,6 +907,4 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.__rshift__.Tensor: shift_right,
     aten.bitwise_right_shift.Tensor: shift_right,
     aten.bitwise_right_shift.Tensor_Scalar: shift_right,
-    aten._scaled_dot_product_flash_attention_for_cpu.default: flash_attention_for_cpu,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward.default: flash_attention_for_cpu_backward,
 }
