@@ -6,7 +6,9 @@ current one, and ``torch.random.fork_rng``, ``torch.utils.checkpoint`` and Dynam
 save and restore them through :func:`get_rng_state` / :func:`set_rng_state`. Random
 ops on neuron tensors run on the host (their values land in device memory), drawing
 from their device's generator: a host ``torch.Generator`` whose state is a byte tensor,
-the same sequence the CPU generator gives from the same seed.
+the same sequence the CPU generator gives from the same seed. Dynamo never traces these
+functions (as it skips ``torch.cuda``'s): the RNG state it saves and restores around a
+graph with random ops would otherwise be traced as tensor ops of the graph.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ def _count() -> int:
     return module.device_count()
 
 
+@torch._disable_dynamo
 def generator(device: Any = None) -> torch.Generator:
     """The generator of neuron device ``device`` (the current one when None)."""
     index = _index(device)
@@ -45,16 +48,19 @@ def generator(device: Any = None) -> torch.Generator:
     return found
 
 
+@torch._disable_dynamo
 def generators() -> tuple[torch.Generator, ...]:
     """One generator per neuron device, as ``torch.cuda.default_generators``."""
     return tuple(generator(i) for i in range(_count()))
 
 
+@torch._disable_dynamo
 def get_rng_state(device: Any = "neuron") -> torch.Tensor:
     """The state of a device's generator, as a ``torch.ByteTensor`` (on the host, as CUDA's)."""
     return generator(device).get_state()
 
 
+@torch._disable_dynamo
 def set_rng_state(new_state: torch.Tensor, device: Any = "neuron") -> None:
     """Set a device's generator to ``new_state`` (from :func:`get_rng_state`)."""
     if not isinstance(new_state, torch.Tensor) or new_state.dtype != torch.uint8:
@@ -62,39 +68,46 @@ def set_rng_state(new_state: torch.Tensor, device: Any = "neuron") -> None:
     generator(device).set_state(new_state.detach().cpu().contiguous())
 
 
+@torch._disable_dynamo
 def get_rng_state_all() -> list[torch.Tensor]:
     """The states of every device's generator."""
     return [get_rng_state(i) for i in range(_count())]
 
 
+@torch._disable_dynamo
 def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
     """Set every device's generator, in device order."""
     for index, state in enumerate(new_states):
         set_rng_state(state, index)
 
 
+@torch._disable_dynamo
 def manual_seed(seed: int) -> None:
     """Seed the current device's generator."""
     generator().manual_seed(int(seed))
 
 
+@torch._disable_dynamo
 def manual_seed_all(seed: int) -> None:
     """Seed every device's generator (``torch.manual_seed`` calls this)."""
     for index in range(_count()):
         generator(index).manual_seed(int(seed))
 
 
+@torch._disable_dynamo
 def seed() -> None:
     """Seed the current device's generator with a non-deterministic random number."""
     generator().seed()
 
 
+@torch._disable_dynamo
 def seed_all() -> None:
     """Seed every device's generator with one non-deterministic random number."""
     value = torch.Generator().seed()
     manual_seed_all(value)
 
 
+@torch._disable_dynamo
 def initial_seed() -> int:
     """The seed the current device's generator started from."""
     return generator().initial_seed()
@@ -107,6 +120,7 @@ def _generator_position(func: Any) -> int | None:
     return None
 
 
+@torch._disable_dynamo
 def draw(func: Any, args: Sequence[Any], kwargs: dict[str, Any], device: Any) -> Any:
     """Run the random op ``func`` on host tensors, drawing from ``device``'s generator.
 
