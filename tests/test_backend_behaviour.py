@@ -258,3 +258,18 @@ def test_compile_only_with_meta_inputs_allocates_nothing(tmp_path, monkeypatch):
         out = _run(lambda t: t * 2 + 1, huge)
     assert out.device.type == "meta" and out.shape == huge.shape
     assert glob.glob(str(tmp_path / "neff" / "**" / "*.neff"), recursive=True)
+
+
+def test_python_floats_that_change_between_calls_keep_compiling():
+    # On a second call with other floats Dynamo makes them graph inputs; where an op needs the
+    # number itself it raises TensorifyScalarRestartAnalysis to trace again with them fixed. The
+    # backend turned that into a trace-stage failure (threshold, layer_norm's eps, full_like).
+    import torch.nn.functional as F
+
+    x = torch.randn(2, 5)
+    for fn in (lambda t, a, b: F.threshold(t, a, b), lambda t, a, b: F.layer_norm(t, (5,), eps=a) * b,
+               lambda t, a, b: torch.full_like(t, a) + b):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="neuron")
+        for a, b in ((0.5, 2.0), (1e-3, 3.5)):
+            torch.testing.assert_close(compiled(x, a, b), fn(x, a, b))

@@ -90,7 +90,9 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                 decompositions=decompositions.table(),
                 keep_inference_input_mutations=False,
             )
-    except NeuronCompileError:
+    except (NeuronCompileError, torch._dynamo.exc.RestartAnalysis):
+        # RestartAnalysis is Dynamo's own control flow: a Python float it made a graph input that
+        # cannot stay one (TensorifyScalarRestartAnalysis) makes it trace again with the float fixed.
         raise
     except Exception as exc:  # aot_autograd / decomposition failures: the trace stage
         err = NeuronCompileError("trace", f"aot_autograd could not trace the graph: "
