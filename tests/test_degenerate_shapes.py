@@ -63,3 +63,20 @@ def test_a_lowering_past_its_timeout_is_stopped(monkeypatch):
         lowering_worker.to_stablehlo(raw)
     monkeypatch.delenv("TORCH_NEURONX_LOWERING_TIMEOUT")
     assert "stablehlo.multiply" in lowering_worker.to_stablehlo(raw)
+
+
+def test_copy_forms_of_views_and_nan_ignoring_extremes_compile():
+    # view_copy & co reached torch-mlir whole ("failed to legalize torch.constant.int"); fmax and
+    # fmin failed to lower with a 0-d operand (decompositions/copies.py).
+    def fn(x: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (torch.view_copy(x, (4, 6)), torch.permute_copy(x, (2, 0, 1)), *torch.unbind_copy(x, 1),
+                torch.as_strided_copy(x, (3, 2), (1, 4)), torch.narrow_copy(x, 2, 1, 2),
+                torch.fmax(x, s), torch.fmin(s, x))
+
+    x = torch.randn(2, 3, 4)
+    x[0, 0, 0] = float("nan")
+    s = torch.tensor(float("nan"))
+    for got, expected in zip(torch.compile(fn, backend="neuron")(x, s), fn(x, s), strict=True):
+        torch.testing.assert_close(got, expected, equal_nan=True)
+    torch.testing.assert_close(torch.compile(torch.fmax, backend="neuron")(x, torch.tensor(0.5)),
+                               torch.fmax(x, torch.tensor(0.5)), equal_nan=True)

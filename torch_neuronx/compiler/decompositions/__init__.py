@@ -14,6 +14,8 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
   differing output paddings, in plain and transposed convolutions.
 - :mod:`.indexing`: ``index_add``, ``index_copy`` and ``index_fill`` with the index range
   checks of their eager kernels (torch's decompositions would change them), and ``put``.
+- :mod:`.copies`: the ``*_copy`` view ops and ``new_empty_strided`` (torch's decompositions,
+  which its core table leaves out), ``fmax`` and ``fmin``.
 - :mod:`.rnn`: the fused LSTM and GRU cells that recurrent layers run on the device.
 - :mod:`.resampling`: antialiased bilinear and bicubic resizing, as two matmuls
   with weights taken from torch's kernels at trace time.
@@ -36,6 +38,7 @@ from torch._decomp import core_aten_decompositions
 from torch_neuronx.compiler.decompositions import (
     attention,
     convolution,
+    copies,
     float64_math,
     foreach,
     general,
@@ -69,6 +72,6 @@ def _table(with_fma: bool) -> dict:
             **pooling.DECOMPOSITIONS,
             **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS, **foreach.DECOMPOSITIONS,
             **sampling.DECOMPOSITIONS, **convolution.DECOMPOSITIONS, **resampling.DECOMPOSITIONS,
-            **rnn.DECOMPOSITIONS, **indexing.DECOMPOSITIONS,
+            **rnn.DECOMPOSITIONS, **indexing.DECOMPOSITIONS, **copies.DECOMPOSITIONS,
             **linalg.DECOMPOSITIONS,
             **orthogonal.DECOMPOSITIONS, **float64_math.DECOMPOSITIONS, **extra}
