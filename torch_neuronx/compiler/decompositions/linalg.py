@@ -443,11 +443,13 @@ def _linalg_check_errors(info: torch.Tensor, api_name: str, is_matrix: bool) -> 
 
 
 def _real_only(fn: Callable) -> Callable:
-    """Decline (``NotImplemented``: the op stays as it is) when a tensor argument is complex."""
+    """Decline (``NotImplemented``: the op stays as it is) when a tensor argument is complex, or
+    has no elements (the degenerate_shapes pass computes such an op from its shapes)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        if any(isinstance(t, torch.Tensor) and t.is_complex() for t in (*args, *kwargs.values())):
+        tensors = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+        if any(t.is_complex() or t.numel() == 0 for t in tensors):
             return NotImplemented
         return fn(*args, **kwargs)
 

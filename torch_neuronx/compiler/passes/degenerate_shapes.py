@@ -57,9 +57,25 @@ def _constant(gm: torch.fx.GraphModule, node: torch.fx.Node, value: torch.Tensor
 
 
 def _fixed_by_shapes(node: torch.fx.Node) -> torch.Tensor | None:
-    """The value of ``node`` when all its tensor inputs are empty (computed on empty host tensors)."""
+    """The value of ``node`` when all its tensor inputs are empty (computed on empty host tensors);
+    for an item of a multi-output op, that item of the op's value."""
+    if node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and _tensor(node.meta.get("val")):
+        source = node.args[0]
+        if source.op != "call_function" or not isinstance(source.target, torch._ops.OpOverload):
+            return None
+        value = _evaluated(source)
+        item = value[node.args[1]] if isinstance(value, list | tuple) else None
+        return item if isinstance(item, torch.Tensor) and item.shape == node.meta["val"].shape else None
+    if not isinstance(node.target, torch._ops.OpOverload) or not _tensor(node.meta.get("val")):
+        return None
+    out = _evaluated(node)
+    return out if isinstance(out, torch.Tensor) and out.shape == node.meta["val"].shape else None
+
+
+def _evaluated(node: torch.fx.Node) -> Any:
+    """``node``'s op run on empty host tensors when all its tensor inputs are empty, else None."""
     inputs = [a for a in node.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
-    if not inputs or not all(_empty(a.meta["val"]) for a in inputs) or not _tensor(node.meta.get("val")):
+    if not inputs or not all(_empty(a.meta["val"]) for a in inputs):
         return None
     if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()):
         return None
@@ -76,10 +92,9 @@ def _fixed_by_shapes(node: torch.fx.Node) -> torch.Tensor | None:
 
     try:
         with unset_fake_temporarily():
-            out = node.target(*real(list(node.args)), **{k: real(v) for k, v in node.kwargs.items()})
+            return node.target(*real(list(node.args)), **{k: real(v) for k, v in node.kwargs.items()})
     except Exception:
         return None
-    return out if isinstance(out, torch.Tensor) and out.shape == node.meta["val"].shape else None
 
 
 def _dim_argument(node: torch.fx.Node) -> tuple[str, int, Any] | None:
@@ -150,9 +165,11 @@ def degenerate_shapes_spelled_out(gm: torch.fx.GraphModule) -> torch.fx.GraphMod
         if node.op != "call_function":
             continue
         val = node.meta.get("val")
-        if node.target is operator.getitem and _empty(val):  # an empty result of a multi-output op
-            node.replace_all_uses_with(_constant(gm, node, torch.empty(val.shape, dtype=val.dtype)))
-            gm.graph.erase_node(node)
+        if node.target is operator.getitem:  # an item of a multi-output op: empty, or fixed by shapes
+            fixed = torch.empty(val.shape, dtype=val.dtype) if _empty(val) else _fixed_by_shapes(node)
+            if fixed is not None:
+                node.replace_all_uses_with(_constant(gm, node, fixed))
+                gm.graph.erase_node(node)
             continue
         if not isinstance(node.target, torch._ops.OpOverload):
             continue
