@@ -23,6 +23,10 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
   ``det``, ``slogdet`` on them, unrolled over the matrix size; eager's error checks
   become host checks of extra outputs.
 - :mod:`.orthogonal`: QR (Householder), ``eigh`` and SVD (Jacobi rotations).
+- :mod:`.polynomials`: the orthogonal polynomials of ``torch.special`` (Chebyshev, Hermite, Laguerre, Legendre).
+- :mod:`.bessel`: ``torch.special``'s Bessel functions (j0, j1, y0, y1, modified i0, i1, k0, k1, scaled, spherical).
+- :mod:`.special_functions`: ``special.ndtri``, the Hurwitz ``special.zeta`` and ``nextafter``.
+- :mod:`.incomplete_gamma`: ``igamma`` and ``igammac`` (``special.gammainc``, ``special.gammaincc``).
 - :mod:`.float64_math`: float64 sin, cos, tan, tanh, atan, asin, acos and atan2
   (IREE cannot link libm's), and float32 sin and cos (IREE's lose accuracy with |x|);
   merged after general, so its atan2 wraps general's.
@@ -37,20 +41,24 @@ from torch._decomp import core_aten_decompositions
 
 from torch_neuronx.compiler.decompositions import (
     attention,
+    bessel,
     convolution,
     copies,
     float64_math,
     foreach,
     general,
+    incomplete_gamma,
     indexing,
     linalg,
     orthogonal,
+    polynomials,
     pooling,
     resampling,
     rnn,
     sampling,
     scatter,
     special,
+    special_functions,
     spectral,
 )
 
@@ -74,4 +82,6 @@ def _table(with_fma: bool) -> dict:
             **sampling.DECOMPOSITIONS, **convolution.DECOMPOSITIONS, **resampling.DECOMPOSITIONS,
             **rnn.DECOMPOSITIONS, **indexing.DECOMPOSITIONS, **copies.DECOMPOSITIONS,
             **linalg.DECOMPOSITIONS,
-            **orthogonal.DECOMPOSITIONS, **float64_math.DECOMPOSITIONS, **extra}
+            **orthogonal.DECOMPOSITIONS, **polynomials.DECOMPOSITIONS, **bessel.DECOMPOSITIONS,
+            **special_functions.DECOMPOSITIONS, **incomplete_gamma.DECOMPOSITIONS,
+            **float64_math.DECOMPOSITIONS, **extra}

@@ -1,0 +1,440 @@
+"""Sweep of PyTorch's OpInfo database through ``torch.compile(backend="neuron")``.
+
+Every op of ``op_db`` whose CPU variant supports float32 (no CUDA-only jiterator ops, no sparse
+layouts) runs its first two float32 samples eagerly and compiled (``fullgraph=False``, a fresh
+``torch._dynamo.reset()`` per op), and is classified:
+
+- ``correct``: every output matches eager (``assert_close`` with the op's float32 tolerance
+  overrides, at least rtol=1e-4 / atol=1e-5, ``equal_nan=True``);
+- ``wrong``: some value differs (the maximum difference is recorded);
+- ``error``: the compiled call raised (type, first line, and the ``NeuronCompileError`` stage);
+- ``death``: the worker process died (its signal); ``timeout``: it ran past ``--timeout``;
+- ``skipped``: nothing comparable: no usable sample, eager itself failed, or the op is
+  nondeterministic or returns uninitialized memory (``empty*``, random ops: only shapes and
+  dtypes are compared).
+
+Ops run one at a time in worker processes (``--jobs``); each result is a JSON line of ``--out``,
+written as it arrives. A worker that dies or times out is replaced for the remaining ops.
+Compiles use a throwaway cache and artifact directory unless ``--cache`` is given.
+
+Usage::
+
+    python bench/opinfo_sweep.py [--ops add,sin] [--jobs 1] [--timeout 120] [--limit N]
+        [--out results.jsonl] [--resume] [--report] [--markdown summary.md] [--cache]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import json
+import math
+import multiprocessing as mp
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection, wait
+
+CLASSES = ("correct", "wrong", "error", "death", "timeout", "skipped")
+SAMPLES = 2
+DEFAULT_RTOL, DEFAULT_ATOL = 1e-4, 1e-5
+#: Ops whose outputs are random or uninitialized memory (prefixes of OpInfo names).
+UNCOMPARABLE = ("empty", "new_empty", "rand", "normal", "bernoulli", "multinomial", "uniform", "cauchy",
+                "exponential", "geometric", "log_normal", "nn.functional.dropout", "nn.functional.alpha_dropout",
+                "nn.functional.feature_alpha_dropout", "nn.functional.rrelu", "nn.functional.gumbel_softmax")
+#: The cache and artifact variables a throwaway run points at a temporary directory.
+CACHE_VARIABLES = ("TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_HLO_CACHE_DIR",
+                   "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR", "TORCH_NEURONX_DEBUG_DIR")
+
+
+def op_key(op) -> str:
+    """The op's name, with its variant (``name.variant``) when it has one."""
+    return f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name
+
+
+def load_ops() -> dict:
+    """The sweepable OpInfos by key: float32 on CPU, no jiterator ops, no sparse layouts."""
+    import torch
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    return {op_key(op): op for op in op_db
+            if torch.float32 in op.supported_dtypes("cpu") and "jiterator" not in op.name and "sparse" not in op.name}
+
+
+def select(keys: list[str], wanted: str | None) -> list[str]:
+    """``keys`` restricted to the comma-separated ``wanted`` keys or names (all variants of a name)."""
+    if wanted:
+        names = [w.strip() for w in wanted.split(",") if w.strip()]
+        unknown = [n for n in names if not any(k == n or k.startswith(n + ".") for k in keys)]
+        if unknown:
+            sys.exit(f"unknown ops: {', '.join(unknown)}")
+        keys = [k for k in keys if any(k == n or k.startswith(n + ".") for n in names)]
+    return keys
+
+
+def tolerances(op) -> tuple[float, float]:
+    """(rtol, atol): the largest float32 ``toleranceOverride`` among the op's decorators, at
+    least the defaults."""
+    import torch
+    from torch.testing._internal.common_device_type import toleranceOverride
+
+    rtol, atol = DEFAULT_RTOL, DEFAULT_ATOL
+    for info in op.decorators:
+        for decorator in getattr(info, "decorators", [info]):
+            if isinstance(decorator, toleranceOverride) and torch.float32 in decorator.d:
+                rtol, atol = max(rtol, decorator.d[torch.float32].rtol), max(atol, decorator.d[torch.float32].atol)
+    return rtol, atol
+
+
+def first_line(text: str) -> str:
+    """The first non-empty line of ``text``, at most 300 characters."""
+    return next((line.strip() for line in str(text).splitlines() if line.strip()), "")[:300]
+
+
+def describe(exc: BaseException) -> tuple[str, str | None, str | None]:
+    """(``Type: first line``, NeuronCompileError stage, failing ATen op) of the innermost cause of
+    ``exc`` (the last two None when it is no NeuronCompileError)."""
+    from torch_neuronx.compiler.errors import NeuronCompileError
+
+    chain, e = [], exc
+    while e is not None and e not in chain:
+        chain.append(e)
+        e = e.__cause__ or getattr(e, "inner_exception", None)
+    for e in chain:
+        if isinstance(e, NeuronCompileError):
+            return f"NeuronCompileError[{e.stage}]: {first_line(e.detail)}", e.stage, e.op
+    root = chain[-1]
+    return f"{type(root).__name__}: {first_line(root)}", None, None
+
+
+def max_difference(expected, got) -> float:
+    """The largest absolute difference over tensor outputs of equal shapes (NaN against a
+    number counts as inf; shapes that differ as NaN)."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    worst = 0.0
+    for a, b in zip(tree_leaves(expected), tree_leaves(got)):
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+            continue
+        if a.shape != b.shape:
+            return math.nan
+        wide = torch.complex128 if a.is_complex() or b.is_complex() else torch.float64
+        a, b = a.detach().to(wide), b.detach().to(wide)
+        diff = (a - b).abs()
+        diff = torch.where(a.isnan() & b.isnan(), 0.0, torch.where(a.isnan() | b.isnan(), math.inf, diff))
+        diff = torch.where(a == b, 0.0, diff)  # equal infinities
+        if diff.numel():
+            worst = max(worst, diff.max().item())
+    return worst
+
+
+def compare(expected, got, rtol: float, atol: float, values: bool) -> str | None:
+    """None when ``got`` matches ``expected`` (only shapes and dtypes unless ``values``), else why not."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    if not values:
+        def meta(t):
+            return (tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else type(t).__name__
+        expected, got = tree_map(meta, expected), tree_map(meta, got)
+        return None if expected == got else f"metadata differs: {str(got)[:150]} vs {str(expected)[:150]}"
+    try:
+        torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True)
+    except AssertionError as e:
+        return f"max diff {max_difference(expected, got):.3g}: {first_line(e)}"
+    except (TypeError, ValueError):
+        return None if got == expected else f"values differ: {str(got)[:150]} vs {str(expected)[:150]}"
+    return None
+
+
+def strided(sample) -> bool:
+    """Whether every tensor of the sample has the strided layout."""
+    import torch
+    from torch.utils._pytree import tree_leaves
+
+    leaves = tree_leaves([sample.input, sample.args, sample.kwargs])
+    return all(t.layout == torch.strided for t in leaves if isinstance(t, torch.Tensor))
+
+
+def clone_sample(sample) -> tuple:
+    """(input, args, kwargs) of the sample with every tensor cloned (ops may write to inputs)."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, (sample.input, sample.args,
+                                                                                 sample.kwargs))
+
+
+def run_op(op) -> dict:
+    """One op's result record: its class, and what went wrong."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    record: dict = {"op": op_key(op), "status": "correct", "samples": 0}
+    try:
+        samples = list(itertools.islice(op.sample_inputs("cpu", torch.float32, requires_grad=False), SAMPLES))
+    except Exception as e:  # noqa: BLE001 - any failure of the sample generator
+        return {**record, "status": "skipped", "reason": f"sample_inputs: {describe(e)[0]}"}
+    samples = [s for s in samples if strided(s)]
+    if not samples:
+        return {**record, "status": "skipped", "reason": "no strided float32 sample"}
+    rtol, atol = tolerances(op)
+    values = not op.name.startswith(UNCOMPARABLE)
+    compiled = torch.compile(lambda *a, **k: op.op(*a, **k), backend="neuron", fullgraph=False)
+    for sample in samples:
+        x, args, kwargs = clone_sample(sample)
+        try:
+            expected = op.op(x, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - eager rejects the sample
+            return {**record, "status": "skipped", "reason": f"eager: {describe(e)[0]}"}
+        x, args, kwargs = clone_sample(sample)
+        try:
+            got = compiled(x, *args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - what the sweep is looking for
+            message, stage, failing = describe(e)
+            return {**record, "status": "error", "error": message, "stage": stage, "failing_op": failing}
+        record["samples"] += 1
+        mismatch = compare(expected, got, rtol, atol, values)
+        if mismatch:
+            diff = re.match(r"max diff (\S+):", mismatch)
+            return {**record, "status": "wrong", "error": mismatch,
+                    "max_diff": float(diff.group(1)) if diff else None}
+    record["graphs"] = int(counters["stats"]["unique_graphs"])
+    return record if values else {**record, "status": "skipped", "reason": "nondeterministic output"}
+
+
+def worker(conn: Connection, log: str) -> None:
+    """A worker process: load the ops, then answer each op key sent with its result record.
+
+    It leads a process group of its own, so that killing it ends its compiler subprocesses too."""
+    os.setsid()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    import torch_neuronx  # noqa: F401 - registers the backend before the first compile
+
+    ops = load_ops()
+    conn.send("ready")
+    while (key := conn.recv()) is not None:
+        print(f"=== {key}", flush=True)
+        start = time.monotonic()
+        record = run_op(ops[key])
+        record["seconds"] = round(time.monotonic() - start, 2)
+        conn.send(record)
+
+
+class Worker:
+    """A worker process, its pipe, and the op it runs (None while idle or starting)."""
+
+    def __init__(self, log: str) -> None:
+        ours, theirs = mp.get_context("spawn").Pipe()
+        self.process = mp.get_context("spawn").Process(target=worker, args=(theirs, log), daemon=True)
+        self.process.start()
+        theirs.close()
+        self.conn, self.key, self.started, self.ready = ours, None, 0.0, False
+
+    def give(self, key: str) -> None:
+        self.conn.send(key)
+        self.key, self.started = key, time.monotonic()
+
+    def kill(self) -> None:
+        """Kill the worker's process group (the worker and any compiler it runs)."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.join()
+
+
+def death(process) -> str:
+    """How a worker process ended: its signal's name or its exit code."""
+    process.join(5)
+    code = process.exitcode
+    return f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+
+
+def sweep(keys: list[str], jobs: int, timeout: float, out: str) -> None:
+    """Run ``keys`` on ``jobs`` workers, appending each result to ``out`` as a JSON line."""
+    pending, total, log = collections.deque(keys), len(keys), out + ".log"
+    workers = [Worker(log) for _ in range(min(jobs, total))]
+    try:
+        _dispatch(workers, pending, total, timeout, out, log)
+    finally:  # also on SIGTERM or Ctrl-C: no worker (nor its compiler) outlives the sweep
+        for w in workers:
+            if w.process.is_alive() and w.ready and w.key is None:
+                w.conn.send(None)
+                w.process.join(10)
+            if w.process.is_alive():
+                w.kill()
+
+
+def _dispatch(workers: list[Worker], pending: collections.deque, total: int, timeout: float, out: str,
+              log: str) -> None:
+    """Hand ``pending`` op keys to idle ``workers`` until ``total`` results are written to ``out``."""
+    done = 0
+    with open(out, "a") as sink:
+        def emit(record: dict) -> None:
+            nonlocal done
+            done += 1
+            sink.write(json.dumps(record) + "\n")
+            sink.flush()
+            detail = record.get("error") or record.get("reason") or ""
+            print(f"[{done}/{total}] {record['op']}: {record['status']} {detail[:150]}", flush=True)
+
+        while done < total:
+            for w in workers:
+                if w.ready and w.key is None and pending:
+                    w.give(pending.popleft())
+            busy = [w for w in workers if w.key is not None or not w.ready]
+            if not busy:
+                break
+            deadline = min((w.started + timeout for w in busy if w.key is not None), default=time.monotonic() + 60)
+            ready = wait([w.conn for w in busy], timeout=max(0.0, deadline - time.monotonic()))
+            for i, w in enumerate(list(workers)):
+                if w.conn in ready:
+                    try:
+                        message = w.conn.recv()
+                    except EOFError:
+                        if w.key is not None:
+                            emit({"op": w.key, "status": "death", "error": f"worker died: {death(w.process)}"})
+                            w.kill()
+                        else:
+                            sys.exit(f"a worker died while starting ({death(w.process)}); see {log}")
+                        workers[i] = Worker(log)
+                        continue
+                    if message == "ready":
+                        w.ready = True
+                    else:
+                        emit(message)
+                        w.key = None
+                elif w.key is not None and time.monotonic() - w.started > timeout:
+                    w.kill()
+                    emit({"op": w.key, "status": "timeout", "error": f"ran past {timeout:g} s"})
+                    workers[i] = Worker(log)
+
+
+def read_results(out: str) -> dict[str, dict]:
+    """The records of ``out`` by op (the last record of an op wins)."""
+    if not os.path.exists(out):
+        return {}
+    with open(out) as f:
+        return {r["op"]: r for r in map(json.loads, filter(str.strip, f))}
+
+
+def group_key(record: dict) -> str:
+    """What groups non-correct ops: the first error line with numbers and addresses masked."""
+    text = record.get("error") or record.get("reason") or ""
+    if record["status"] == "wrong":
+        text = re.sub(r"^max diff \S+: ", "", text)
+    text = re.sub(r"0x[0-9a-fA-F]+", "0x?", text)
+    return re.sub(r"(?<![A-WYZa-wyz_])\d+(\.\d+)?(e[-+]?\d+)?", "N", text)[:200]
+
+
+def grouped(records: dict[str, dict]) -> list[tuple[str, str, list[dict]]]:
+    """(class, error key, records) of the non-correct ops, by class then largest group first."""
+    groups: dict[tuple[str, str], list[dict]] = collections.defaultdict(list)
+    for r in records.values():
+        if r["status"] != "correct":
+            groups[(r["status"], group_key(r))].append(r)
+    order = {c: i for i, c in enumerate(CLASSES)}
+    items = sorted(groups.items(), key=lambda kv: (order[kv[0][0]], -len(kv[1]), kv[0][1]))
+    return [(status, key, rs) for (status, key), rs in items]
+
+
+def label(record: dict) -> str:
+    """An op's name in a group listing, with its maximum difference when wrong, the failing
+    ATen op when an error names one."""
+    diff, failing = record.get("max_diff"), record.get("failing_op")
+    if diff is not None:
+        return f"{record['op']} ({diff:.2g})"
+    return f"{record['op']} [{failing.removeprefix('torch.')}]" if failing else record["op"]
+
+
+def summary_rows(records: dict[str, dict]) -> list[tuple[str, int, float]]:
+    """(class, count, percent) for every class, then the total."""
+    counts = collections.Counter(r["status"] for r in records.values())
+    total = max(1, len(records))
+    return [(c, counts[c], 100 * counts[c] / total) for c in CLASSES] + [("total", len(records), 100.0)]
+
+
+def print_report(records: dict[str, dict]) -> None:
+    """The summary table and the non-correct ops grouped by first error line, on stdout."""
+    print(f"\n{'class':<10}{'ops':>6}{'%':>8}")
+    for status, count, percent in summary_rows(records):
+        print(f"{status:<10}{count:>6}{percent:>7.1f}%")
+    no_graph = sorted(r["op"] for r in records.values() if r["status"] == "correct" and r.get("graphs") == 0)
+    if no_graph:
+        print(f"\ncorrect without compiling a graph ({len(no_graph)}): {', '.join(no_graph)}")
+    for status, key, rs in grouped(records):
+        print(f"\n[{status}] {len(rs)} op(s): {key}\n    " + ", ".join(label(r) for r in sorted(rs, key=label)))
+
+
+def write_markdown(records: dict[str, dict], path: str) -> None:
+    """The summary and the grouped non-correct ops as markdown tables, to ``path``."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| class | ops | % |", "| --- | ---: | ---: |"]
+    lines += [f"| {s} | {c} | {p:.1f} |" for s, c, p in summary_rows(records)]
+    lines += ["", "| class | ops | first error line | which |", "| --- | ---: | --- | --- |"]
+    for status, key, rs in grouped(records):
+        names = ", ".join(f"`{label(r)}`" for r in sorted(rs, key=label))
+        lines.append(f"| {status} | {len(rs)} | {cell(key) or '-'} | {cell(names)} |")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def throwaway_cache() -> str:
+    """Point the cache and artifact variables at a new temporary directory; return it."""
+    root = tempfile.mkdtemp(prefix="opinfo-sweep-")
+    for name in CACHE_VARIABLES:
+        os.environ[name] = os.path.join(root, name.lower())
+    return root
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--ops", help="comma-separated op names or name.variant keys (default: all)")
+    p.add_argument("--jobs", type=int, default=1, help="worker processes (default 1)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per op before its worker is killed")
+    p.add_argument("--out", default="opinfo_results.jsonl", help="JSON-lines results file (appended)")
+    p.add_argument("--limit", type=int, help="run at most this many ops")
+    p.add_argument("--resume", action="store_true", help="skip ops already recorded in --out")
+    p.add_argument("--report", action="store_true", help="only summarize --out, run nothing")
+    p.add_argument("--markdown", help="also write the summary as markdown to this file")
+    p.add_argument("--cache", action="store_true", help="use the configured caches, not a throwaway one")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup of sweep()
+    if not args.report:
+        selected = select(list(load_ops()), args.ops)
+        keys = [k for k in selected if k not in read_results(args.out)] if args.resume else selected
+        keys = keys[:args.limit] if args.limit else keys
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        root = None if args.cache else throwaway_cache()
+        try:
+            sweep(keys, args.jobs, args.timeout, args.out)
+        finally:
+            if root:
+                shutil.rmtree(root, ignore_errors=True)
+    records = read_results(args.out)
+    if not args.report and args.ops:  # report on this run's ops only
+        records = {k: r for k, r in records.items() if k in set(selected)}
+    print_report(records)
+    if args.markdown:
+        write_markdown(records, args.markdown)
+
+
+if __name__ == "__main__":
+    main()
