@@ -13,6 +13,7 @@ graph with random ops would otherwise be traced as tensor ops of the graph.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -113,7 +114,9 @@ def initial_seed() -> int:
     return generator().initial_seed()
 
 
+@functools.cache
 def _generator_position(func: Any) -> int | None:
+    """Where ``func``'s schema takes its generator: a position, -1 for keyword-only, None for none."""
     for position, argument in enumerate(func._schema.arguments):
         if argument.name == "generator":
             return position if not argument.kwarg_only else -1

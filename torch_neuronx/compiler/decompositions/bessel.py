@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from torch_neuronx.compiler.decompositions.special import _I0E_A, _I0E_B, _I1E_A, _I1E_B, _chbevl
+from torch_neuronx.compiler.decompositions.special import _bessel_series, _chbevl
 from torch_neuronx.compiler.decompositions.special_functions import one_element_padded
 
 aten = torch.ops.aten
@@ -219,10 +219,8 @@ _K1_B = (-5.75674448366501715755e-18, 1.79405087314755922667e-17, -5.68946255844
 
 def _i_scaled(a: torch.Tensor, order: int) -> torch.Tensor:
     """``exp(-a) i0(a)`` (``order`` 0) or ``exp(-a) i1(a)`` at ``a = |x|``: the Chebyshev series."""
-    near_table, far_table = (_I0E_A, _I0E_B) if order == 0 else (_I1E_A, _I1E_B)
-    near = _chbevl(a / 2 - 2, near_table)
-    far = _chbevl(32 / a - 2, far_table) / torch.sqrt(a)
-    return torch.where(a <= 8, near * a if order else near, far)
+    near, far = _bessel_series(a, order, float32_tails=False)
+    return torch.where(a <= 8, near * a if order else near, far / torch.sqrt(a))
 
 
 @_floating

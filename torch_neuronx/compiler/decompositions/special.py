@@ -538,13 +538,17 @@ def _chbevl(y: torch.Tensor, coefficients: Sequence[float]) -> torch.Tensor:
     return 0.5 * (b0 - b2)
 
 
-def _bessel_series(a: torch.Tensor, order: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _bessel_series(a: torch.Tensor, order: int, float32_tails: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The two Chebyshev series of i0e (``order`` 0) or i1e (1) at ``a = |x|``: on [0, 8] in
-    ``a/2 - 2`` and past 8 in ``32/a - 2`` (each garbage where the other applies)."""
+    ``a/2 - 2`` and past 8 in ``32/a - 2`` (each garbage where the other applies). With
+    ``float32_tails`` a float32 i1 uses the shorter tables of torch's ``calc_i1`` kernels (the
+    ``special_modified_bessel_*`` kernels use the whole tables at every dtype)."""
     if order == 0:
         near, far = _I0E_A, _I0E_B
+    elif a.dtype == torch.float64 or not float32_tails:
+        near, far = _I1E_A, _I1E_B
     else:  # torch's float32 tables for i1 are the tails of the float64 ones
-        near, far = (_I1E_A, _I1E_B) if a.dtype == torch.float64 else (_I1E_A[-17:], _I1E_B[-7:])
+        near, far = _I1E_A[-17:], _I1E_B[-7:]
     return _chbevl(a / 2 - 2, near), _chbevl(32 / a - 2, far)
 
 

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from torch_neuronx.compiler.decompositions.indexing import BOUNDS
-from torch_neuronx.compiler.passes.rewrite import call_before
+from torch_neuronx.compiler.passes.rewrite import call_before, example
 
 aten = torch.ops.aten
 
@@ -73,12 +73,8 @@ class IndexOutOfRangeError(IndexError, RuntimeError):
     neuron_input_error = True  # bad input: eager raises it, never falls back to the CPU
 
 
-def _val(value: Any) -> Any:
-    return value.meta.get("val") if isinstance(value, torch.fx.Node) else value
-
-
 def _is_index(node: Any) -> bool:
-    val = _val(node)
+    val = example(node)
     return (isinstance(node, torch.fx.Node) and isinstance(val, torch.Tensor)
             and val.dtype in (torch.int64, torch.int32) and val.numel() != 0)
 
@@ -87,7 +83,7 @@ def _guard(gm: torch.fx.GraphModule, before: torch.fx.Node, index: torch.fx.Node
            negative: bool, check: dict[str, Any] | None, checks: list[tuple[torch.fx.Node, dict]]) -> torch.fx.Node:
     """The safe form of ``index`` for a dimension of ``size``; its range check appended to ``checks``."""
     if check is not None:
-        dims = list(range(_val(index).dim()))
+        dims = list(range(example(index).dim()))
         low = call_before(gm, before, aten.amin.default, index, dims)
         high = call_before(gm, before, aten.amax.default, index, dims)
         checks.append((call_before(gm, before, aten.stack.default, [low, high]), {**check, "size": int(size)}))
@@ -101,7 +97,7 @@ def _guard(gm: torch.fx.GraphModule, before: torch.fx.Node, index: torch.fx.Node
 
 def _operands(node: torch.fx.Node, form: str) -> list[tuple[int, int | None, Any]]:
     """(argument position, position inside a list argument or None, dimension size) of each index."""
-    source = _val(node.args[0])
+    source = example(node.args[0])
     if form == _INDICES:
         return [(1, k, source.shape[k]) for k, i in enumerate(node.args[1]) if _is_index(i)]
     if form == _FLAT:
@@ -131,7 +127,7 @@ def index_bounds_checked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             gm.graph.erase_node(node)
             continue
         rule = _OPS.get(node.target)
-        if rule is None or not isinstance(_val(node.args[0]), torch.Tensor):
+        if rule is None or not isinstance(example(node.args[0]), torch.Tensor):
             continue
         form, negative, message = rule
         args = list(node.args)
