@@ -7,6 +7,7 @@ its own artifact directory to inspect.
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 
@@ -37,3 +38,15 @@ def debug_dir(tmp_path, monkeypatch):
     path = tmp_path / "debug"
     monkeypatch.setenv("TORCH_NEURONX_DEBUG_DIR", str(path))
     return path
+
+
+@pytest.fixture
+def retries(caplog):
+    """The driver's "compiling again" messages (one per fallback compile) logged during the test."""
+    logger = logging.getLogger("torch_neuronx")  # it does not propagate to the root logger
+    logger.addHandler(caplog.handler)
+    caplog.set_level(logging.INFO, logger="torch_neuronx.compiler.driver")
+    try:
+        yield lambda: [r.getMessage() for r in caplog.records if "compiling again" in r.getMessage()]
+    finally:
+        logger.removeHandler(caplog.handler)

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from compare import forward_backward
 from torch.utils._pytree import tree_leaves
 
-from torch_neuronx.compiler.decompositions import pooling, table
+from torch_neuronx.compiler.decompositions import max_pool_backward, pooling, table
 
 aten = torch.ops.aten
 NAN, INF = float("nan"), float("inf")
@@ -77,13 +77,14 @@ def _with_nan(x: torch.Tensor) -> torch.Tensor:
 def test_pooling_ops_are_in_the_table():
     """The compile path traces with our decompositions for these ops (not torch's or none)."""
     decompositions = table()
-    for op in (aten.max_pool2d_with_indices.default,
-               aten.max_pool3d_with_indices.default, aten.max_pool3d_with_indices_backward.default,
+    for op in (aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default,
                aten.avg_pool3d.default, aten.avg_pool3d_backward.default,
                aten._adaptive_avg_pool3d.default, aten._adaptive_avg_pool3d_backward.default,
-               aten.adaptive_max_pool2d.default, aten.adaptive_max_pool2d_backward.default,
-               aten.adaptive_max_pool3d.default, aten.adaptive_max_pool3d_backward.default):
+               aten.adaptive_max_pool2d.default, aten.adaptive_max_pool3d.default):
         assert decompositions[op] is pooling.DECOMPOSITIONS[op], op
+    for op in (aten.max_pool2d_with_indices_backward.default, aten.max_pool3d_with_indices_backward.default,
+               aten.adaptive_max_pool2d_backward.default, aten.adaptive_max_pool3d_backward.default):
+        assert decompositions[op] is max_pool_backward.DECOMPOSITIONS[op], op  # no scatter
 
 
 def test_max_pool3d_matches_eager_with_ties_nan_padding_dilation_and_ceil_mode():
@@ -185,6 +186,8 @@ def test_pooling_in_other_dtypes_matches_eager(dtype):
             outs.append(F.avg_pool3d(x, 3, stride=2, padding=1, ceil_mode=True, count_include_pad=False))
         return outs
 
-    # Eager's bfloat16 adaptive_avg_pool3d is off by up to ~3e-3 here (ours sums in float32): a looser atol.
-    tolerance = {"atol": 1e-2, "rtol": 1.6e-2} if dtype == torch.bfloat16 else {}
+    # Eager's bfloat16 adaptive_avg_pool3d is off by up to ~3e-3 here, and its max_pool3d backward adds
+    # overlapping windows' gradients in bfloat16 (4e-2 from the float64 sums; ours, in float32, 1.6e-2):
+    # a looser atol.
+    tolerance = {"atol": 4e-2, "rtol": 1.6e-2} if dtype == torch.bfloat16 else {}
     _check(fn, torch.randn(2, 3, 6, 5, 7).to(dtype), **tolerance)

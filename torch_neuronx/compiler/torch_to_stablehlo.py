@@ -95,6 +95,7 @@ def to_stablehlo(raw_module: object) -> str:
     finally:
         handler.detach()
     _narrow_scatter_indices(raw_module)
+    _materialize_scatter_operands(raw_module)
     _round_narrowed_constants(raw_module)
     _materialize_sliced_operands(raw_module)
     _signed_unsigned_converts(raw_module)
@@ -190,6 +191,29 @@ def _narrow_scatter_indices(module: object) -> None:
                 "stablehlo.convert", results=[ir.RankedTensorType.get(index_type.shape, i32)],
                 operands=[indices], ip=ir.InsertionPoint(op))  # type: ignore[attr-defined]
             op.operands[count] = narrowed.result  # type: ignore[attr-defined]
+
+
+def _materialize_scatter_operands(module: object) -> None:
+    """Put an ``optimization_barrier`` between every ``stablehlo.scatter`` and its indices and updates.
+
+    IREE 3.13 runs a scatter whose updates may collide (``unique_indices = false``: every
+    scatter-add, ``index_put`` with ``accumulate``) as one serial loop, untiled, and fuses the
+    elementwise producers of its indices and updates into that dispatch (all of them at O3's
+    aggressive fusion; bit-extending converts, such as bfloat16 updates summed in float32, and
+    index arithmetic even without it), where codegen materializes each whole in a stack buffer:
+    over llvm-cpu's 32 KiB stack limit ("'func.func' op exceeded stack allocation limit")
+    for a 2x8x32x32 upsampling gradient, a 4x16x8x8 pooling gradient or a 1024x64 embedding
+    gradient. Behind the barriers the scatter reads its operands from memory. (The scattered-into
+    operand stays fusable: its producer computes into the scatter's own result.)
+    """
+    from torch_mlir import ir
+
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        for op in _ops_named(module, "stablehlo.scatter"):
+            count = len(op.operands) // 2  # type: ignore[attr-defined]  # (inputs..., indices, updates...)
+            for position in range(count, len(op.operands)):  # type: ignore[attr-defined]
+                if _defining_op(op.operands[position]) is not None:  # type: ignore[attr-defined]
+                    _materialize_operand(op, position)
 
 
 #: Ops that only move their operand's elements: a consumer reads through them to the data's source.

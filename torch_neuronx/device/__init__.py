@@ -37,10 +37,11 @@ def register() -> bool:
 
     _setup_privateuseone_for_python_backend("neuron", module, NeuronHooks(), NeuronDeviceGuard())
     _register_kernels()
-    from torch_neuronx.device import accelerator, autocast
+    from torch_neuronx.device import accelerator, autocast, backward_errors
 
     autocast.register()
     accelerator.install()
+    backward_errors.install()
     _registered = True
     return True
 

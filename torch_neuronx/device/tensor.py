@@ -19,6 +19,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from torch_neuronx import memory
+from torch_neuronx.device import backward_errors
 from torch_neuronx.runtime import streams
 
 
@@ -161,11 +162,15 @@ class NeuronTensor(torch.Tensor):
         # Never traced by Dynamo: eager ops inside a compiled region (an op Dynamo leaves to
         # eager, nn.GRU's) would have it compile the device's own code.
         kwargs = kwargs or {}
-        if _traced(args, kwargs):
-            return _trace_op(func, args, kwargs)
-        from torch_neuronx.device import eager
+        try:
+            if _traced(args, kwargs):
+                return _trace_op(func, args, kwargs)
+            from torch_neuronx.device import eager
 
-        return eager.dispatch(func, args, kwargs)
+            return eager.dispatch(func, args, kwargs)
+        except BaseException as exc:  # in a backward pass PyTorch loses it: kept to raise after
+            backward_errors.note(exc)
+            raise
 
 
 def _traced(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:

@@ -12,6 +12,9 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 - :mod:`.convolution`: the backward of every convolution torch-mlir cannot train
   (grouped, dilated, 1-d, 3-d, transposed) and transposed convolutions with
   differing output paddings, in plain and transposed convolutions.
+- :mod:`.pooling`: 3-d pooling, adaptive and 2-d max pooling (NaN and torch's indices
+  kept); and :mod:`.max_pool_backward`: max pooling's backwards without a scatter (IREE's
+  serial scatter dispatch put its fused producers on the stack).
 - :mod:`.indexing`: ``index_add``, ``index_copy`` and ``index_fill`` with the index range
   checks of their eager kernels (torch's decompositions would change them), and ``put``.
 - :mod:`.copies`: the ``*_copy`` view ops and ``new_empty_strided`` (torch's decompositions,
@@ -50,6 +53,7 @@ from torch_neuronx.compiler.decompositions import (
     incomplete_gamma,
     indexing,
     linalg,
+    max_pool_backward,
     orthogonal,
     polynomials,
     pooling,
@@ -78,6 +82,7 @@ def _table(with_fma: bool) -> dict:
     return {**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
             **general.DECOMPOSITIONS, **attention.DECOMPOSITIONS, **special.DECOMPOSITIONS,
             **pooling.DECOMPOSITIONS,
+            **max_pool_backward.DECOMPOSITIONS,
             **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS, **foreach.DECOMPOSITIONS,
             **sampling.DECOMPOSITIONS, **convolution.DECOMPOSITIONS, **resampling.DECOMPOSITIONS,
             **rnn.DECOMPOSITIONS, **indexing.DECOMPOSITIONS, **copies.DECOMPOSITIONS,

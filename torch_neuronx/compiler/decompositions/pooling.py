@@ -1,9 +1,10 @@
-"""3-d, adaptive and 2-d max pooling and their backwards, through ops torch-mlir lowers.
+"""3-d, adaptive and 2-d pooling (max pooling's backwards: :mod:`.max_pool_backward`), through ops torch-mlir lowers.
 
 torch-mlir lowers none of the 3-d pooling ops (nor ``adaptive_max_pool2d``'s backward), lowers
 ``avg_pool3d`` with ``ceil_mode`` to a mis-sized ``reduce_window``, and its 2-d max pooling
-(``max_pool2d_with_indices``, ``adaptive_max_pool2d``) drops NaN. Every op here works one
-spatial dim at a time (pooling windows are products of per-dim windows), in ops that fuse:
+(``max_pool2d_with_indices``, ``adaptive_max_pool2d``) drops NaN. Every op here but strided
+max pooling works one spatial dim at a time (pooling windows are products of per-dim windows),
+in ops that fuse:
 
 - Average pooling: along each dim, the sum of one strided slice of the zero-padded input per
   kernel offset; then one division by torch's divisor (``count_include_pad``, clipped
@@ -16,16 +17,19 @@ spatial dim at a time (pooling windows are products of per-dim windows), in ops 
   or isnan(val)``: the first maximum, or the last NaN. That rule picks the same element whether
   applied to a whole window or to its rows and then to the rows' winners, so the maximum is
   taken one dim at a time, innermost first, each partial maximum carrying its flat index into
-  the pooled plane: exactly torch's values and indices, ties and NaN included. Strided
-  windows take one strided slice per kernel offset; adaptive windows are equal consecutive
-  blocks once each input position is repeated (see :func:`_max_pool`), reduced by reshaping.
-  The backward scatter-adds the gradient to the indices (overlapping windows accumulate).
+  the pooled plane: exactly torch's values and indices, ties and NaN included. That is how
+  adaptive windows are pooled: equal consecutive blocks once each input position is repeated
+  (see :func:`_max_pool`), reduced by reshaping. Strided windows are scanned as torch scans
+  them, all kernel offsets at once, one strided slice of the input each (:func:`_max_windows`;
+  one dim at a time put IREE's fused intermediates on the stack).
+  The backwards route the gradient to the indices without a scatter (:mod:`.max_pool_backward`).
 
 Index arithmetic that depends only on shapes is done in Python and enters the graph as literals.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -244,40 +248,59 @@ def _lowest(dtype: torch.dtype) -> float | int:
     return -math.inf if dtype.is_floating_point else torch.iinfo(dtype).min
 
 
-def _max_strided(values: torch.Tensor, index: torch.Tensor, d: int, w: _Strided) -> tuple[torch.Tensor, torch.Tensor]:
-    """One dim of max pooling over strided windows: one strided slice of the (padded) values and
-    their flat indices per kernel offset, each kept where torch's rule keeps it (elementwise ops,
-    which fuse into one dispatch)."""
-    size, device, along = values.shape[d], values.device, _along(w.out, values, d)
-    right = max(0, (w.out - 1) * w.stride + (w.kernel - 1) * w.dilation + 1 - w.pad - size)
-    if w.pad or right:
-        pad = [0, 0] * (values.dim() - 1 - d) + [w.pad, right]
-        values = torch.constant_pad_nd(values, pad, _lowest(values.dtype))
-        index = torch.constant_pad_nd(index, pad, 0)
-    floating = values.is_floating_point()
-    seen = [False] * w.out  # whether window i has met an element inside the input yet
-    best = best_index = None
-    for j in range(w.kernel):
-        inside = [0 <= i * w.stride - w.pad + j * w.dilation < size for i in range(w.out)]
-        first = [a and not b for a, b in zip(inside, seen)]
-        seen = [a or b for a, b in zip(inside, seen)]
-        lo, hi = j * w.dilation, j * w.dilation + (w.out - 1) * w.stride + 1
-        candidate = aten.slice.Tensor(values, d, lo, hi, w.stride)
-        candidate_index = aten.slice.Tensor(index, d, lo, hi, w.stride)
-        if best is None:
-            best, best_index = candidate, candidate_index
-            continue
-        # torch keeps an element above the maximum so far, or NaN; never padding; and a window's
-        # first element inside the input (for a window starting in the padding) whatever it is.
-        take = candidate > best
-        if floating:
+def _max_windows(x: torch.Tensor, windows: Sequence[_Strided]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Max pooling over strided windows of ``x``'s last dims, as torch's kernels scan: every
+    kernel offset in row-major order, one strided slice of the (padded) input each, kept where
+    it is above the maximum so far or NaN, never from the padding. A window whose elements are
+    all -inf (or the lowest integer) keeps its first element inside the input.
+
+    All offsets at once, not one dim at a time: a dim's partial maxima and indices, read by the
+    next dim through overlapping slices, were fused by IREE into the next dim's dispatch and
+    materialized whole on its stack (max_pool2d(x, 3, 2) of a 16x32x32x32 input needed 1.9 MB,
+    over llvm-cpu's 32 KiB limit). Here each dispatch reads only the input (or its padded copy)."""
+    nd, device = len(windows), x.device
+    sizes = [int(n) for n in x.shape[-nd:]]
+    lead = x.dim() - nd
+    pad = []
+    for w, size in zip(reversed(windows), reversed(sizes)):
+        pad += [w.pad, max(0, (w.out - 1) * w.stride + (w.kernel - 1) * w.dilation + 1 - w.pad - size)]
+    if any(pad):
+        x = torch.constant_pad_nd(x, pad, _lowest(x.dtype))
+
+    def along(axis: int, data: list, dtype: torch.dtype) -> torch.Tensor:
+        return _literal(data, dtype, device).view([len(data)] + [1] * (nd - 1 - axis))
+
+    def position(axis: int, o: int, j: int) -> int:
+        w = windows[axis]
+        return o * w.stride - w.pad + j * w.dilation
+
+    pitches = [math.prod(sizes[axis + 1:]) for axis in range(nd)]
+    first = None  # each window's first element inside the input: the index of an all -inf window
+    for axis, w in enumerate(windows):
+        starts = [next(p for j in range(w.kernel) if 0 <= (p := position(axis, o, j)) < sizes[axis]) * pitches[axis]
+                  for o in range(w.out)]
+        share = along(axis, starts, torch.int64)
+        first = share if first is None else first + share
+    best, best_index = None, first
+    for offsets in itertools.product(*(range(w.kernel) for w in windows)):  # row-major, as torch scans
+        candidate, index, inside = x, None, None
+        for axis, (w, j) in enumerate(zip(windows, offsets)):
+            lo = j * w.dilation
+            candidate = aten.slice.Tensor(candidate, lead + axis, lo, lo + (w.out - 1) * w.stride + 1, w.stride)
+            where = [position(axis, o, j) for o in range(w.out)]
+            share = along(axis, [max(0, p) * pitches[axis] for p in where], torch.int64)
+            index = share if index is None else index + share
+            valid = [0 <= p < sizes[axis] for p in where]
+            if not all(valid):
+                mask = along(axis, valid, torch.bool)
+                inside = mask if inside is None else inside & mask
+        take = candidate > (best if best is not None else _lowest(x.dtype))
+        if x.is_floating_point():
             take = take | candidate.isnan()
-        if not all(inside):
-            take = take & _literal(inside, torch.bool, device).view(along)
-        if any(first):
-            take = take | _literal(first, torch.bool, device).view(along)
-        best = torch.where(take, candidate, best)
-        best_index = torch.where(take, candidate_index, best_index)
+        if inside is not None:
+            take = take & inside
+        best = torch.where(take, candidate, best if best is not None else _lowest(x.dtype))
+        best_index = torch.where(take, index, best_index)
     return best, best_index.expand(best.shape)
 
 
@@ -311,42 +334,48 @@ def _repeat_each(t: torch.Tensor, d: int, times: int) -> torch.Tensor:
     return t.unsqueeze(d + 1).expand(shape).flatten(d, d + 1)
 
 
-def _max_pool(x: torch.Tensor, windows: Sequence[_Strided | _Adaptive]) -> tuple[torch.Tensor, torch.Tensor]:
+def _side_by_side(w: _Strided | _Adaptive) -> bool:
+    """Whether strided windows tile their dim (kernel == stride, no dilation or padding)."""
+    return isinstance(w, _Strided) and w.kernel == w.stride and w.dilation == 1 and w.pad == 0
+
+
+def _max_pool(x: torch.Tensor, windows: Sequence[_Strided] | Sequence[_Adaptive]) -> tuple[torch.Tensor, torch.Tensor]:
     """Max over windows of ``x``'s last ``len(windows)`` dims, and each maximum's flat index into
     those dims (per leading plane), chosen as torch chooses.
 
-    One dim at a time, innermost first, each partial maximum carrying its flat index along (see
-    the module's docstring for why that picks torch's element). Adaptive windows along a dim of
-    ``n`` to ``o`` outputs (``g = gcd(n, o)``) are, once each position is repeated ``o/g``
-    times, the ``o`` consecutive blocks of ``n/g`` repeated positions: the same elements in the
-    same order, some repeated, which changes neither the maximum nor the element torch picks."""
+    Overlapping or padded strided windows: every kernel offset at once (:func:`_max_windows`).
+    Adaptive windows, and strided windows side by side (``MaxPool2d(2)``, a global max pooling
+    whose kernel is the whole input): one dim at a time, innermost first, each partial maximum
+    carrying its flat index along (see the module's docstring for why that picks torch's
+    element), by reshaping into blocks. Along a dim of ``n`` to ``o`` adaptive outputs
+    (``g = gcd(n, o)``) the windows are, once each position is repeated ``o/g`` times, the
+    ``o`` consecutive blocks of ``n/g`` repeated positions: the same elements in the same order,
+    some repeated, which changes neither the maximum nor the element torch picks. Side by side
+    windows are the blocks once the dim is cut (or, for ceil_mode, padded) to ``out * kernel``."""
+    if all(isinstance(w, _Strided) for w in windows) and not all(_side_by_side(w) for w in windows):
+        return _max_windows(x, windows)
     nd = len(windows)
     sizes = x.shape[-nd:]
     values, index = x, None
     for axis in reversed(range(nd)):
         d, size, w = x.dim() - nd + axis, sizes[axis], windows[axis]
         here = _literal([p * math.prod(sizes[axis + 1:]) for p in range(size)], torch.int64, x.device)
-        here = here.view([1] * d + _along(size, values, d))  # full rank: sliced along d below
-        index = here if index is None else index + here
+        here = here.view([1] * d + _along(size, values, d))
+        index = (here if index is None else index + here).expand(values.shape)
         if isinstance(w, _Strided):
-            values, index = _max_strided(values, index, d, w)
-            continue
-        times = w.out // math.gcd(size, w.out)
-        if times > 1:
-            values, index = _repeat_each(values, d, times), _repeat_each(index, d, times)
-        values, index = _max_blocks(values, index.expand(values.shape), d, w.out)
+            span = w.out * w.kernel
+            if span < size:
+                values, index = values.narrow(d, 0, span), index.narrow(d, 0, span)
+            elif span > size:  # ceil_mode's last window: padding, never the maximum unless all is -inf
+                pad = [0, 0] * (values.dim() - 1 - d) + [0, span - size]
+                values = torch.constant_pad_nd(values, pad, _lowest(values.dtype))
+                index = torch.constant_pad_nd(index, pad, 0)
+        else:
+            times = w.out // math.gcd(size, w.out)
+            if times > 1:
+                values, index = _repeat_each(values, d, times), _repeat_each(index, d, times)
+        values, index = _max_blocks(values, index, d, w.out)
     return values, index
-
-
-def _scatter_to_indices(grad_output: torch.Tensor, x: torch.Tensor, indices: torch.Tensor, nd: int) -> torch.Tensor:
-    """Max pooling's input gradient: each output's gradient added at its flat index into the last
-    ``nd`` dims of its (N, C) plane (overlapping windows accumulate)."""
-    planes = math.prod(x.shape[:-nd])
-    spatial = math.prod(x.shape[-nd:])
-    g = grad_output.reshape(planes, -1)
-    idx = indices.reshape(planes, -1)
-    grad = torch.zeros(planes, spatial, dtype=grad_output.dtype, device=grad_output.device)
-    return grad.scatter_add(1, idx, g).view(x.shape)
 
 
 def _max_pool_windows(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int], padding,
@@ -375,13 +404,6 @@ def max_pool3d_with_indices(x: torch.Tensor, kernel_size: Sequence[int], stride:
     return _max_pool(x, _max_pool_windows(x, kernel_size, stride, padding, dilation, ceil_mode, 3))
 
 
-def max_pool3d_with_indices_backward(grad_output: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[int],
-                                     stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int],
-                                     ceil_mode: bool, indices: torch.Tensor) -> torch.Tensor:
-    """``aten.max_pool3d_with_indices_backward``: the gradient scattered to the maxima's indices."""
-    return _scatter_to_indices(grad_output, x, indices, 3)
-
-
 def adaptive_max_pool2d(x: torch.Tensor, output_size: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """``aten.adaptive_max_pool2d`` (and so adaptive_max_pool1d): maxima over adaptive windows, torch's indices."""
     return _max_pool(x, [_Adaptive(o) for o in _adaptive_sizes(output_size, x.shape, 2)])
@@ -392,27 +414,14 @@ def adaptive_max_pool3d(x: torch.Tensor, output_size: Sequence[int]) -> tuple[to
     return _max_pool(x, [_Adaptive(o) for o in _adaptive_sizes(output_size, x.shape, 3)])
 
 
-def adaptive_max_pool2d_backward(grad_output: torch.Tensor, x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """``aten.adaptive_max_pool2d_backward``: the gradient scattered to the maxima's indices."""
-    return _scatter_to_indices(grad_output, x, indices, 2)
-
-
-def adaptive_max_pool3d_backward(grad_output: torch.Tensor, x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
-    """``aten.adaptive_max_pool3d_backward``: the gradient scattered to the maxima's indices."""
-    return _scatter_to_indices(grad_output, x, indices, 3)
-
-
 #: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
     aten.max_pool3d_with_indices.default: max_pool3d_with_indices,
-    aten.max_pool3d_with_indices_backward.default: max_pool3d_with_indices_backward,
     aten.avg_pool3d.default: avg_pool3d,
     aten.avg_pool3d_backward.default: avg_pool3d_backward,
     aten._adaptive_avg_pool3d.default: adaptive_avg_pool3d,
     aten._adaptive_avg_pool3d_backward.default: adaptive_avg_pool3d_backward,
     aten.adaptive_max_pool2d.default: adaptive_max_pool2d,
-    aten.adaptive_max_pool2d_backward.default: adaptive_max_pool2d_backward,
     aten.adaptive_max_pool3d.default: adaptive_max_pool3d,
-    aten.adaptive_max_pool3d_backward.default: adaptive_max_pool3d_backward,
 }

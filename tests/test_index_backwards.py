@@ -1,0 +1,172 @@
+"""Backwards of index-based ops on ``neuron`` tensors, eager and under torch.compile, against CPU eager.
+
+Issue 15: training ``F.interpolate(mode="nearest")`` next to ConvTranspose2d and GroupNorm on neuron
+tensors failed in aot_autograd with ``SystemError: <built-in method run_backward ...> returned NULL
+without setting an exception``. Two faults: ``_unsafe_index``'s backward makes its zeros with
+``grad.new_zeros(..., device=grad.device)``, and the traced inner op made that inner tensor on the
+neuron device, so ``_unsafe_index_put`` then mixed devices (fixed in ``_trace_op``: device arguments
+of inner ops name the host); and PyTorch loses a Python exception raised in a backward pass on a
+PrivateUse1 device, which is what turned that error into the SystemError (device/backward_errors.py
+raises the op's own exception instead). Scatters that sum (index_put with accumulate, the nearest
+upsampling and embedding backwards) also put IREE's fused producers on the stack, past its limit for
+bfloat16 updates at every fallback (fixed by materializing their operands before lowering).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_neuronx  # noqa: F401  (the neuron device)
+
+_G = torch.Generator().manual_seed(0)
+_X4 = torch.randn(2, 3, 6, 6, generator=_G)
+_X2 = torch.randn(5, 4, generator=_G)
+_I = torch.tensor([4, 0, 2, 2])
+_GI = torch.randint(0, 4, (5, 3), generator=_G)
+_SRC = torch.randn(5, 3, generator=_G)
+_GRID = torch.rand(2, 5, 5, 2, generator=_G) * 2.2 - 1.1
+_MASK = torch.rand(5, 4, generator=_G) > 0.5
+_W = torch.randn(10, 4, generator=_G)
+_IDS = torch.tensor([[1, 2, 4, 5], [4, 3, 2, 9]])
+_BAG, _OFFSETS = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9]), torch.tensor([0, 3, 5])
+
+
+def _on(t: torch.Tensor, device: str) -> torch.Tensor:
+    """An index tensor on ``device`` (the neuron runs index with neuron tensors, as a model does)."""
+    return t.to(device)
+
+
+# name -> (fn(device, *inputs), differentiable inputs)
+CASES = {
+    "index": (lambda d, x: x[_on(_I, d)], [_X2]),
+    "index_two_dims": (lambda d, x: x[_on(_I, d), _on(_I % 4, d)], [_X2]),
+    "index_columns": (lambda d, x: x[:, _on(_I % 4, d)], [_X2]),
+    "index_select": (lambda d, x: x.index_select(0, _on(_I, d)), [_X2]),
+    "gather": (lambda d, x: x.gather(1, _on(_GI, d)), [_X2]),
+    "take": (lambda d, x: x.take(_on(_I * 3, d)), [_X2]),
+    "embedding": (lambda d, w: F.embedding(_on(_IDS, d), w, padding_idx=2), [_W]),
+    "index_add": (lambda d, x, s: x.index_add(0, _on(torch.tensor([0, 2, 2, 4, 1]), d), s), [_SRC * 2, _SRC]),
+    "index_put_accumulate": (lambda d, x, v: x.index_put((_on(_I, d),), v, accumulate=True), [_X2, _X2[:4] + 1]),
+    "index_copy": (lambda d, x, s: x.index_copy(0, _on(torch.tensor([4, 0]), d), s), [_X2, _X2[:2] - 1]),
+    "put_accumulate": (lambda d, x, v: x.put(_on(torch.tensor([3, 7, 3]), d), v, accumulate=True), [_X2, _SRC[0]]),
+    "scatter": (lambda d, x, s: x.scatter(1, _on(_GI[:, :1], d), s[:, :1]), [_X2, _SRC]),
+    "scatter_add": (lambda d, x, s: x.scatter_add(1, _on(_GI, d), s), [_X2, _SRC]),
+    "scatter_reduce_sum": (lambda d, x, s: x.scatter_reduce(1, _on(_GI, d), s, "sum"), [_X2, _SRC]),
+    "scatter_reduce_prod": (lambda d, x, s: x.scatter_reduce(1, _on(_GI, d), s, "prod"), [_X2, _SRC]),
+    "scatter_reduce_amax": (lambda d, x, s: x.scatter_reduce(1, _on(_GI, d), s, "amax"), [_X2, _SRC]),
+    "scatter_reduce_amin": (lambda d, x, s: x.scatter_reduce(1, _on(_GI, d), s, "amin", include_self=False),
+                            [_X2, _SRC]),
+    "scatter_reduce_mean": (lambda d, x, s: x.scatter_reduce(1, _on(_GI, d), s, "mean"), [_X2, _SRC]),
+    "masked_select": (lambda d, x: x.masked_select(_on(_MASK, d)), [_X2]),
+    "interpolate_nearest": (lambda d, x: F.interpolate(x, scale_factor=2, mode="nearest"), [_X4]),
+    "interpolate_nearest_exact": (lambda d, x: F.interpolate(x, size=(9, 7), mode="nearest-exact"), [_X4]),
+    "interpolate_nearest_1d": (lambda d, x: F.interpolate(x.flatten(-2), scale_factor=1.5), [_X4]),
+    "interpolate_nearest_3d": (lambda d, x: F.interpolate(x.unsqueeze(2), scale_factor=2), [_X4]),
+    "interpolate_bilinear": (lambda d, x: F.interpolate(x, scale_factor=2, mode="bilinear"), [_X4]),
+    "interpolate_bilinear_corners": (lambda d, x: F.interpolate(x, size=(9, 7), mode="bilinear", align_corners=True),
+                                     [_X4]),
+    "grid_sample_bilinear": (lambda d, x, g: F.grid_sample(x, g, align_corners=False), [_X4, _GRID]),
+    "grid_sample_nearest": (lambda d, x, g: F.grid_sample(x, g, mode="nearest", padding_mode="border",
+                                                           align_corners=False), [_X4, _GRID]),
+    "max_pool_with_indices": (lambda d, x: F.max_pool2d(x, 3, 2, 1, return_indices=True)[0], [_X4]),
+    "max_unpool": (lambda d, x: F.max_unpool2d(*F.max_pool2d(x, 2, return_indices=True), 2), [_X4]),
+    "embedding_bag_sum": (lambda d, w: F.embedding_bag(_on(_BAG, d), w, _on(_OFFSETS, d), mode="sum"), [_W]),
+    "embedding_bag_mean": (lambda d, w: F.embedding_bag(_on(_BAG, d), w, _on(_OFFSETS, d), mode="mean"), [_W]),
+    "embedding_bag_max": (lambda d, w: F.embedding_bag(_on(_BAG, d), w, _on(_OFFSETS, d), mode="max"), [_W]),
+}
+
+
+def _grads(fn, inputs: list[torch.Tensor], device: str, run=None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``fn``'s output and the inputs' gradients of one fixed random weighting of it, on ``device``."""
+    leaves = [t.detach().clone().to(device).requires_grad_() for t in inputs]
+    out = (run or fn)(device, *leaves)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=out.dtype).to(device)
+    (out * weight).sum().backward()
+    return out.detach().cpu(), [leaf.grad.cpu() for leaf in leaves]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_eager_neuron_gradients_match_cpu(name):
+    fn, inputs = CASES[name]
+    expected, expected_grads = _grads(fn, inputs, "cpu")
+    got, got_grads = _grads(fn, inputs, "neuron")
+    torch.testing.assert_close(got, expected)
+    for i, (g, e) in enumerate(zip(got_grads, expected_grads)):
+        torch.testing.assert_close(g, e, msg=lambda m, i=i: f"gradient of input {i}: {m}")
+
+
+def _all_index_ops(d: str, x4, x2, w, src, grid):
+    """Every case above that keeps a static shape, in one graph (so one forward and one backward compile)."""
+    outs = []
+    for name, (fn, inputs) in CASES.items():
+        if name == "masked_select":  # a data-dependent shape: a graph break of its own
+            continue
+        args = {id(_X4): x4, id(_X2): x2, id(_W): w, id(_SRC): src, id(_GRID): grid}
+        outs.append(fn(d, *[args.get(id(t), t) for t in inputs]).flatten())
+    return torch.cat(outs)
+
+
+def test_compiled_index_backwards_on_neuron_tensors_match_cpu():
+    """All the index backwards above, compiled on neuron tensors (the inputs they do not
+    differentiate, such as ``_SRC * 2``, enter as constants)."""
+    inputs = [_X4, _X2, _W, _SRC, _GRID]
+    fn = _all_index_ops
+    expected, expected_grads = _grads(fn, inputs, "cpu")
+    got, got_grads = _grads(fn, inputs, "neuron", run=torch.compile(fn, backend="neuron"))
+    torch.testing.assert_close(got, expected)
+    for i, (g, e) in enumerate(zip(got_grads, expected_grads)):
+        torch.testing.assert_close(g, e, msg=lambda m, i=i: f"gradient of input {i}: {m}")
+
+
+class _Decoder(nn.Module):
+    """Issue 15's model: nearest upsampling next to a transposed convolution and GroupNorm."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c0, self.gn = nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(4, 8)
+        self.up, self.out = nn.ConvTranspose2d(8, 8, 2, 2), nn.Conv2d(16, 3, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.silu(self.gn(self.c0(x)))
+        return self.out(torch.cat([self.up(h), F.interpolate(h, scale_factor=2, mode="nearest")], 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nearest_upsampling_decoder_trains_on_neuron_tensors_as_on_cpu(retries, dtype):
+    """One compiled training step of the issue's model on neuron tensors: loss, every gradient and
+    the updated parameters as CPU eager's; in bfloat16 the upsampling backward's scatter (its updates
+    summed in float32) compiled only once its operands were materialized."""
+    torch.manual_seed(0)
+    eager = _Decoder().to(dtype)
+    model = copy.deepcopy(eager).to("neuron")
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2)).to(dtype)
+    target = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(3)).to(dtype)
+    losses = []
+    for net, run, device in ((eager, eager, "cpu"), (model, torch.compile(model, backend="neuron"), "neuron")):
+        opt = torch.optim.SGD(net.parameters(), lr=0.1)
+        loss = F.mse_loss(run(x.to(device)), target.to(device))
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach().cpu())
+    tolerance = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {"atol": 1e-5, "rtol": 1e-4}
+    torch.testing.assert_close(losses[1], losses[0], **tolerance)
+    for (name, p), q in zip(eager.named_parameters(), model.parameters(), strict=True):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, msg=lambda m, n=name: f"{n}.grad: {m}", **tolerance)
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), msg=lambda m, n=name: f"{n}: {m}", **tolerance)
+    assert retries() == []
+
+
+def test_an_error_in_a_neuron_backward_pass_is_raised_as_itself():
+    """A neuron op failing in a backward pass (here in a hook) raises its own exception, as on CPU,
+    not PyTorch's "returned NULL without setting an exception"."""
+    for device in ("cpu", "neuron"):
+        x = torch.randn(4, device=device, requires_grad=True)
+        y = x.sin()
+        y.register_hook(lambda g: g[torch.tensor([10], device=g.device)])
+        with pytest.raises(IndexError, match="index 10 is out of bounds"):
+            y.sum().backward()

@@ -1,0 +1,81 @@
+"""Errors of neuron ops in a backward pass, which PyTorch loses, raised where the backward was called.
+
+When a Python exception is raised while autograd runs a node on a PrivateUse1
+device backed by Python (a neuron op failing in ``__torch_dispatch__``, a hook on
+a neuron tensor raising), the engine's device bookkeeping calls back into the
+Python device guard while that exception is pending, and the exception is gone:
+``loss.backward()`` raises ``SystemError: <built-in method run_backward ...>
+returned NULL without setting an exception``, and torch.compile's trace stage
+reports only that (the failure behind issue 15's ``UnsafeIndexBackward0`` was a
+device mismatch nobody could see). A plain subclass on a PrivateUse1 device does
+the same; on ``cpu`` the exception arrives.
+
+So :func:`note` keeps the first exception a neuron op raises inside a backward
+pass, and :func:`install` wraps autograd's one entry into the engine
+(``_engine_run_backward``, which ``backward()`` and ``autograd.grad`` call): when
+the engine fails with that SystemError and an exception was kept, the kept one is
+raised instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+_LOST = "returned NULL without setting an exception"
+_lock = threading.Lock()
+_open: list[list[Any]] = []  # [call, exception or None] per backward call under way, innermost last
+_installed = False
+
+
+def note(exc: BaseException) -> None:
+    """Keep ``exc``, raised by a neuron op, if a backward pass is running (it would be lost)."""
+    if torch._C._current_graph_task_id() == -1:
+        return  # not in a backward pass: the exception reaches its caller
+    with _lock:
+        for entry in reversed(_open):  # the innermost call still without one (a reentrant backward's own)
+            if entry[1] is None:
+                entry[1] = exc
+                return
+
+
+def _run_backward(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` (autograd's ``_engine_run_backward``), raising a kept exception instead of the
+    engine's SystemError."""
+
+    @functools.wraps(original)
+    def run_backward(*args: Any, **kwargs: Any) -> Any:
+        entry: list[Any] = [object(), None]
+        with _lock:
+            _open.append(entry)
+        try:
+            return original(*args, **kwargs)
+        except SystemError as err:
+            lost = entry[1]
+            if lost is None or _LOST not in str(err):
+                raise
+            lost.add_note("(raised by a neuron op in the backward pass; PyTorch's engine had lost it)")
+            raise lost from None
+        finally:
+            with _lock:
+                _open.remove(entry)
+
+    return run_backward
+
+
+def install() -> None:
+    """Wrap autograd's entry into the engine (under both names it is called by); idempotent."""
+    global _installed
+    if _installed:
+        return
+    import torch.autograd
+    import torch.autograd.graph
+
+    wrapped = torch._disable_dynamo(_run_backward(torch.autograd.graph._engine_run_backward))
+    torch.autograd.graph._engine_run_backward = wrapped
+    torch.autograd._engine_run_backward = wrapped
+    _installed = True
