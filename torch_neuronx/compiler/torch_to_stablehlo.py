@@ -193,8 +193,25 @@ def _narrow_scatter_indices(module: object) -> None:
             op.operands[count] = narrowed.result  # type: ignore[attr-defined]
 
 
+#: Scatters whose indices and updates together hold fewer bytes than this keep their producers
+#: fused: whole, they still fit llvm-cpu's 32 KiB stack with room for the dispatch's other buffers.
+_SCATTER_STACK_BUDGET = 8192
+
+
+def _tensor_bytes(value: object) -> int:
+    """The bytes a statically shaped tensor ``value`` holds (a dynamic one counts as unbounded)."""
+    from torch_mlir import ir
+
+    kind = ir.RankedTensorType(value.type)  # type: ignore[attr-defined]
+    if not kind.has_static_shape:
+        return 1 << 62
+    return math.prod(kind.shape) * max(1, (kind.element_type.width if hasattr(kind.element_type, "width")
+                                            else ir.FloatType(kind.element_type).width) // 8)
+
+
 def _materialize_scatter_operands(module: object) -> None:
-    """Put an ``optimization_barrier`` between every ``stablehlo.scatter`` and its indices and updates.
+    """Put an ``optimization_barrier`` between a large colliding ``stablehlo.scatter`` and its
+    indices and updates.
 
     IREE 3.13 runs a scatter whose updates may collide (``unique_indices = false``: every
     scatter-add, ``index_put`` with ``accumulate``) as one serial loop, untiled, and fuses the
@@ -205,13 +222,25 @@ def _materialize_scatter_operands(module: object) -> None:
     for a 2x8x32x32 upsampling gradient, a 4x16x8x8 pooling gradient or a 1024x64 embedding
     gradient. Behind the barriers the scatter reads its operands from memory. (The scattered-into
     operand stays fusable: its producer computes into the scatter's own result.)
+
+    Only scatters whose operands could reach the stack limit get barriers (see
+    :data:`_SCATTER_STACK_BUDGET`): each barrier's producer becomes a result of a dispatch of
+    its own, and IREE fuses the producers of many small scatters (a 3-d grid sample's backward
+    has eight per sampling) into one dispatch with more buffers than its runtime's 32 bindings
+    per dispatch ("binding count 49 > 32" when the module loads).
     """
     from torch_mlir import ir
 
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
         for op in _ops_named(module, "stablehlo.scatter"):
+            unique = op.attributes["unique_indices"] if "unique_indices" in op.attributes else None  # type: ignore[attr-defined]
+            if unique is not None and ir.BoolAttr(unique).value:
+                continue  # a parallel scatter: tiled, nothing on the stack
             count = len(op.operands) // 2  # type: ignore[attr-defined]  # (inputs..., indices, updates...)
-            for position in range(count, len(op.operands)):  # type: ignore[attr-defined]
+            operands = range(count, len(op.operands))  # type: ignore[attr-defined]
+            if sum(_tensor_bytes(op.operands[p]) for p in operands) < _SCATTER_STACK_BUDGET:  # type: ignore[attr-defined]
+                continue
+            for position in operands:
                 if _defining_op(op.operands[position]) is not None:  # type: ignore[attr-defined]
                     _materialize_operand(op, position)
 
