@@ -468,6 +468,9 @@ def test_comparison_of_constants_neither_crashes_nor_folds_wrong():
     ("sign_and_trunc_of_constants", lambda x: torch.full((3,), 2.5).sign() * x + torch.full((3,), 2.5).trunc()),
     ("margin_ranking_with_constant_target", lambda x: F.margin_ranking_loss(x, x.flip(0), torch.ones(3).sign())),
     ("non_splat_constant_mask", lambda x: (torch.arange(6.0).view(2, 3) > 2.5).float() * x),
+    # splat comparisons deep inside non-splat constant chains (Householder steps on zeros)
+    ("factorizations_of_a_constant_zero_matrix", lambda x: torch.linalg.pinv(torch.zeros(3, 3)) @ x
+     + torch.linalg.svdvals(torch.zeros(3, 3)) + torch.linalg.eigvalsh(torch.zeros(3, 3))),
 ])
 def test_computations_on_constants_match_eager(name, fn):
     x = torch.tensor([0.5, -1.0, 2.0])

@@ -204,3 +204,25 @@ def test_incomplete_gamma(dtype):
     # float32: eager's kernel loses digits where a log x - x - lgamma(a) cancels; ours computes in float64.
     tolerance = {name: (1e-10, 1e-12) if double else (3e-5, 2e-6) for name in names}
     _compare(fn, a, x, tolerance=tolerance)
+
+
+def _airy_grid(dtype: torch.dtype) -> torch.Tensor:
+    """Arguments for Ai: every range (both asymptotic forms, the series between), their ends,
+    the oscillating tail far out, past the underflow at 103.892, infinities and NaN."""
+    ends = [2.09, 2.0899999, 8.3203353, 103.892, 103.9, 0.0, -0.0, -2.09, -2.0900001, 1e-20, -1e-20, _INF, -_INF,
+            _NAN]
+    values = [torch.linspace(-30, 30, 601, dtype=torch.float64), -torch.logspace(0.3, 4, 60, dtype=torch.float64),
+              torch.linspace(2, 40, 77, dtype=torch.float64), torch.tensor(ends, dtype=torch.float64)]
+    return torch.cat(values).to(dtype)
+
+
+#: (rtol, atol): the series is eager's bit for bit; the asymptotic forms differ by ulps (sin and
+#: cos of the oscillating tail's phase, exp past 2.09), absolutely near the zeros of Ai; below
+#: 1e-38 (x past ~26) float32 values are subnormal in eager, 0 here.
+_AIRY_TOLERANCE = {torch.float32: (5e-7, 1e-7), torch.float64: (1e-15, 2e-16)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_airy_ai(dtype):
+    _compare(lambda x: {"airy_ai": torch.special.airy_ai(x)}, _airy_grid(dtype),
+             tolerance={"airy_ai": _AIRY_TOLERANCE[dtype]})

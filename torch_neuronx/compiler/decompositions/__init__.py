@@ -18,7 +18,15 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 - :mod:`.indexing`: ``index_add``, ``index_copy`` and ``index_fill`` with the index range
   checks of their eager kernels (torch's decompositions would change them), and ``put``.
 - :mod:`.copies`: the ``*_copy`` view ops and ``new_empty_strided`` (torch's decompositions,
-  which its core table leaves out), ``fmax`` and ``fmin``.
+  which its core table leaves out), ``fmax`` and ``fmin``, ``as_strided_scatter``, ``unfold``.
+- :mod:`.composites`: ``addmv``, ``dist``, ``_batch_norm_with_update``, real ``angle``, and the
+  grid samplers called directly.
+- :mod:`.histograms`: ``histogram`` and ``histogramdd`` (bin counts or bin tensors), as bin
+  searches and an adding scatter.
+- :mod:`.losses`: the chunked ``linear_cross_entropy`` custom ops, as a matmul and a cross entropy.
+- :mod:`.segments`: ``segment_reduce`` over lengths or offsets, as a segmented scan.
+- :mod:`.scans`: ``logcumsumexp`` as a doubling scan of a stable ``logaddexp``
+  (torch-mlir's ``log(cumsum(exp(x)))`` overflows past 88.7 in float32).
 - :mod:`.rnn`: the fused LSTM and GRU cells that recurrent layers run on the device.
 - :mod:`.resampling`: antialiased bilinear and bicubic resizing, as two matmuls
   with weights taken from torch's kernels at trace time.
@@ -31,7 +39,7 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 - :mod:`.special_functions`: ``special.ndtri``, the Hurwitz ``special.zeta`` and ``nextafter``.
 - :mod:`.incomplete_gamma`: ``igamma`` and ``igammac`` (``special.gammainc``, ``special.gammaincc``).
 - :mod:`.float64_math`: float64 sin, cos, tan, tanh, atan, asin, acos and atan2
-  (IREE cannot link libm's), and float32 sin and cos (IREE's lose accuracy with |x|);
+  (IREE cannot link libm's), and float32 sin, cos and tan (IREE's lose accuracy with |x|);
   merged after general, so its atan2 wraps general's.
 """
 
@@ -45,14 +53,17 @@ from torch._decomp import core_aten_decompositions
 from torch_neuronx.compiler.decompositions import (
     attention,
     bessel,
+    composites,
     convolution,
     copies,
     float64_math,
     foreach,
     general,
+    histograms,
     incomplete_gamma,
     indexing,
     linalg,
+    losses,
     max_pool_backward,
     orthogonal,
     polynomials,
@@ -60,7 +71,9 @@ from torch_neuronx.compiler.decompositions import (
     resampling,
     rnn,
     sampling,
+    scans,
     scatter,
+    segments,
     special,
     special_functions,
     spectral,
@@ -85,8 +98,11 @@ def _table(with_fma: bool) -> dict:
             **max_pool_backward.DECOMPOSITIONS,
             **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS, **foreach.DECOMPOSITIONS,
             **sampling.DECOMPOSITIONS, **convolution.DECOMPOSITIONS, **resampling.DECOMPOSITIONS,
+            **scans.DECOMPOSITIONS,
             **rnn.DECOMPOSITIONS, **indexing.DECOMPOSITIONS, **copies.DECOMPOSITIONS,
+            **composites.DECOMPOSITIONS,
             **linalg.DECOMPOSITIONS,
+            **segments.DECOMPOSITIONS, **histograms.DECOMPOSITIONS, **losses.DECOMPOSITIONS,
             **orthogonal.DECOMPOSITIONS, **polynomials.DECOMPOSITIONS, **bessel.DECOMPOSITIONS,
             **special_functions.DECOMPOSITIONS, **incomplete_gamma.DECOMPOSITIONS,
             **float64_math.DECOMPOSITIONS, **extra}

@@ -6,12 +6,19 @@ legalize operation 'torch.constant.int'``): torch's own decompositions (outside 
 ATen table) write each as a view plus a copy. ``fmax`` and ``fmin`` (torch-mlir mistyped
 their broadcast compare for a 0-d operand; torch's decomposition is a prim) are a
 ``where`` of ``maximum``/``minimum`` and ``isnan`` here.
+
+``as_strided_scatter`` (torch's decomposition is a prim) writes ``src`` through the
+storage offsets its size and strides name, in the storage order of ``input``'s
+clone; ``unfold`` of a 0-d tensor is its one-element view (torch's ``as_strided``
+of it crashed torch-mlir).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
-from torch._decomp import get_decompositions
+from torch._decomp import decomposition_table, get_decompositions
 
 aten = torch.ops.aten
 
@@ -29,7 +36,43 @@ def _ignoring_nan(extreme: object) -> object:
     return decomposition
 
 
+def _storage_offsets(size: Sequence[int], stride: Sequence[int], offset: int, device: torch.device) -> torch.Tensor:
+    """The storage offset of every element of the strided view ``(size, stride, offset)``, flat."""
+    offsets = torch.full((), offset, dtype=torch.int64, device=device)
+    for axis, (extent, step) in enumerate(zip(size, stride, strict=True)):
+        shape = [1] * len(size)
+        shape[axis] = extent
+        offsets = offsets + torch.arange(extent, device=device).view(shape) * step
+    return offsets.expand(tuple(size)).reshape(-1)
+
+
+def as_strided_scatter(x: torch.Tensor, src: torch.Tensor, size: Sequence[int], stride: Sequence[int],
+                       storage_offset: int | None = None) -> torch.Tensor:
+    """``aten.as_strided_scatter``: ``x``'s clone with ``src`` written into its view
+    ``as_strided(size, stride, storage_offset)``.
+
+    The clone keeps ``x``'s strides, so storage offsets count in ``x``'s own memory order
+    (a dense ``x`` only: one with gaps or overlaps has no such order here)."""
+    order = sorted(range(x.dim()), key=lambda d: -x.stride(d))
+    storage = x.permute(order)
+    if not storage.is_contiguous():
+        return NotImplemented
+    targets = _storage_offsets(size, stride, storage_offset or 0, x.device)
+    flat = storage.reshape(-1).index_put((targets,), src.reshape(-1).to(x.dtype))
+    inverse = sorted(range(x.dim()), key=order.__getitem__)
+    return flat.view(storage.shape).permute(inverse)
+
+
+def unfold(x: torch.Tensor, dimension: int, size: int, step: int) -> torch.Tensor:
+    """``aten.unfold``: torch's strided view; of a 0-d tensor (size 0 or 1), its one-element view."""
+    if x.dim() == 0:
+        return x.reshape(1).narrow(0, 0, size)
+    return decomposition_table[aten.unfold.default](x, dimension, size, step)
+
+
 DECOMPOSITIONS = {
+    aten.as_strided_scatter.default: as_strided_scatter,
+    aten.unfold.default: unfold,
     aten.fmax.default: _ignoring_nan(torch.maximum),
     aten.fmin.default: _ignoring_nan(torch.minimum),
 }

@@ -1,9 +1,14 @@
 """Float64 trigonometric functions (sin, cos, tan, tanh, atan, asin, acos, atan2), and float32
-sin and cos, as arithmetic.
+sin, cos and tan, as arithmetic.
 
 float32 ``sin`` and ``cos`` are here too (Cephes sinf.c, three-part reduction): IREE's own
 reduce with a single-precision pi, so their error grew with |x| (2.8e-4 near 1e4); these stay
-within 1e-7 up to 1e5. float16 and bfloat16 go through float32.
+within 1e-7 up to 1e5. So is float32 ``tan`` (Cephes tanf.c), whose relative error next to its
+poles IREE's made large (3e-4 at -1.5706, where tan is -6328; 26 at -1420): its reduction is
+exact (pi/4 in 12-bit parts, ``j`` in 12-bit halves), so it stays within 4 ulp of the truth
+(measured, next to multiples of pi/2 included) for |x| up to 1.3e7, where ``|x| 4/pi`` reaches
+2**24; past that the argument is clamped and the value is not tan(x) (eager reduces exactly).
+float16 and bfloat16 go through float32.
 
 IREE's CPU code generation lowers float64 ``math.sin``, ``math.cos``,
 ``math.tanh`` and ``math.atan2`` to calls into libm that it cannot link
@@ -191,12 +196,52 @@ def _reduce32(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ((a - j * _DP1_32) - j * _DP2_32) - j * _DP3_32, _mod(j, 8.0)
 
 
-def _sin_or_cos(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+#: float32 tan (Cephes tanf.c): tan(z) = z + z^3 P(z^2) for |z| <= pi/4.
+_TANF = (9.38540185543e-3, 3.11992232697e-3, 2.44301354525e-2, 5.34112807005e-2, 1.33387994085e-1,
+         3.33331568548e-1)
+#: pi/4 in float32 parts of 12 significant bits (the first's last four are zero) and a last of
+#: 24: with ``j`` split in two halves of 12 bits, every product ``j_half * part`` is exact, and
+#: the parts sum to pi/4 within 2e-24.
+_PIO4_PARTS32 = (0.78515625, 2.4187564849853516e-4, 3.7747668102383614e-8, 1.2816414596272807e-12)
+_PIO4_LAST32 = 3.0616168005906746e-17
+#: pi/2 as float32 ``hi + lo`` (the correction of :func:`_reduce32_exact`, no cancellation there).
+_PIO2_HI32, _PIO2_LO32 = 1.5707963705062866, -4.371138828673793e-8
+#: The reduction stays exact while ``j = |x| 4/pi < 2**24``.
+_REDUCTION_LIMIT32 = 2.0 ** 24 * 0.78515625
+
+
+def _reduce32_exact(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(z, octant)`` of :func:`_reduce` for float32 ``a = |x|`` (finite), exact to float32
+    rounding of ``z`` for ``a`` below :data:`_REDUCTION_LIMIT32` (1.3e7), next to the poles too.
+
+    ``j`` is split into a multiple of 4096 and the rest, both of at most 12 significant bits, so
+    that no product with the 12-bit parts of pi/4 rounds and no partial difference does while it
+    is small (Cody-Waite); only the last, 24-bit part's product rounds, at 1e-24 relative. ``j``
+    itself comes from a rounded ``a 4/pi`` and may be one even step off there: ``z`` is then
+    corrected by pi/2 (``octant`` by 2), which cancels nothing.
+    """
+    a = torch.clamp(a, max=_REDUCTION_LIMIT32)
+    j = torch.floor(a * _FOUR_OVER_PI)
+    j = j + _mod(j, 2.0)
+    j_high = torch.floor(j * (1.0 / 4096.0)) * 4096.0
+    j_low = j - j_high
+    z = a
+    for part in _PIO4_PARTS32:
+        z = (z - j_high * part) - j_low * part
+    z = z - j * _PIO4_LAST32
+    over, under = z > _PIO4_HI, z < -_PIO4_HI
+    z = torch.where(over, (z - _PIO2_HI32) - _PIO2_LO32, torch.where(under, (z + _PIO2_HI32) + _PIO2_LO32, z))
+    j = torch.where(over, j + 2.0, torch.where(under, j - 2.0, j))
+    return z, _mod(j, 8.0)
+
+
+def _float64_or_float32(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
     """``fn`` for float64 and float32 (float16 and bfloat16 through float32), else ``NotImplemented``.
 
-    IREE's own float32 sin and cos reduce the argument with a single-precision pi: their error
-    grows with |x| (2.8e-4 absolute near 1e4, where positional encodings and rotary angles
-    reach; torch's stays below 4e-8).
+    IREE's own float32 sin, cos and tan reduce the argument with a single-precision pi: their
+    error grows with |x| (sin and cos: 2.8e-4 absolute near 1e4, where positional encodings and
+    rotary angles reach; torch's stays below 4e-8), and tan's relative error is large next to
+    its poles (3e-4 at -1.5706, 26 at -1420).
     """
     @functools.wraps(fn)
     def wrapper(x: torch.Tensor) -> torch.Tensor:
@@ -209,7 +254,7 @@ def _sin_or_cos(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
     return wrapper
 
 
-@_sin_or_cos
+@_float64_or_float32
 def sin(x: torch.Tensor) -> torch.Tensor:
     """``aten.sin``: Cephes' sin.c (float64) or sinf.c (float32)."""
     octant, s, c = _octant_sin_cos(x)
@@ -219,7 +264,7 @@ def sin(x: torch.Tensor) -> torch.Tensor:
     return _nan_unless_finite(x, result)
 
 
-@_sin_or_cos
+@_float64_or_float32
 def cos(x: torch.Tensor) -> torch.Tensor:
     """``aten.cos``: Cephes' cos (sin.c, or sinf.c in float32)."""
     octant, s, c = _octant_sin_cos(x)
@@ -228,13 +273,19 @@ def cos(x: torch.Tensor) -> torch.Tensor:
     return _nan_unless_finite(x, torch.clamp(result, -1.0, 1.0))
 
 
-@_float64_only
+@_float64_or_float32
 def tan(x: torch.Tensor) -> torch.Tensor:
-    """``aten.tan`` (float64): Cephes' tan.c rational on the reduced argument, ``-1/t`` in
-    octants 2 and 6."""
-    z, octant = _reduce(x.abs())
-    zz = z * z
-    t = z + z * (zz * _polevl(zz, _TAN_P) / _p1evl(zz, _TAN_Q))
+    """``aten.tan``: Cephes' tan.c rational (float64) or tanf.c polynomial (float32, after the
+    exact reduction of :func:`_reduce32_exact`) on the reduced argument, ``-1/t`` in octants 2
+    and 6."""
+    if x.dtype == torch.float32:
+        z, octant = _reduce32_exact(x.abs())
+        zz = z * z
+        t = z + z * (zz * _polevl(zz, _TANF))
+    else:
+        z, octant = _reduce(x.abs())
+        zz = z * z
+        t = z + z * (zz * _polevl(zz, _TAN_P) / _p1evl(zz, _TAN_Q))
     result = torch.where(_mod(octant, 4.0) == 0, t, -1.0 / t) * _sign_of(x)
     return _nan_unless_finite(x, result)
 

@@ -32,7 +32,7 @@ def grid_sample(input: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear",
                       "See the documentation of grid_sample for details.", stacklevel=2)
         align_corners = False
     if volumetric:
-        out = _grid_sample_3d(input, grid, mode, padding_mode, align_corners)
+        out = grid_sample_3d(input, grid, mode, padding_mode, align_corners)
     else:
         out = torch_decompositions._grid_sampler_2d(
             input, grid=grid, interpolation_mode=F.GRID_SAMPLE_INTERPOLATION_MODES[mode],
@@ -59,7 +59,7 @@ def _source_index(coords: torch.Tensor, size: int, padding_mode: str, align_corn
     return coords
 
 
-def _grid_sample_3d(input: torch.Tensor, grid: torch.Tensor, mode: str, padding_mode: str,
+def grid_sample_3d(input: torch.Tensor, grid: torch.Tensor, mode: str, padding_mode: str,
                     align_corners: bool) -> torch.Tensor:
     """Volumetric ``grid_sample`` (``N, C, D, H, W`` input, ``N, D', H', W', 3`` grid of x, y, z).
 

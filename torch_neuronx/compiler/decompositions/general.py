@@ -333,10 +333,15 @@ def _sorted_at(ordered: tuple[torch.Tensor, torch.Tensor], dim: int, at: int) ->
     return values.narrow(dim, at, 1), index.narrow(dim, at, 1)
 
 
+def _of_scalar(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A selection along the one "dimension" of a 0-d tensor: the value itself, at index 0."""
+    return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+
+
 def median_dim(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``aten.median.dim``: the lower median and its index; a slice with NaN gives its first NaN."""
     if x.dim() == 0:
-        return NotImplemented
+        return _of_scalar(x)
     dim = dim % x.dim()
     ordered = sort_stable(x, dim=dim)
     value, index = _sorted_at(ordered, dim, (x.shape[dim] - 1) // 2)
@@ -357,7 +362,7 @@ def median(x: torch.Tensor) -> torch.Tensor:
 def kthvalue(x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``aten.kthvalue``: the k-th smallest in :func:`sort`'s order (NaN largest), with its index."""
     if x.dim() == 0:
-        return NotImplemented
+        return _of_scalar(x) if k == 1 else NotImplemented  # eager's error for other k
     dim = dim % x.dim()
     value, index = _sorted_at(sort_stable(x, dim=dim), dim, k - 1)
     return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
@@ -369,7 +374,7 @@ def nanmedian_dim(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tupl
     A slice of NaN only gives NaN (its index is then one of its NaNs, where torch's is unspecified).
     """
     if x.dim() == 0 or not x.is_floating_point():
-        return NotImplemented if x.dim() == 0 else median_dim(x, dim, keepdim)
+        return median_dim(x, dim, keepdim)
     dim = dim % x.dim()
     values, index = sort_stable(x, dim=dim)  # NaN last
     numbers = x.isnan().logical_not().sum(dim, keepdim=True)

@@ -1,4 +1,5 @@
-"""Index tensors: ``scatter_reduce``, ``index_reduce``, embedding bags, masked scatter, ``x[mask] = v``.
+"""Index tensors: ``scatter_reduce`` (``scatter``'s legacy ``reduce=`` too), ``index_reduce``,
+embedding bags, masked scatter, ``x[mask] = v``.
 
 torch-mlir lowers a scatter that adds (``index_put`` with ``accumulate``) and one
 that overwrites, but no scatter that takes a maximum, a minimum or a product,
@@ -117,6 +118,21 @@ def scatter_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Te
     if include_self:
         reduced = combine(flat, reduced)
     return torch.where(hit, reduced, flat).view(x.shape)
+
+
+#: ``scatter``'s legacy ``reduce`` names, as ``scatter_reduce``'s.
+_LEGACY_REDUCE = {"add": "sum", "multiply": "prod"}
+
+
+def scatter_legacy_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Tensor | float,
+                          *, reduce: str) -> torch.Tensor:
+    """``aten.scatter.reduce`` and ``.value_reduce`` (``reduce="add"`` or ``"multiply"``): a
+    ``scatter_reduce`` that includes ``x``'s own values."""
+    if reduce not in _LEGACY_REDUCE:
+        raise ValueError(f"scatter: reduce must be 'add' or 'multiply', not {reduce!r}")
+    if not isinstance(src, torch.Tensor):
+        src = torch.full(index.shape, src, dtype=x.dtype, device=x.device)
+    return scatter_reduce(x, dim, index, src, _LEGACY_REDUCE[reduce], include_self=True)
 
 
 def index_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, reduce: str,
@@ -331,6 +347,8 @@ def index_put_mask(x: torch.Tensor, indices: list, values: torch.Tensor, accumul
 #: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.scatter_reduce.two: scatter_reduce,
+    aten.scatter.reduce: scatter_legacy_reduce,
+    aten.scatter.value_reduce: scatter_legacy_reduce,
     aten.index_reduce.default: index_reduce,
     aten._embedding_bag.default: embedding_bag,
     aten._embedding_bag_forward_only.default: embedding_bag,

@@ -6,8 +6,10 @@ folds to all-false, and ``torch.full((3,), 0.0) > 0`` crashes the process (both 
 positive constant fold to negative values. Such subgraphs come from user code and
 from decompositions alike. This pass evaluates every op whose inputs are all
 constants with torch's own kernels (exact semantics) and, where the result is a
-splat, hands torch-mlir an ``aten.full`` (a literal its folders handle). Other
-constant results stay as they were: tensor constants upset the importer when
+splat, hands torch-mlir an ``aten.full`` (a literal its folders handle); where it is
+not, the constant ops feeding it are tried the same way, down to the sources (a QR of
+a zero matrix compares splats deep inside a constant chain). Other constant results
+stay as they were: tensor constants upset the importer when
 further ops consume them, and IREE rejects unsigned constants.
 """
 
@@ -66,28 +68,37 @@ def constant_fold(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     for node in gm.graph.nodes:
         if _foldable(node, constant):
             constant.add(node)
-    # Fold where constants meet the rest of the graph: the last constant node before a use.
-    frontier = [n for n in constant if n.op == "call_function" and n.target not in _SOURCES
+    # Fold where constants meet the rest of the graph: the last constant node before a use. A
+    # result that stays (not a splat) leaves its own constant inputs meeting the graph: fold those.
+    worklist = [n for n in constant if n.op == "call_function" and n.target not in _SOURCES
                 and any(user not in constant for user in n.users)]
-    if not frontier:
+    if not worklist:
         return gm
     values: dict[torch.fx.Node, Any] = {}
+    seen = set(worklist)
     with unset_fake_temporarily():
-        for node in frontier:
+        while worklist:
+            node = worklist.pop()
             try:
                 result = _value(node, gm, values)
             except Exception:  # an op torch cannot run eagerly here: leave it to the compiler
                 continue
-            if not isinstance(result, torch.Tensor):
+            if isinstance(result, torch.Tensor) and _replace(gm, node, result):
                 continue
-            _replace(gm, node, result)
+            for source in node.all_input_nodes:
+                if source in constant and source not in seen and source.op == "call_function" \
+                        and source.target not in _SOURCES:
+                    seen.add(source)
+                    worklist.append(source)
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return gm
 
 
-def _replace(gm: torch.fx.GraphModule, node: torch.fx.Node, result: torch.Tensor) -> None:
+def _replace(gm: torch.fx.GraphModule, node: torch.fx.Node, result: torch.Tensor) -> bool:
+    """Replace ``node`` by an ``aten.full`` of ``result`` if it is a splat; whether it was."""
     splat = None if result.dtype in _UNSIGNED else _splat(result)
     if splat is None:
-        return
+        return False
     replace_with_call(gm, node, aten.full.default, (list(result.shape), splat), {"dtype": result.dtype})
+    return True

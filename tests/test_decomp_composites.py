@@ -1,0 +1,71 @@
+"""Ops that reached torch-mlir whole and failed to lower (OpInfo's sweep found them), against eager:
+0-d selections (median, nanmedian, kthvalue along dim 0), ``scatter``'s legacy ``reduce=``,
+``as_strided_scatter``, ``unfold`` of a 0-d tensor, ``addmv``, ``dist``, real ``angle``,
+``_batch_norm_with_update`` and the grid samplers called directly. A few graphs, many cases each."""
+
+from __future__ import annotations
+
+import torch
+
+_G = torch.Generator().manual_seed(0)
+
+
+def _check(fn, *args, **tolerance):
+    expected = fn(*[a.clone() for a in args])
+    got = torch.compile(fn, backend="neuron")(*[a.clone() for a in args])
+    assert len(got) == len(expected)
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        torch.testing.assert_close(g, e, equal_nan=True, msg=lambda m, i=i: f"output {i}: {m}", **tolerance)
+
+
+def _selections_scatters_views(s, x, index, src, base, base_t, one):
+    return [
+        *torch.median(s, 0), *torch.median(s, 0, keepdim=True), *torch.nanmedian(s, -1), *torch.kthvalue(s, 1, 0),
+        x.scatter(0, index, src, reduce="add"),
+        x.scatter(1, index[:, :3], src[:, :3], reduce="multiply"),
+        x.scatter(0, index, 2.5, reduce="multiply"),
+        x.scatter(0, index, -1.0, reduce="add"),
+        torch.as_strided_scatter(base, src[:2, :2], (2, 2), (1, 3), 1),
+        torch.as_strided_scatter(base_t.t(), src[:2, :3], (2, 3), (4, 1), 2),  # a transposed input's storage order
+        torch.as_strided_scatter(one, s, (), (), 0),
+        s.unfold(0, 1, 1), s.unfold(0, 0, 2), torch.ops.aten.unfold_copy(s, 0, 1, 3), x.unfold(1, 2, 2),
+    ]
+
+
+def test_selections_of_scalars_legacy_scatter_reduce_and_strided_scatter_match_eager():
+    x = torch.randn(10, 5, generator=_G)
+    index = torch.randint(0, 10, (5, 5), generator=_G)
+    index[:, :3] %= 5
+    _check(_selections_scatters_views, torch.tensor(3.5), x, index, torch.randn(5, 5, generator=_G),
+           torch.randn(4, 3, generator=_G), torch.randn(3, 4, generator=_G), torch.randn(1, generator=_G))
+
+
+def _math(v, m, vec, a, b, ints, x, weight, bias, mean, var):
+    out = torch.ops.aten._batch_norm_with_update(x, weight, bias, mean, var, 0.1, 1e-5)
+    return [
+        torch.addmv(v, m, vec), torch.addmv(v, m, vec, beta=0.5, alpha=-2),
+        torch.dist(a, b), torch.dist(a, b, 3), torch.dist(a, b, float("inf")), torch.dist(a, b, 0),
+        torch.angle(v), torch.angle(ints),
+        out[0], out[1], out[2], mean, var,  # running statistics updated in place, as eager does
+    ]
+
+
+def test_addmv_dist_angle_and_batch_norm_with_update_match_eager():
+    special = torch.tensor([-1.0, 0.0, -0.0, 2.0, float("nan"), float("-inf")])
+    _check(_math, special, torch.randn(6, 3, generator=_G), torch.randn(3, generator=_G),
+           torch.randn(4, 3, generator=_G), torch.randn(3, generator=_G), torch.tensor([-2, 0, 5]),
+           torch.randn(4, 3, 5, generator=_G), torch.randn(3, generator=_G), torch.randn(3, generator=_G),
+           torch.zeros(3), torch.ones(3), rtol=1e-4, atol=1e-5)
+
+
+def _samplers(x2, g2, x3, g3):
+    return [torch.grid_sampler_2d(x2, g2, mode, padding, corners)
+            for mode, padding, corners in ((0, 0, False), (1, 1, True), (2, 2, False))] + \
+           [torch.grid_sampler_3d(x3, g3, mode, padding, corners)
+            for mode, padding, corners in ((0, 2, True), (1, 0, False))]
+
+
+def test_grid_samplers_called_directly_match_eager():
+    _check(_samplers, torch.randn(2, 3, 5, 6, generator=_G), torch.rand(2, 4, 3, 2, generator=_G) * 2.4 - 1.2,
+           torch.randn(2, 3, 4, 5, 6, generator=_G), torch.rand(2, 2, 4, 3, 3, generator=_G) * 2.4 - 1.2,
+           rtol=1e-4, atol=1e-5)

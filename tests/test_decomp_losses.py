@@ -1,0 +1,71 @@
+"""``F.linear_cross_entropy`` with chunking ``options`` through the compile path
+(``decompositions/losses.py``) against eager.
+
+torch-mlir lowers neither chunked custom op. One compiled function (a compile costs seconds)
+covers the three reductions, a bias, class weights, ignored targets (the default -100 and an
+explicit class), every target ignored (a NaN mean) and an unbatched input; one training step
+checks the gradients the scalar op precomputes in its forward.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch.nn import LinearCrossEntropyOptions
+
+_CHUNKED = LinearCrossEntropyOptions(batch_chunk_size=3, allow_retain_graph=True)
+
+
+def _losses(x: torch.Tensor, lw: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+            ignored: torch.Tensor) -> dict[str, torch.Tensor]:
+    out = {}
+    explicit = torch.where(target < 0, 4, target)  # ignore_index=2 leaves -100 out of range
+    for reduction in ("mean", "sum", "none"):
+        out[reduction] = F.linear_cross_entropy(x, lw, target, reduction=reduction, options=_CHUNKED)
+        out[f"{reduction}_bias_weight"] = F.linear_cross_entropy(
+            x, lw, explicit, linear_bias=bias, weight=weight, reduction=reduction, ignore_index=2, options=_CHUNKED)
+    out["all_ignored"] = F.linear_cross_entropy(x, lw, ignored, options=_CHUNKED)
+    out["unbatched"] = F.linear_cross_entropy(x[0], lw, target[1], weight=weight, reduction="sum", options=_CHUNKED)
+    return out
+
+
+def _inputs() -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    x, lw = torch.randn(7, 5, generator=g), torch.randn(6, 5, generator=g)
+    bias, weight = torch.randn(6, generator=g), torch.rand(6, generator=g)
+    target = torch.tensor([0, 5, -100, 2, 3, 2, 1])
+    return x, lw, bias, weight, target, torch.full((7,), -100)
+
+
+def test_linear_cross_entropy_chunked():
+    args = _inputs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's note that it forces allow_retain_graph when compiling
+        expected = _losses(*args)
+        got = torch.compile(_losses, backend="neuron")(*args)
+    assert expected["all_ignored"].isnan()
+    for name, e in expected.items():
+        torch.testing.assert_close(got[name], e, equal_nan=True, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def _step(x: torch.Tensor, lw: torch.Tensor, bias: torch.Tensor, weight: torch.Tensor,
+          target: torch.Tensor) -> torch.Tensor:
+    return F.linear_cross_entropy(x, lw, target.clamp(min=0), linear_bias=bias, weight=weight, ignore_index=2,
+                                  options=_CHUNKED)
+
+
+def test_linear_cross_entropy_chunked_gradients():
+    """The scalar op's forward returns the gradients its backward scales: those are ours."""
+    x, lw, bias, weight, target, _ = _inputs()
+
+    def grads(fn):
+        leaves = [t.clone().requires_grad_() for t in (x, lw, bias)]
+        loss = fn(*leaves, weight, target)
+        return loss, torch.autograd.grad(loss * 3.0, leaves)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected, got = grads(_step), grads(torch.compile(_step, backend="neuron"))
+    torch.testing.assert_close(got, expected)

@@ -1,0 +1,61 @@
+"""Ops that reached torch-mlir whole, written as the ops they compose.
+
+- ``addmv``, ``dist`` and ``_batch_norm_with_update`` (with its functional form): torch's own
+  decompositions, which its core ATen table leaves out.
+- ``angle`` of real tensors: pi where the value is negative, 0 elsewhere, NaN kept (complex
+  tensors go through the complex decomposition pass).
+- ``grid_sampler_2d`` and ``grid_sampler_3d`` called directly (``F.grid_sample`` is rewritten
+  before tracing, :mod:`.functional`): the same samplers, for the integer mode arguments.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch._decomp import decompositions as torch_decompositions
+from torch._decomp import get_decompositions
+
+from torch_neuronx.compiler.decompositions import functional
+
+aten = torch.ops.aten
+
+_MODES = {index: name for name, index in F.GRID_SAMPLE_INTERPOLATION_MODES.items()}
+_PADDINGS = {index: name for name, index in F.GRID_SAMPLE_PADDING_MODES.items()}
+
+
+def angle(x: torch.Tensor) -> torch.Tensor:
+    """``aten.angle`` of a real tensor: pi where ``x < 0``, else 0; NaN stays NaN (a float result)."""
+    if x.is_complex():
+        return NotImplemented
+    dtype = x.dtype if x.is_floating_point() else torch.get_default_dtype()
+    x = x.to(dtype)
+    phase = torch.where(x < 0, math.pi, 0.0).to(dtype)
+    return torch.where(x.isnan(), x, phase)
+
+
+def grid_sampler_2d(input: torch.Tensor, grid: torch.Tensor, interpolation_mode: int, padding_mode: int,
+                    align_corners: bool) -> torch.Tensor:
+    """``aten.grid_sampler_2d``: torch's decomposition."""
+    return torch_decompositions._grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners)
+
+
+def grid_sampler_3d(input: torch.Tensor, grid: torch.Tensor, interpolation_mode: int, padding_mode: int,
+                    align_corners: bool) -> torch.Tensor:
+    """``aten.grid_sampler_3d`` (bilinear and nearest, as eager's CPU kernel): :mod:`.functional`'s sampler."""
+    mode = _MODES.get(interpolation_mode)
+    if mode not in ("bilinear", "nearest") or padding_mode not in _PADDINGS:
+        return NotImplemented
+    return functional.grid_sample_3d(input, grid, mode, _PADDINGS[padding_mode], align_corners)
+
+
+#: This module's decompositions, merged into the compile path's table.
+DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
+    aten.angle.default: angle,
+    aten.grid_sampler_2d.default: grid_sampler_2d,
+    aten.grid_sampler_3d.default: grid_sampler_3d,
+    **get_decompositions([aten.addmv.default, aten.dist.default, aten._batch_norm_with_update.default,
+                          aten._batch_norm_with_update_functional.default]),
+}
