@@ -161,3 +161,23 @@ def test_matrix_exp_matches_eager_forward_and_backward():
         (expected[:4] * weights).sum().backward()
         (got[:4] * weights).sum().backward()
         assert relative_error(compiled_in.grad[:4], eager_in.grad[:4]) < 10 * tolerance
+
+
+def _lapack_qr(a, b, c, w, reflectors, tau, other):
+    outs = [*torch.geqrf(a), *torch.geqrf(b), *torch.geqrf(c), *torch.geqrf(w)]
+    return outs + [torch.ormqr(reflectors, tau, other, left, transpose)
+                   for left in (True, False) for transpose in (True, False)]
+
+
+def test_geqrf_and_ormqr_match_lapack():
+    """LAPACK's raw forms: square, tall, wide and batched geqrf (a column already zero below the
+    diagonal gets tau = 0), and ormqr's four products on arbitrary reflectors."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(3, 4, 3, generator=g)
+    w[0, 1:, 0] = 0
+    args = (torch.randn(5, 5, generator=g), torch.randn(5, 2, generator=g), torch.randn(2, 5, generator=g), w,
+            torch.randn(5, 5, generator=g), torch.randn(5, generator=g), torch.randn(5, 5, generator=g))
+    expected = _lapack_qr(*args)
+    got = torch.compile(_lapack_qr, backend="neuron")(*args)
+    for i, (x, e) in enumerate(zip(got, expected, strict=True)):
+        torch.testing.assert_close(x, e, rtol=1e-4, atol=1e-5, msg=lambda m, i=i: f"output {i}: {m}")

@@ -3,7 +3,8 @@
 torch-mlir lowers none of ``aten.linalg_qr``, ``aten._linalg_eigh`` and
 ``aten._linalg_svd``: the ops behind ``torch.linalg.qr``, ``eigh``,
 ``eigvalsh``, ``svd``, ``svdvals``, ``pinv``, ``householder_product``,
-``matrix_norm`` of order 2 and nuclear, ``cond`` and ``matrix_rank``. Shapes are static at trace time, so each is
+``matrix_norm`` of order 2 and nuclear, ``cond`` and ``matrix_rank``; nor LAPACK's
+``geqrf`` and ``ormqr``, which torch exposes as they are. Shapes are static at trace time, so each is
 unrolled over the matrix size:
 
 - QR: Householder reflections, one per column, with LAPACK's conventions
@@ -105,6 +106,52 @@ def linalg_householder_product(a: torch.Tensor, tau: torch.Tensor) -> torch.Tens
         v = torch.where(rows > i, a[..., :, i:i + 1], torch.where(rows == i, one, 0 * one))
         q = q - tau[..., i:i + 1].unsqueeze(-1) * torch.matmul(v, torch.matmul(v.mT, q))
     return q
+
+
+def geqrf(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.geqrf`` (LAPACK's ``geqrf``): ``R`` on and above the diagonal, each reflector's
+    ``v`` (``v[0] = 1`` implied) below it, and the ``tau`` of ``H = I - tau v v^T``; ``tau = 0``
+    (no reflection) where a column is already zero below the diagonal, as ``larfg`` does."""
+    m, n = a.shape[-2], a.shape[-1]
+    r, columns, taus = a, [], []
+    one = torch.ones((), dtype=a.dtype, device=a.device)
+    for j in range(min(m, n)):
+        x = r[..., j:, j:j + 1]
+        head, below = x[..., :1, :], x[..., 1:, :]
+        tail = (below * below).sum(-2, keepdim=True)
+        no_reflection = tail == 0
+        beta = -_sign(head) * torch.sqrt(head * head + tail)
+        v_below = torch.where(no_reflection, 0 * one, below / torch.where(no_reflection, one, head - beta))
+        tau = torch.where(no_reflection, 0 * one, (beta - head) / torch.where(no_reflection, one, beta))
+        v = torch.cat([one.expand(head.shape), v_below], dim=-2)
+        block = r[..., j:, :]
+        r = torch.cat([r[..., :j, :], block - v * (tau * torch.matmul(v.mT, block))], dim=-2)
+        columns.append(torch.cat([torch.zeros_like(r[..., :j + 1, :1]), v_below], dim=-2))
+        taus.append(tau[..., 0, 0])
+    columns += [torch.zeros_like(r[..., :, :1])] * (n - len(columns))
+    rows, cols = torch.arange(m, device=a.device).unsqueeze(-1), torch.arange(n, device=a.device)
+    out = torch.where(rows > cols, torch.cat(columns, dim=-1), r) if columns else r
+    tau = torch.stack(taus, dim=-1) if taus else a.new_zeros((*a.shape[:-2], 0))
+    return out, tau
+
+
+def ormqr(a: torch.Tensor, tau: torch.Tensor, other: torch.Tensor, left: bool = True,
+          transpose: bool = False) -> torch.Tensor:
+    """``aten.ormqr`` (LAPACK's ``ormqr``): ``other`` times ``Q = H_1 ... H_k`` of :func:`geqrf`'s
+    reflectors in ``a`` and ``tau``: ``Q C``, ``Q^T C``, ``C Q`` or ``C Q^T``."""
+    m = a.shape[-2]
+    rows = torch.arange(m, device=a.device).unsqueeze(-1)
+    one = torch.ones((), dtype=a.dtype, device=a.device)
+    order = range(tau.shape[-1])
+    # Q C and C Q^T apply H_k first; Q^T C and C Q apply H_1 first.
+    for i in reversed(order) if left != transpose else order:
+        v = torch.where(rows > i, a[..., :, i:i + 1], torch.where(rows == i, one, 0 * one))
+        t = tau[..., i:i + 1].unsqueeze(-1)
+        if left:
+            other = other - t * torch.matmul(v, torch.matmul(v.mT, other))
+        else:
+            other = other - t * torch.matmul(torch.matmul(other, v), v.mT)
+    return other
 
 
 def _pairings(n: int) -> list[tuple[list[int], list[int]]]:
@@ -298,4 +345,6 @@ DECOMPOSITIONS: dict = {op: _real_only(fn) for op, fn in {
     aten._linalg_svd.default: _linalg_svd,
     aten.linalg_pinv.atol_rtol_tensor: linalg_pinv,
     aten.linalg_householder_product.default: linalg_householder_product,
+    aten.geqrf.default: geqrf,
+    aten.ormqr.default: ormqr,
 }.items()}
