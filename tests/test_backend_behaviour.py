@@ -273,3 +273,16 @@ def test_python_floats_that_change_between_calls_keep_compiling():
         compiled = torch.compile(fn, backend="neuron")
         for a, b in ((0.5, 2.0), (1e-3, 3.5)):
             torch.testing.assert_close(compiled(x, a, b), fn(x, a, b))
+
+
+def test_python_floats_that_change_with_the_input_shape_keep_compiling():
+    # When the shape changes too, Dynamo's second graph is symbolic, which the backend compiles
+    # per concrete signature at call time: too late for a restart, so the floats it reads with
+    # .item() are fixed per value there (OpInfo's threshold, normalize and the norms failed so).
+    import torch.nn.functional as F
+
+    fn = lambda t, a, b: F.threshold(t, a, b) + F.layer_norm(t, t.shape[-1:], eps=a)  # noqa: E731
+    compiled = torch.compile(fn, backend="neuron")
+    for shape, a, b in (((2,), 0.5, 2.0), ((5,), 1e-3, 3.5), ((5,), 0.25, -1.0), ((3,), 0.25, -1.0)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x, a, b), fn(x, a, b))

@@ -19,6 +19,7 @@ cache on later runs), so every compiled kernel has static shapes.
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 import os
@@ -124,11 +125,17 @@ def _on_device(fn: Callable, outputs: list[int]) -> Callable:
 
 
 class _ShapeSpecialized:
-    """Compiles a symbolic-shape Dynamo graph once per concrete input signature."""
+    """Compiles a symbolic-shape Dynamo graph once per concrete input signature.
+
+    Python scalars Dynamo turned into tensor inputs (``specialize_float=False``: the graph
+    calls ``.item()`` on them) are part of the signature by value and enter the traced graph
+    as constants: aot_autograd cannot trace ``.item()`` of a concrete input (Dynamo's own
+    remedy, a restart with the scalar fixed, is over once the graph runs)."""
 
     def __init__(self, gm: torch.fx.GraphModule, options: CompileOptions, model: str) -> None:
         self.gm, self.options, self.model = gm, options, model
         self.compiled: dict[tuple, Callable] = {}
+        self.scalars = _item_inputs(gm)
 
     @staticmethod
     def signature(args: Sequence[Any]) -> tuple:
@@ -136,13 +143,41 @@ class _ShapeSpecialized:
                      if isinstance(a, torch.Tensor) else (type(a).__name__, a) for a in args)
 
     def __call__(self, *args: Any) -> Any:
-        key = self.signature(args)
+        values = {i: args[i].item() for i in self.scalars}
+        key = (self.signature(args), tuple(values.items()))
         fn = self.compiled.get(key)
         if fn is None:
             name = f"{self.model}_s{len(self.compiled)}"
             _log.info("compiling %s for input signature %s", name, key)
-            fn = self.compiled[key] = _aot_compile(self.gm, args, self.options, name)
+            gm = _with_items_fixed(self.gm, values) if values else self.gm
+            fn = self.compiled[key] = _aot_compile(gm, args, self.options, name)
         return fn(*args)
+
+
+def _is_item(node: torch.fx.Node) -> bool:
+    return (node.op == "call_method" and node.target == "item") or \
+        (node.op == "call_function" and node.target in (torch.ops.aten._local_scalar_dense.default,
+                                                         torch.ops.aten.item.default))
+
+
+def _item_inputs(gm: torch.fx.GraphModule) -> list[int]:
+    """Positions of the graph's inputs that it reads as Python scalars (``.item()``)."""
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return [i for i, n in enumerate(inputs) if any(_is_item(user) for user in n.users)]
+
+
+def _with_items_fixed(gm: torch.fx.GraphModule, values: dict[int, Any]) -> torch.fx.GraphModule:
+    """A copy of ``gm`` whose ``.item()`` of input ``i`` is the constant ``values[i]``."""
+    gm = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, value in values.items():
+        for item in [user for user in inputs[i].users if _is_item(user)]:
+            for user in list(item.users):
+                user.args, user.kwargs = torch.fx.node.map_arg(
+                    (user.args, user.kwargs), lambda n, item=item, value=value: value if n is item else n)
+            gm.graph.erase_node(item)
+    gm.recompile()
+    return gm
 
 
 def _device_outputs(gm: torch.fx.GraphModule, factories_only: bool = False) -> list[int]:
