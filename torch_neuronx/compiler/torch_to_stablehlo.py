@@ -20,6 +20,7 @@ import select
 import struct
 import sys
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 _TO_BACKEND = ("builtin.module(func.func(torch-match-quantized-custom-ops), "
@@ -96,6 +97,7 @@ def to_stablehlo(raw_module: object) -> str:
         handler.detach()
     _narrow_scatter_indices(raw_module)
     _materialize_scatter_operands(raw_module)
+    _copy_shared_in_place_operands(raw_module)
     _round_narrowed_constants(raw_module)
     _materialize_sliced_operands(raw_module)
     _signed_unsigned_converts(raw_module)
@@ -272,6 +274,73 @@ def _materialize_operand(op: object, position: int) -> None:
     from torch_mlir import ir
 
     op.operands[position] = _barrier(op.operands[position], ir.InsertionPoint(op)).result  # type: ignore[attr-defined]
+
+
+#: StableHLO ops that IREE runs in place, and the operand positions whose buffer each one writes
+#: its result into: every input of a scatter (``(inputs..., indices, updates...)``), the operand of
+#: a ``dynamic_update_slice`` (a ``flow.tensor.update``), every operand of a sort.
+_IN_PLACE: dict[str, Callable[[int], range]] = {
+    "stablehlo.scatter": lambda count: range(count // 2),
+    "stablehlo.dynamic_update_slice": lambda count: range(1),
+    "stablehlo.sort": lambda count: range(count),
+}
+
+
+def _is_constant(value: object) -> bool:
+    """Whether ``value`` is a ``stablehlo.constant``, or a splat one seen through ops that only move elements."""
+    from torch_mlir import ir
+
+    source = _defining_op(value)
+    if source is not None and source.name == "stablehlo.constant":  # type: ignore[attr-defined]
+        return True
+    while source is not None and source.name in _VIEWS:  # type: ignore[attr-defined]
+        source = _defining_op(source.operands[0])  # type: ignore[attr-defined]
+    if source is None or source.name != "stablehlo.constant":  # type: ignore[attr-defined]
+        return False
+    elements = source.attributes["value"]  # type: ignore[attr-defined]
+    return isinstance(elements, ir.DenseElementsAttr) and elements.is_splat
+
+
+def _read_elsewhere(value: object) -> bool:
+    """Whether the op-computed, non-constant ``value`` has more than one use (an in-place op's being one)."""
+    uses = len(list(value.uses))  # type: ignore[attr-defined]
+    return uses > 1 and _defining_op(value) is not None and not _is_constant(value)
+
+
+def _copy_shared_in_place_operands(module: object) -> None:
+    """Route a tensor that an in-place op writes into, and something else also reads, through a barrier.
+
+    IREE 3.13 runs scatters, sorts and ``dynamic_update_slice`` in place: the result is written
+    into the operand's buffer, and its stream copy-on-write pass gives each such use of a tensor
+    that has other users a clone. Where the tensor comes from a dispatch that reads no buffer
+    (built from constants that IREE did not hoist into a global: it hoists no ``i1`` tensor, nor
+    one whose hoisting would grow the module by more than 1 MiB, such as ``arange(300000) * 2``),
+    the canonicalizer replaces each clone by a recomputation (``PropagateCloneableOps``:
+    ``AsyncDispatchOp::preferCloneToConsumers`` holds for a dispatch that reads no resource), and
+    the next CSE merges the recomputations back into one, as ``stream.async.dispatch`` is a pure op
+    (iree-org/iree#23665, open). The clones are gone, and all the in-place ops write into one
+    buffer: two ``index_put`` into ``arange(6) == 0`` gave zeros for one and both updates in the
+    other; the base, when returned too, came back with the updates in it. (Constants are
+    unaffected: a splat one, also seen through a broadcast, becomes a ``stream.async.splat``, which
+    is not pure, and IREE always clones any other; so are function arguments, which are imports.)
+
+    Behind one ``optimization_barrier`` that every user reads the tensor through, the clones are
+    of the barrier's result, which no dispatch recomputes: they stay, and each in-place op gets a
+    copy of its own. A tensor with a single user keeps its producer fused into the op.
+    """
+    from torch_mlir import ir
+
+    shared: list[object] = []
+    for name, positions in _IN_PLACE.items():
+        for op in _ops_named(module, name):
+            for position in positions(len(op.operands)):  # type: ignore[attr-defined]
+                value = op.operands[position]  # type: ignore[attr-defined]
+                if value not in shared and _read_elsewhere(value):
+                    shared.append(value)
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        for value in shared:
+            barrier = _barrier(value, ir.InsertionPoint.after(_defining_op(value)))
+            value.replace_all_uses_except(barrier.result, barrier)  # type: ignore[attr-defined]
 
 
 def _reads_a_slice(value: object) -> bool:
