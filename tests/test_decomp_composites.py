@@ -46,7 +46,7 @@ def _math(v, m, vec, a, b, ints, x, weight, bias, mean, var):
         torch.addmv(v, m, vec), torch.addmv(v, m, vec, beta=0.5, alpha=-2),
         torch.dist(a, b), torch.dist(a, b, 3), torch.dist(a, b, float("inf")), torch.dist(a, b, 0),
         torch.angle(v), torch.angle(ints),
-        out[0], out[1], out[2], mean, var,  # running statistics updated in place, as eager does
+        *out, mean, var,  # an empty uint8 reserve; running statistics updated in place, as eager does
     ]
 
 

@@ -27,6 +27,8 @@ import torch
 from torch_neuronx.compiler.passes.rewrite import call_before, example
 
 aten = torch.ops.aten
+#: Unsigned dtypes and the signed ones of their widths.
+_SIGNED = {torch.uint8: torch.int8, torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
 
 
 def _tensor(value: Any) -> bool:
@@ -45,9 +47,15 @@ def _constant(gm: torch.fx.GraphModule, node: torch.fx.Node, value: torch.Tensor
         flat = value.reshape(-1)
         uniform = flat.numel() == 0 or bool((flat == flat[0]).all()) or bool(flat.isnan().all())
         fill = flat[0].item() if flat.numel() else 0
+    device = node.meta["val"].device
+    if uniform and value.numel() == 0 and value.dtype in _SIGNED:
+        # torch-mlir has no literal of an unsigned type (batch norm's empty uint8 reserve): the
+        # signed tensor of its width, reinterpreted.
+        signed = call_before(gm, node, aten.full.default, list(value.shape), 0, dtype=_SIGNED[value.dtype],
+                             device=device)
+        return call_before(gm, node, aten.view.dtype, signed, value.dtype)
     if uniform:
-        return call_before(gm, node, aten.full.default, list(value.shape), fill, dtype=value.dtype,
-                           device=node.meta["val"].device)
+        return call_before(gm, node, aten.full.default, list(value.shape), fill, dtype=value.dtype, device=device)
     name = f"_degenerate_constant_{len([n for n in gm.graph.nodes if n.op == 'get_attr'])}"
     gm.register_buffer(name, value.contiguous())
     with gm.graph.inserting_before(node):
