@@ -51,7 +51,9 @@ import torch
 from torch._decomp import core_aten_decompositions
 
 from torch_neuronx.compiler.decompositions import (
+    arithmetic,
     attention,
+    average_pooling,
     bessel,
     composites,
     convolution,
@@ -65,6 +67,7 @@ from torch_neuronx.compiler.decompositions import (
     linalg,
     losses,
     max_pool_backward,
+    moments,
     orthogonal,
     polynomials,
     pooling,
@@ -74,6 +77,7 @@ from torch_neuronx.compiler.decompositions import (
     scans,
     scatter,
     segments,
+    sorting,
     special,
     special_functions,
     spectral,
@@ -91,9 +95,11 @@ def table() -> dict:
 def _table(with_fma: bool) -> dict:
     from torch._decomp import get_decompositions
 
-    extra = {torch.ops.prims.fma.default: general.fma} if with_fma else {}
+    extra = {torch.ops.prims.fma.default: arithmetic.fma} if with_fma else {}
     return {**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
-            **general.DECOMPOSITIONS, **attention.DECOMPOSITIONS, **special.DECOMPOSITIONS,
+            **general.DECOMPOSITIONS, **arithmetic.DECOMPOSITIONS, **sorting.DECOMPOSITIONS,
+            **moments.DECOMPOSITIONS, **average_pooling.DECOMPOSITIONS, **attention.DECOMPOSITIONS,
+            **special.DECOMPOSITIONS,
             **pooling.DECOMPOSITIONS,
             **max_pool_backward.DECOMPOSITIONS,
             **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS, **foreach.DECOMPOSITIONS,

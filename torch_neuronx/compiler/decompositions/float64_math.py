@@ -17,7 +17,7 @@ written here in arithmetic, ``floor``, ``exp``, ``sqrt``, ``copysign`` and
 ``where``, after the Cephes Math Library (S. L. Moshier; sin.c, tan.c, tanh.c,
 atan.c). Every other dtype keeps the old lowering (IREE's own float32
 approximations): the decompositions return ``NotImplemented`` for it, and
-``atan2`` hands it to :func:`general.atan2 <.general.atan2>`, which fixes
+``atan2`` hands it to :func:`arithmetic.atan2 <.arithmetic.atan2>`, which fixes
 IREE's special values.
 
 - ``sin``, ``cos``, ``tan``: the argument's magnitude is reduced by the nearest
@@ -64,7 +64,7 @@ from collections.abc import Callable
 
 import torch
 
-from torch_neuronx.compiler.decompositions import general
+from torch_neuronx.compiler.decompositions import arithmetic
 from torch_neuronx.compiler.decompositions.special import _p1evl, _polevl
 
 aten = torch.ops.aten
@@ -356,11 +356,11 @@ def _atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """``aten.atan2``: :func:`_atan2` for float64, :func:`general.atan2 <.general.atan2>` otherwise."""
+    """``aten.atan2``: :func:`_atan2` for float64, :func:`arithmetic.atan2 <.arithmetic.atan2>` otherwise."""
     if not (y.is_floating_point() or x.is_floating_point()):
-        return general.atan2(y, x)
+        return arithmetic.atan2(y, x)
     if torch.result_type(y, x) != torch.float64:
-        return general.atan2(y, x)
+        return arithmetic.atan2(y, x)
     y, x = torch.broadcast_tensors(y.to(torch.float64), x.to(torch.float64))
     return _atan2(y, x)
 

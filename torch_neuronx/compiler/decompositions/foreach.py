@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from torch_neuronx.compiler.decompositions.general import promoted_scalar
+from torch_neuronx.compiler.decompositions.arithmetic import promoted_scalar
 
 aten = torch.ops.aten
 

@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import torch
 
-from torch_neuronx.compiler.decompositions.general import _avg_pool_divisors
+from torch_neuronx.compiler.decompositions.average_pooling import avg_pool_divisors
 from torch_neuronx.compiler.decompositions.literals import literal
 
 aten = torch.ops.aten
@@ -146,7 +146,7 @@ def _avg_pool_divisor(x: torch.Tensor, sizes: Sequence[int], windows: Sequence[_
     of each dim's count, the padded extent with ``include_pad``, else only inside the input."""
     divisor = None
     for axis, (size, w) in enumerate(zip(sizes, windows)):
-        count = _avg_pool_divisors(w.out, size, w.kernel, w.stride, w.pad, include_pad, x.device)
+        count = avg_pool_divisors(w.out, size, w.kernel, w.stride, w.pad, include_pad, x.device)
         count = count.view([w.out] + [1] * (len(windows) - 1 - axis))
         divisor = count if divisor is None else divisor * count
     return divisor.to(dtype)

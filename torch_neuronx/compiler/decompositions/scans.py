@@ -1,10 +1,11 @@
-"""Cumulative reductions as prefix scans: ``logcumsumexp``.
+"""Cumulative ops as prefix scans: ``cumprod``, ``cummax``, ``cummin`` (NaN and ties as
+torch's), ``logcumsumexp``; :func:`scan`, the doubling scan they and segmented reductions use.
 
 torch-mlir decomposes ``aten.logcumsumexp`` into ``log(cumsum(exp(x)))``, which overflows to
 inf once an element passes 88.7 in float32 (710 in float64) and underflows to -inf where all
 elements so far are below -103 (-745): torch's ``[10000.0, 1.0]`` gives ``[10000.0, 10000.0]``,
 that lowering ``[inf, inf]``. Here it is a doubling (Hillis-Steele) scan of the stable
-``logaddexp`` (log2(n) static steps, :func:`general._scan <.general._scan>`), which never
+``logaddexp`` (log2(n) static steps, :func:`scan`), which never
 forms ``exp`` of anything above 0.
 """
 
@@ -14,9 +15,69 @@ from collections.abc import Callable
 
 import torch
 
-from torch_neuronx.compiler.decompositions.general import _scan
-
 aten = torch.ops.aten
+
+def scan(xs: tuple[torch.Tensor, ...], dim: int, combine: Callable) -> tuple[torch.Tensor, ...]:
+    """Inclusive prefix scan of ``xs`` along ``dim`` by doubling (Hillis-Steele): log2(n) static steps.
+
+    ``combine(earlier, later)`` merges the results (tuples like ``xs``) over an earlier range
+    with those over the range right after it; each step merges every position with the one
+    ``shift`` before it.
+    """
+    n, shift = xs[0].shape[dim], 1
+    while shift < n:
+        merged = combine(tuple(x.narrow(dim, 0, n - shift) for x in xs),
+                         tuple(x.narrow(dim, shift, n - shift) for x in xs))
+        xs = tuple(torch.cat([x.narrow(dim, 0, shift), m], dim) for x, m in zip(xs, merged))
+        shift *= 2
+    return xs
+
+
+def cumprod(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``aten.cumprod`` (torch-mlir lowers it to nothing) as a doubling scan of products."""
+    if dtype is None and not (x.is_floating_point() or x.is_complex()):
+        dtype = torch.int64  # as torch: integer and bool inputs accumulate in int64
+    x = x if dtype is None else x.to(dtype)
+    if x.dim() == 0:
+        return x.clone()
+    return scan((x,), dim % x.dim(), lambda a, b: (a[0] * b[0],))[0]
+
+
+def _cumulative_extreme(x: torch.Tensor, dim: int, later_wins: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    dim = dim % x.dim()
+    shape = [1] * x.dim()
+    shape[dim] = x.shape[dim]
+    index = torch.arange(x.shape[dim], device=x.device).view(shape).expand(x.shape)
+
+    def combine(earlier: tuple, later: tuple) -> tuple:
+        take = later_wins(earlier[0], later[0])
+        return torch.where(take, later[0], earlier[0]), torch.where(take, later[1], earlier[1])
+
+    return scan((x, index), dim, combine)
+
+
+def _nan_aware(better: Callable) -> Callable:
+    # The later element wins when it is NaN, or when neither is NaN and it is at least as good:
+    # ties and NaNs move the index forward, as torch's kernels do.
+    def later_wins(earlier: torch.Tensor, later: torch.Tensor) -> torch.Tensor:
+        if not later.is_floating_point():
+            return better(later, earlier)
+        return later.isnan() | (earlier.isnan().logical_not() & better(later, earlier))
+
+    return later_wins
+
+
+def cummax(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.cummax``: running maximum and the index of its latest occurrence."""
+    return _cumulative_extreme(x, dim, _nan_aware(torch.ge))
+
+
+def cummin(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.cummin``: running minimum and the index of its latest occurrence."""
+    return _cumulative_extreme(x, dim, _nan_aware(torch.le))
+
 
 #: Dtypes computed in float32 (eager's CPU kernel accumulates them in float32 too).
 _NARROW = (torch.float16, torch.bfloat16)
@@ -40,12 +101,15 @@ def logcumsumexp(x: torch.Tensor, dim: int) -> torch.Tensor:
     if x.dim() == 0:
         return x.clone()
     values = x.float() if x.dtype in _NARROW else x
-    result = _scan((values,), dim % x.dim(), lambda a, b: (log_add_exp(a[0], b[0]),))[0]
+    result = scan((values,), dim % x.dim(), lambda a, b: (log_add_exp(a[0], b[0]),))[0]
     return result.to(x.dtype)
 
 
 #: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
+    aten.cumprod.default: cumprod,
+    aten.cummax.default: cummax,
+    aten.cummin.default: cummin,
     aten.logcumsumexp.default: logcumsumexp,
     aten._logcumsumexp.default: logcumsumexp,
 }

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from torch_neuronx.compiler.decompositions.general import _scan
+from torch_neuronx.compiler.decompositions.scans import scan
 
 aten = torch.ops.aten
 
@@ -41,7 +41,7 @@ def _segment_last(starts: torch.Tensor, values: torch.Tensor, combine: Callable)
         value = torch.where(later[0], later[1], combine(earlier[1], later[1]))
         return earlier[0] | later[0], value
 
-    return _scan((flags, values), 0, merge)[1]
+    return scan((flags, values), 0, merge)[1]
 
 
 def _write(size: int, targets: torch.Tensor, keep: torch.Tensor, values: torch.Tensor,

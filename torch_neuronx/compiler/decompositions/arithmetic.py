@@ -1,0 +1,254 @@
+"""Arithmetic torch-mlir lowers wrongly or not at all: ``remainder``, ``fmod`` and rounding
+divisions with torch's signs and integer rules, shifts and bitwise ops with Python scalars,
+``gcd``/``lcm``, ``lerp``, ``fma``, ``clamp`` of integers, ``add`` of booleans, ``eq``,
+``isfinite``, ``atan2`` and ``hypot`` at their special values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from torch_neuronx.compiler.decompositions.general import calls_itself
+
+aten = torch.ops.aten
+
+
+def remainder(a, b):
+    """Python's modulo (the result takes the divisor's sign).
+
+    torch-mlir lowers ``aten.remainder`` to ``stablehlo.remainder``, which is C's
+    fmod (the dividend's sign): silently wrong for operands of mixed sign.
+    """
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and (
+            a.is_floating_point() or b.is_floating_point()):
+        a, b = _promoted(a, b)
+        mod = _fmod_float(a, b)  # torch: fmod, then moved into the divisor's sign
+        return torch.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
+    return a - aten.div.Tensor_mode(a, b, rounding_mode="floor") * b
+
+
+def _promoted(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    dtype = torch.result_type(a, b)
+    a, b = torch.broadcast_tensors(a, b)
+    return a.to(dtype), b.to(dtype)
+
+
+def _fmod_float(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """C's fmod of floats: torch-mlir's own lowering (``stablehlo.remainder``), exact for large
+    quotients, with the dividend's sign on zeros and a finite dividend over an infinite divisor
+    kept (IREE gives +0.0 and NaN there)."""
+    mod = torch.copysign(aten.fmod.Tensor(a, b), a)  # :func:`fmod` lets this call through to torch-mlir
+    return torch.where(b.isinf() & a.isfinite(), a, mod)
+
+
+def _floor_divide_integers(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Exact integer floor division: the truncating quotient, one less where the remainder's sign
+    differs from the divisor's (torch-mlir went through float32: 2**31 - 1 // 3 was 715827904)."""
+    quotient = aten.div.Tensor_mode(a, b, rounding_mode="trunc")
+    remainder = a - quotient * b
+    return torch.where((remainder != 0) & ((remainder < 0) != (b < 0)), quotient - 1, quotient)
+
+
+def div_mode(a, b, *, rounding_mode: str | None = None):
+    """``aten.div`` with ``rounding_mode="floor"``, computed as torch computes it.
+
+    torch-mlir lowers it to floor(a / b) in floating point: for floats that differs from
+    torch at infinities (torch: ``floor_divide(inf, 2)`` is NaN, ``floor_divide(-1, inf)`` is
+    -1) and where a / b rounds up to an integer; for int32 and int64 it went through float32,
+    wrong beyond 2**24. Other rounding modes lower as they are.
+    """
+    if rounding_mode != "floor":
+        return NotImplemented
+    b = promoted_scalar(b, a)
+    if not (a.is_floating_point() or b.is_floating_point()):
+        return _floor_divide_integers(*_promoted(a, b))
+    a, b = _promoted(a, b)
+    mod = _fmod_float(a, b)
+    div = (a - mod) / b
+    div = torch.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floor = torch.floor(div)
+    floor = torch.where(div - floor > 0.5, floor + 1, floor)
+    floor = torch.where(div == 0, torch.copysign(torch.zeros_like(div), a / b), floor)
+    return torch.where(b == 0, a / b, floor)
+
+
+def remainder_scalar(a, b):
+    return remainder(a, torch.scalar_tensor(b, dtype=a.dtype, device=a.device))
+
+
+@calls_itself
+def fmod(a, b):
+    """C's remainder (the dividend's sign); torch-mlir lowers no ``fmod`` with a scalar divisor."""
+    if a.is_floating_point() or b.is_floating_point():
+        return _fmod_float(*_promoted(a, b))
+    return a - aten.div.Tensor_mode(a, b, rounding_mode="trunc") * b
+
+
+def fmod_scalar(a, b):
+    return fmod(a, torch.scalar_tensor(b, dtype=a.dtype, device=a.device))
+
+
+def promoted_scalar(value, like: torch.Tensor) -> torch.Tensor:
+    """``value`` as a 0-d tensor of the type ``like`` op ``value`` computes in (tensors pass through)."""
+    if isinstance(value, torch.Tensor):
+        return value
+    return torch.scalar_tensor(value, dtype=torch.result_type(like, value), device=like.device)
+
+
+def _as_tensor(value, like):
+    return value if isinstance(value, torch.Tensor) else torch.scalar_tensor(value, dtype=like.dtype,
+                                                                            device=like.device)
+
+
+def shift_left(a, b):
+    """Integer ``a << b`` as ``a * 2**b`` (torch-mlir lowers no shift to StableHLO)."""
+    return a * torch.pow(_as_tensor(2, a), _as_tensor(b, a))
+
+
+def shift_right(a, b):
+    """Arithmetic ``a >> b`` as the floor division by ``2**b``, which rounds the same way for negatives."""
+    return aten.div.Tensor_mode(a, torch.pow(_as_tensor(2, a), _as_tensor(b, a)), rounding_mode="floor")
+
+
+def bitwise_xor_scalar(a, b):
+    return aten.bitwise_xor.Tensor(a, _as_tensor(b, a))
+
+
+def bitwise_or_scalar(a, b):
+    return aten.bitwise_or.Tensor(a, _as_tensor(b, a))
+
+
+def fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``prims.fma`` (inductor's decompositions emit it once inductor is loaded): a * b + c; IREE
+    may contract it back into one fused multiply-add."""
+    return a * b + c
+
+
+def lerp(start: torch.Tensor, end: torch.Tensor, weight: torch.Tensor | float) -> torch.Tensor:
+    """``aten.lerp`` (every Adam step) with torch's two-sided formula, exact at both ends; ours so
+    the table does not depend on which decomposition the loaded torch modules registered."""
+    difference = end - start
+    if not isinstance(weight, torch.Tensor):
+        weight = torch.scalar_tensor(weight, dtype=difference.dtype, device=difference.device)
+    return torch.where(weight.abs() < 0.5, start + weight * difference, end - difference * (-weight + 1))
+
+
+def gcd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``aten.gcd`` by Euclid's algorithm, unrolled for the worst case of the dtype (consecutive
+    Fibonacci numbers: 47 steps for 32 bits, 93 for 64); finished pairs keep their value."""
+    a, b = torch.broadcast_tensors(a, b)
+    a, b = a.abs(), b.abs()
+    steps = {1: 13, 2: 25, 4: 47}.get(a.element_size(), 93)
+    for _ in range(steps):
+        nonzero = b != 0
+        remainder = a - aten.div.Tensor_mode(a, torch.where(nonzero, b, torch.ones_like(b)), rounding_mode="trunc") * b
+        a, b = torch.where(nonzero, b, a), torch.where(nonzero, remainder, b)
+    return a
+
+
+def lcm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``aten.lcm``: |a / gcd(a, b) * b|, 0 when either is 0."""
+    a, b = torch.broadcast_tensors(a, b)
+    divisor = gcd(a, b)
+    safe = torch.where(divisor == 0, torch.ones_like(divisor), divisor)
+    # As torch's C++ kernel: narrow integers are promoted to int before the product and abs.
+    wide = torch.int32 if a.element_size() < 4 else a.dtype
+    multiple = (aten.div.Tensor_mode(a, safe, rounding_mode="trunc").to(wide) * b.to(wide)).abs().to(a.dtype)
+    return torch.where(divisor == 0, torch.zeros_like(a), multiple)
+
+
+def add_bool(a: torch.Tensor, b: torch.Tensor | float, *, alpha: float = 1) -> torch.Tensor:
+    """``aten.add`` of two bool tensors: logical or, as torch (IREE added the 1-bit integers and
+    wrapped True + True to False)."""
+    if not (isinstance(b, torch.Tensor) and a.dtype == torch.bool and b.dtype == torch.bool and alpha):
+        return NotImplemented
+    return torch.logical_or(a, b)
+
+
+@calls_itself
+def clamp(x: torch.Tensor, min: float | None = None, max: float | None = None) -> torch.Tensor:  # noqa: A002
+    """``aten.clamp`` of integers by float bounds: in the promoted float type, as torch (torch-mlir
+    rejected the mixed types)."""
+    bounds = [v for v in (min, max) if v is not None]
+    dtype = x.dtype
+    for bound in bounds:
+        dtype = torch.promote_types(dtype, torch.result_type(x, bound))
+    if dtype == x.dtype:
+        return NotImplemented
+    return aten.clamp.default(x.to(dtype), min, max)
+
+
+def eq_tensor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``aten.eq.Tensor`` of a float tensor with itself: NaN is not equal to itself.
+
+    torch-mlir folds ``x == x`` to a constant true (so ``isfinite``, which torch writes as
+    ``(x == x) & (x.abs() != inf)``, called NaN finite).
+    """
+    if a is b and (a.is_floating_point() or a.is_complex()):
+        return a.isnan().logical_not()
+    return NotImplemented
+
+
+def isfinite(x: torch.Tensor) -> torch.Tensor:
+    """``aten.isfinite``: torch-mlir's lowering (|x| != inf) calls NaN finite."""
+    if not (x.is_floating_point() or x.is_complex()):
+        return torch.ones_like(x, dtype=torch.bool)
+    return x.isnan().logical_not() & (x.abs() != float("inf"))
+
+
+@calls_itself
+def atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``aten.atan2`` with IEEE's zeros and infinities (IREE's approximation gives NaN for them)."""
+    if not (y.is_floating_point() or x.is_floating_point()):
+        return NotImplemented
+    y, x = torch.broadcast_tensors(y, x)
+    dtype = torch.promote_types(y.dtype, x.dtype)
+    y, x = y.to(dtype), x.to(dtype)
+    result = aten.atan2.default(y, x)
+    pi = torch.pi
+    zeros = torch.copysign(torch.where(x.signbit(), pi, 0.0), y)  # y and x both +-0
+    infinities = torch.copysign(torch.where(x.signbit(), 0.75 * pi, 0.25 * pi), y)  # both +-inf
+    result = torch.where((y == 0) & (x == 0), zeros.to(dtype), result)
+    return torch.where(y.isinf() & x.isinf(), infinities.to(dtype), result)
+
+
+def hypot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``aten.hypot`` without overflow: the larger magnitude times sqrt(1 + ratio**2); inf wins over NaN."""
+    a, b = torch.broadcast_tensors(a.abs(), b.abs())
+    big, small = torch.maximum(a, b), torch.minimum(a, b)
+    ratio = torch.where(big == 0, 0.0, small / big)
+    result = big * torch.sqrt(1 + ratio * ratio)
+    return torch.where(a.isinf() | b.isinf(), float("inf"), result)
+
+
+#: This module's decompositions, merged into the compile path's table.
+DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
+    aten.remainder.Tensor: remainder,
+    aten.remainder.Scalar: remainder_scalar,
+    aten.div.Tensor_mode: div_mode,
+    aten.div.Scalar_mode: div_mode,
+    aten.fmod.Tensor: fmod,
+    aten.fmod.Scalar: fmod_scalar,
+    aten.gcd.default: gcd,
+    aten.add.Tensor: add_bool,
+    aten.clamp.default: clamp,
+    aten.lcm.default: lcm,
+    aten.lerp.Scalar: lerp,
+    aten.lerp.Tensor: lerp,
+    aten.isfinite.default: isfinite,
+    aten.eq.Tensor: eq_tensor,
+    aten.atan2.default: atan2,
+    aten.hypot.default: hypot,
+    aten.bitwise_xor.Scalar: bitwise_xor_scalar,
+    aten.bitwise_or.Scalar: bitwise_or_scalar,
+    aten.__lshift__.Scalar: shift_left,
+    aten.__lshift__.Tensor: shift_left,
+    aten.bitwise_left_shift.Tensor: shift_left,
+    aten.bitwise_left_shift.Tensor_Scalar: shift_left,
+    aten.__rshift__.Scalar: shift_right,
+    aten.__rshift__.Tensor: shift_right,
+    aten.bitwise_right_shift.Tensor: shift_right,
+    aten.bitwise_right_shift.Tensor_Scalar: shift_right,
+}

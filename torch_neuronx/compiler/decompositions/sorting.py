@@ -1,0 +1,285 @@
+"""Sorts and selections with torch's NaN and tie rules: ``sort``, ``topk``, ``median``,
+``nanmedian``, ``kthvalue``, ``mode``, ``argmax``/``argmin``, ``max``/``min`` along a dim,
+``amax``/``amin`` of uint8, ``searchsorted``.
+
+torch-mlir lowers ``aten.sort`` to a ``stablehlo.sort`` of (values, iota) whose comparator
+knows nothing of NaN (torch sorts NaN as the largest value) and whose ties IREE breaks in no
+fixed order; IREE also rewrites a descending sort that feeds a slice (topk) into a ``chlo.top_k``
+it then rejects for its int64 indices. Keys here sort as one int64 per element (see
+:func:`sort`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from torch_neuronx.compiler.decompositions.scans import cummax
+
+aten = torch.ops.aten
+
+
+# Sorting: torch-mlir lowers aten.sort to a stablehlo.sort of (values, iota) whose comparator
+# knows nothing of NaN (torch sorts NaN as the largest value) and whose ties IREE breaks in no
+# fixed order; IREE also rewrites a descending sort that feeds a slice (topk) into a chlo.top_k
+# it then rejects for its int64 indices. Floating and narrow integer keys instead sort as one
+# int64 per element: the value's rank in torch's order in the high 32 bits, its position in
+# the low 32 bits, so every key is distinct and the order is torch's, stable for ties.
+_POSITION = 1 << 32
+
+
+def _rank_bits(x: torch.Tensor) -> torch.Tensor | None:
+    """An int64 tensor ordered as torch orders ``x``'s values (NaN largest, -0.0 == 0.0), or None."""
+    if x.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        f = x.to(torch.float32)
+        f = torch.where(f.isnan(), float("nan"), torch.where(f == 0, 0.0, f))  # one NaN, one zero
+        bits = f.view(torch.int32)
+        # Negative floats order backwards as integers: flip their magnitude bits.
+        return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(torch.int64)
+    if x.dtype in (torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool):
+        return x.to(torch.int64)
+    return None  # int64 and float64 leave no room for the position
+
+
+def _float64_rank(x: torch.Tensor) -> torch.Tensor:
+    """:func:`_rank_bits` for float64: int64 keys in torch's order, equal for equal values."""
+    f = torch.where(x.isnan(), float("nan"), torch.where(x == 0, 0.0, x))
+    bits = f.view(torch.int64)
+    return torch.where(bits < 0, bits ^ 0x7FFFFFFFFFFFFFFF, bits)
+
+
+def sort(x: torch.Tensor, dim: int = -1, descending: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.sort`` in torch's order (NaN largest) and stable, as one int64 key sort.
+
+    float64 sorts its int64 rank with torch-mlir's lowering (NaN placed right, ties in no
+    fixed order); int64 uses that lowering directly.
+    """
+    if x.dim() > 0 and x.dtype == torch.float64:
+        index = aten.sort.default(_float64_rank(x), dim, descending)[1]
+        return x.gather(dim, index), index
+    rank = _rank_bits(x) if x.dim() > 0 else None
+    if rank is None or x.shape[dim] > _POSITION:
+        return NotImplemented
+    dim = dim % x.dim()
+    shape = [1] * x.dim()
+    shape[dim] = x.shape[dim]
+    position = torch.arange(x.shape[dim], dtype=torch.int64, device=x.device).view(shape)
+    # Descending keeps equal values in their original order too: earlier positions rank higher.
+    key = rank * _POSITION + (_POSITION - 1 - position if descending else position)
+    key = aten.sort.default(key, dim, descending)[0]
+    index = key & (_POSITION - 1)
+    index = _POSITION - 1 - index if descending else index
+    return x.gather(dim, index), index
+
+
+def sort_stable(x: torch.Tensor, *, stable: bool | None = None, dim: int = -1,
+                descending: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.sort.stable``: :func:`sort`, which is stable except for int64 and float64 keys."""
+    if stable and x.dim() > 0 and x.dtype in (torch.int64, torch.float64):
+        raise NotImplementedError(f"sort(stable=True) of {x.dtype} values: the compiled sort orders equal "
+                                  "keys in no fixed order for 64-bit types; sort a 32-bit copy or run eagerly")
+    result = sort(x, dim, descending)
+    return aten.sort.default(x, dim, descending) if result is NotImplemented else result
+
+
+def topk(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True,
+         sorted: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.topk`` as the first ``k`` of a :func:`sort` (NaN counts as the largest value)."""
+    if x.dim() == 0:
+        return NotImplemented
+    values, index = sort_stable(x, dim=dim, descending=largest)
+    # index_select, not a slice: IREE turns a sort with indices feeding a slice into a top_k
+    # it cannot type for int64 indices.
+    first = torch.arange(k, device=x.device)
+    return values.index_select(dim, first), index.index_select(dim, first)
+
+
+def _sorted_at(ordered: tuple[torch.Tensor, torch.Tensor], dim: int, at: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Position ``at`` along ``dim`` of a :func:`sort` result: its value and index (dim kept)."""
+    values, index = ordered
+    return values.narrow(dim, at, 1), index.narrow(dim, at, 1)
+
+
+def _of_scalar(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A selection along the one "dimension" of a 0-d tensor: the value itself, at index 0."""
+    return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+
+
+def median_dim(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.median.dim``: the lower median and its index; a slice with NaN gives its first NaN."""
+    if x.dim() == 0:
+        return _of_scalar(x)
+    dim = dim % x.dim()
+    ordered = sort_stable(x, dim=dim)
+    value, index = _sorted_at(ordered, dim, (x.shape[dim] - 1) // 2)
+    if x.is_floating_point():
+        # NaN sorts last: a slice with k NaNs has the first of them (in position order) at n - k.
+        nans = x.isnan().sum(dim, keepdim=True)
+        first_nan = ordered[1].gather(dim, x.shape[dim] - nans.clamp(min=1))
+        value = torch.where(nans > 0, float("nan"), value)
+        index = torch.where(nans > 0, first_nan, index)
+    return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
+
+
+def median(x: torch.Tensor) -> torch.Tensor:
+    """``aten.median``: the lower median of all elements (NaN if any)."""
+    return median_dim(x.reshape(-1), 0)[0]
+
+
+def kthvalue(x: torch.Tensor, k: int, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.kthvalue``: the k-th smallest in :func:`sort`'s order (NaN largest), with its index."""
+    if x.dim() == 0:
+        return _of_scalar(x) if k == 1 else NotImplemented  # eager's error for other k
+    dim = dim % x.dim()
+    value, index = _sorted_at(sort_stable(x, dim=dim), dim, k - 1)
+    return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
+
+
+def nanmedian_dim(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.nanmedian.dim``: the lower median of the slice's non-NaN values, and its index.
+
+    A slice of NaN only gives NaN (its index is then one of its NaNs, where torch's is unspecified).
+    """
+    if x.dim() == 0 or not x.is_floating_point():
+        return median_dim(x, dim, keepdim)
+    dim = dim % x.dim()
+    values, index = sort_stable(x, dim=dim)  # NaN last
+    numbers = x.isnan().logical_not().sum(dim, keepdim=True)
+    at = ((numbers - 1).clamp(min=0) // 2).to(torch.int64)
+    value, index = values.gather(dim, at), index.gather(dim, at)
+    return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
+
+
+def nanmedian(x: torch.Tensor) -> torch.Tensor:
+    """``aten.nanmedian``: the lower median of all non-NaN elements."""
+    return nanmedian_dim(x.reshape(-1), 0)[0]
+
+
+def mode(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.mode``: the most frequent value of each slice (the smallest of equally frequent
+    ones) and the index of its last occurrence, as torch's kernel returns them."""
+    if x.dim() == 0:
+        return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
+    dim = dim % x.dim()
+    values = sort_stable(x, dim=dim)[0]
+    n = x.shape[dim]
+    shape = [1] * x.dim()
+    shape[dim] = n
+    position = torch.arange(n, device=x.device).view(shape).expand(x.shape)
+    starts = torch.ones_like(values, dtype=torch.bool)
+    if n > 1:
+        starts = torch.cat([starts.narrow(dim, 0, 1), values.narrow(dim, 1, n - 1) != values.narrow(dim, 0, n - 1)],
+                           dim)
+    run_start = cummax(torch.where(starts, position, torch.zeros_like(position)), dim)[0]
+    run_length = position - run_start + 1  # within each run of equal values, counting up
+    # The first position reaching the longest run ends the smallest most frequent value's run.
+    value = values.gather(dim, argmax(run_length, dim, keepdim=True))
+    # Its last occurrence, found directly: int64 and float64 sorts do not keep ties in order.
+    same = (x == value) | (x.isnan() & value.isnan()) if x.is_floating_point() else x == value
+    index = torch.where(same, position, torch.full_like(position, -1)).amax(dim, keepdim=True)
+    return (value, index) if keepdim else (value.squeeze(dim), index.squeeze(dim))
+
+
+def _extreme_index(x: torch.Tensor, dim: int | None, keepdim: bool, extreme: Callable) -> torch.Tensor | None:
+    """The first index of ``x``'s extreme along ``dim``, or of its first NaN (torch's rule).
+
+    torch-mlir's own lowering skips NaN and, for some integer types, does not return the
+    first of equal extremes: the index is the smallest position that holds the extreme.
+    """
+    if x.dtype == torch.bool or x.is_complex():
+        return None
+    if x.dim() == 0:  # a scalar's one element (dims 0 and -1 name it)
+        return torch.zeros((), dtype=torch.int64, device=x.device)
+    if dim is None:
+        x, dim = x.reshape(-1), 0
+    if x.dtype == torch.uint8:
+        x = x.to(torch.int32)  # see amax_uint8
+    best = extreme(x, dim, keepdim=True)  # NaN where the slice has one: amax/amin propagate it
+    hit = torch.where(best.isnan(), x.isnan(), x == best) if x.is_floating_point() else x == best
+    n = x.shape[dim]
+    shape = [1] * x.dim()
+    shape[dim] = n
+    position = torch.arange(n, dtype=torch.int64, device=x.device).view(shape)
+    return torch.where(hit, position, n).amin(dim, keepdim=keepdim)
+
+
+def argmax(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """``aten.argmax`` with NaN as the maximum (torch-mlir's lowering skips NaN)."""
+    index = _extreme_index(x, dim, keepdim, torch.amax)
+    return NotImplemented if index is None else index
+
+
+def argmin(x: torch.Tensor, dim: int | None = None, keepdim: bool = False) -> torch.Tensor:
+    """``aten.argmin`` with NaN as the minimum, as torch does."""
+    index = _extreme_index(x, dim, keepdim, torch.amin)
+    return NotImplemented if index is None else index
+
+
+def _extreme_dim(x: torch.Tensor, dim: int, keepdim: bool, extreme: Callable) -> tuple:
+    index = _extreme_index(x, dim, True, extreme) if x.dim() > 0 else None
+    if index is None:
+        return NotImplemented
+    values = x.gather(dim, index)
+    return (values, index) if keepdim else (values.squeeze(dim), index.squeeze(dim))
+
+
+def amax_uint8(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> torch.Tensor:
+    """``aten.amax`` of uint8 in int32: torch-mlir reduces uint8 from a signed initial value."""
+    if x.dtype != torch.uint8:
+        return NotImplemented
+    return aten.amax.default(x.to(torch.int32), dim, keepdim).to(torch.uint8)
+
+
+def amin_uint8(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> torch.Tensor:
+    """``aten.amin`` of uint8 in int32 (see :func:`amax_uint8`)."""
+    if x.dtype != torch.uint8:
+        return NotImplemented
+    return aten.amin.default(x.to(torch.int32), dim, keepdim).to(torch.uint8)
+
+
+def max_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.max.dim`` propagating NaN (value and index), as torch does."""
+    return _extreme_dim(x, dim, keepdim, torch.amax)
+
+
+def min_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.min.dim`` propagating NaN (value and index), as torch does."""
+    return _extreme_dim(x, dim, keepdim, torch.amin)
+
+
+def searchsorted(sorted_sequence: torch.Tensor, values, *, out_int32: bool = False, right: bool = False,
+                 side: str | None = None, sorter: torch.Tensor | None = None) -> torch.Tensor:
+    """``aten.searchsorted`` as a count of the sequence's elements before each value."""
+    if not isinstance(values, torch.Tensor):
+        values = torch.tensor(values, dtype=sorted_sequence.dtype, device=sorted_sequence.device)
+    right = side == "right" if side is not None else right
+    seq = sorted_sequence if sorter is None else sorted_sequence.gather(-1, sorter)
+    seq = seq if seq.dim() == 1 else seq.unsqueeze(-2)  # [N] or [..., 1, N] against [..., M, 1]
+    v = values.unsqueeze(-1)
+    # torch's binary search: left finds the first element >= the value, right the first one
+    # > it; written as negations, so a NaN value (no element compares) lands at the end, as in torch.
+    before = (seq > v).logical_not() if right else (seq >= v).logical_not()
+    return before.sum(-1).to(torch.int32 if out_int32 else torch.int64)
+
+
+#: This module's decompositions, merged into the compile path's table.
+DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
+    aten.sort.default: sort,
+    aten.sort.stable: sort_stable,
+    aten.topk.default: topk,
+    aten.argmax.default: argmax,
+    aten.argmin.default: argmin,
+    aten.max.dim: max_dim,
+    aten.median.dim: median_dim,
+    aten.median.default: median,
+    aten.kthvalue.default: kthvalue,
+    aten.nanmedian.dim: nanmedian_dim,
+    aten.nanmedian.default: nanmedian,
+    aten.mode.default: mode,
+    aten.amax.default: amax_uint8,
+    aten.searchsorted.Tensor: searchsorted,
+    aten.searchsorted.Scalar: searchsorted,
+    aten.amin.default: amin_uint8,
+    aten.min.dim: min_dim,
+}
