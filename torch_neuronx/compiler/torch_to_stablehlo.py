@@ -301,10 +301,19 @@ def _is_constant(value: object) -> bool:
     return isinstance(elements, ir.DenseElementsAttr) and elements.is_splat
 
 
+def _views_an_argument(value: object) -> bool:
+    """Whether ``value`` is a function argument seen through ops that only move elements."""
+    source = _defining_op(value)
+    while source is not None and source.name in _VIEWS:  # type: ignore[attr-defined]
+        value = source.operands[0]  # type: ignore[attr-defined]
+        source = _defining_op(value)
+    return source is None
+
+
 def _read_elsewhere(value: object) -> bool:
     """Whether the op-computed, non-constant ``value`` has more than one use (an in-place op's being one)."""
     uses = len(list(value.uses))  # type: ignore[attr-defined]
-    return uses > 1 and _defining_op(value) is not None and not _is_constant(value)
+    return uses > 1 and not _views_an_argument(value) and not _is_constant(value)
 
 
 def _copy_shared_in_place_operands(module: object) -> None:
@@ -323,6 +332,12 @@ def _copy_shared_in_place_operands(module: object) -> None:
     other; the base, when returned too, came back with the updates in it. (Constants are
     unaffected: a splat one, also seen through a broadcast, becomes a ``stream.async.splat``, which
     is not pure, and IREE always clones any other; so are function arguments, which are imports.)
+    A function argument seen through a reshape or another view gets no barrier either (a transpose
+    or broadcast of one is a dispatch that reads a buffer, which the hazard above spares); after a
+    reshape the barrier is of the imported buffer itself, and IREE then elided the in-place op's clone of it:
+    ``x.scatter(0, index, -1.0, reduce="add")`` of a flattened input wrote into ``x``'s buffer
+    before a multiplying scatter of ``x`` in the same graph read it, and its result came back
+    with the additions in it.
 
     Behind one ``optimization_barrier`` that every user reads the tensor through, the clones are
     of the barrier's result, which no dispatch recomputes: they stay, and each in-place op gets a
