@@ -8,6 +8,7 @@ orthonormality), and gradients through losses that do not depend on the signs.
 
 from __future__ import annotations
 
+import pytest
 import torch
 from compare import weighted_backward
 
@@ -65,6 +66,8 @@ def _spectral_outputs(sym, tall, wide):
     }
 
 
+@pytest.mark.slow  # about 100 s on two cores (Jacobi sweeps unrolled, forward and backward); the
+# rank-deficient SVD, pinv and parametrization tests keep eigh and SVD in the fast suite
 def test_eigh_and_svd_match_eager_forward_and_backward():
     """Odd and even sizes (an odd size pads one index), batched, lower and upper triangles."""
     g = torch.Generator().manual_seed(1)
