@@ -261,6 +261,15 @@ def _defining_op(value: object) -> object | None:
     return owner.operation if hasattr(owner, "operation") else owner
 
 
+def _view_source(value: object) -> object | None:
+    """The op that computed ``value``'s elements, seen through ops that only move them (None for
+    a function argument)."""
+    source = _defining_op(value)
+    while source is not None and source.name in _VIEWS:  # type: ignore[attr-defined]
+        source = _defining_op(source.operands[0])  # type: ignore[attr-defined]
+    return source
+
+
 def _barrier(value: object, point: object) -> object:
     """An ``optimization_barrier`` of ``value`` created at ``point``: IREE fuses nothing across it."""
     from torch_mlir import ir
@@ -293,8 +302,7 @@ def _is_constant(value: object) -> bool:
     source = _defining_op(value)
     if source is not None and source.name == "stablehlo.constant":  # type: ignore[attr-defined]
         return True
-    while source is not None and source.name in _VIEWS:  # type: ignore[attr-defined]
-        source = _defining_op(source.operands[0])  # type: ignore[attr-defined]
+    source = _view_source(value)
     if source is None or source.name != "stablehlo.constant":  # type: ignore[attr-defined]
         return False
     elements = source.attributes["value"]  # type: ignore[attr-defined]
@@ -303,11 +311,7 @@ def _is_constant(value: object) -> bool:
 
 def _views_an_argument(value: object) -> bool:
     """Whether ``value`` is a function argument seen through ops that only move elements."""
-    source = _defining_op(value)
-    while source is not None and source.name in _VIEWS:  # type: ignore[attr-defined]
-        value = source.operands[0]  # type: ignore[attr-defined]
-        source = _defining_op(value)
-    return source is None
+    return _view_source(value) is None
 
 
 def _read_elsewhere(value: object) -> bool:
@@ -360,9 +364,7 @@ def _copy_shared_in_place_operands(module: object) -> None:
 
 def _reads_a_slice(value: object) -> bool:
     """Whether ``value`` is a slice seen through ops that only move elements (a strided view)."""
-    source = _defining_op(value)
-    while source is not None and source.name in _VIEWS:  # type: ignore[attr-defined]
-        source = _defining_op(source.operands[0])  # type: ignore[attr-defined]
+    source = _view_source(value)
     return source is not None and source.name == "stablehlo.slice"  # type: ignore[attr-defined]
 
 

@@ -52,6 +52,16 @@ def _sign(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x < 0, -one, one)
 
 
+def _reflector(r: torch.Tensor, j: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Column ``j`` of ``r`` from the diagonal down, as LAPACK's ``larfg`` sees it: its head
+    (the diagonal entry) and the part below, ``beta = -sign(head) * norm`` (the new diagonal
+    entry), and where nothing is to be reflected (the part below is zero)."""
+    x = r[..., j:, j:j + 1]
+    head, below = x[..., :1, :], x[..., 1:, :]
+    tail = (below * below).sum(-2, keepdim=True)
+    return head, below, -_sign(head) * torch.sqrt(head * head + tail), tail == 0
+
+
 def _householder(a: torch.Tensor, complete: bool, with_q: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
     """``(Q, R)`` of ``a`` (``..., m, n``) by Householder reflections; ``Q`` is ``m x m`` (or None)."""
     m, n = a.shape[-2], a.shape[-1]
@@ -59,13 +69,9 @@ def _householder(a: torch.Tensor, complete: bool, with_q: bool = True) -> tuple[
     q = torch.eye(m, dtype=a.dtype, device=a.device).expand(*a.shape[:-2], m, m) if with_q else None
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
     for j in range(min(m - 1, n)):
-        x = r[..., j:, j:j + 1]
-        head, below = x[..., :1, :], x[..., 1:, :]
-        tail = (below * below).sum(-2, keepdim=True)
-        beta = -_sign(head) * torch.sqrt(head * head + tail)
+        head, below, beta, no_reflection = _reflector(r, j)
         v = torch.cat([head - beta, below], dim=-2)
         # H = I - scale v v^T; LAPACK reflects nothing (tau = 0) when ``below`` is zero.
-        no_reflection = tail == 0
         scale = torch.where(no_reflection, zero, 2 / torch.where(no_reflection, 1, (v * v).sum(-2, keepdim=True)))
         block = r[..., j:, :]
         r = torch.cat([r[..., :j, :], block - v * (scale * torch.matmul(v.mT, block))], dim=-2)
@@ -116,11 +122,7 @@ def geqrf(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     r, columns, taus = a, [], []
     one = torch.ones((), dtype=a.dtype, device=a.device)
     for j in range(min(m, n)):
-        x = r[..., j:, j:j + 1]
-        head, below = x[..., :1, :], x[..., 1:, :]
-        tail = (below * below).sum(-2, keepdim=True)
-        no_reflection = tail == 0
-        beta = -_sign(head) * torch.sqrt(head * head + tail)
+        head, below, beta, no_reflection = _reflector(r, j)
         v_below = torch.where(no_reflection, 0 * one, below / torch.where(no_reflection, one, head - beta))
         tau = torch.where(no_reflection, 0 * one, (beta - head) / torch.where(no_reflection, one, beta))
         v = torch.cat([one.expand(head.shape), v_below], dim=-2)
