@@ -20,6 +20,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check torch_neuronx tests bench examples
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -m "not slow" -q
 
 test-slow: $(STAMP)
@@ -30,6 +31,7 @@ bench: $(STAMP)
 
 docs: $(STAMP)
 	$(BIN)/python -m torch_neuronx.config --markdown > docs/environment.md
+	$(BIN)/python -m torch_neuronx.observe --markdown > docs/metrics.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info

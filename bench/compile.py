@@ -117,7 +117,7 @@ def raw_iree_call(compiled_graph, inputs: list[torch.Tensor]) -> object:
 def last_compiled_graph():
     import gc
 
-    from torch_neuronx.dynamo.graph import CompiledGraph
+    from torch_neuronx.pipeline.graph import CompiledGraph
 
     found = None
     for obj in gc.get_objects():

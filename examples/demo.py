@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from torch_neuronx import config
 from torch_neuronx.compiler import CompileOptions, driver
-from torch_neuronx.dynamo import artifacts
+from torch_neuronx.pipeline import artifacts
 
 
 class Block(nn.Module):

@@ -33,7 +33,7 @@ def compiled_graphs() -> list[Any]:
     """Every live ``CompiledGraph``, as the garbage collector lists them (oldest first in practice)."""
     import gc
 
-    from torch_neuronx.dynamo.graph import CompiledGraph
+    from torch_neuronx.pipeline.graph import CompiledGraph
 
     return [o for o in gc.get_objects() if type(o) is CompiledGraph]
 

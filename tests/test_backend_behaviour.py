@@ -14,8 +14,9 @@ import torch
 from models import MLP
 
 from torch_neuronx import metrics
-from torch_neuronx.compiler import CompileOptions, compile_only, neff
+from torch_neuronx.compiler import CompileOptions, compile_only
 from torch_neuronx.compiler.errors import NeuronCompileError
+from torch_neuronx.format import neff
 
 
 def _run(fn, *args, **compile_kwargs):
@@ -113,10 +114,12 @@ def test_editing_the_lowering_code_changes_every_graph_key(tmp_path, monkeypatch
     """Plans, HLO entries and eager kernels are keyed on the decomposition and lowering sources."""
     from torch_neuronx.compiler import hlo
 
-    (tmp_path / "passes").mkdir()
-    (tmp_path / "decompositions").mkdir()
-    for name in ("decompositions/general.py", "lower.py", "torch_to_stablehlo.py", "passes/a.py"):
-        (tmp_path / name).write_text("x = 1\n")
+    for source in hlo._LOWERING_SOURCES:  # a file, or a package of them
+        if source.endswith(".py"):
+            (tmp_path / source).write_text("x = 1\n")
+        else:
+            (tmp_path / source).mkdir()
+            (tmp_path / source / "a.py").write_text("x = 1\n")
     monkeypatch.setattr(hlo, "__file__", str(tmp_path / "hlo.py"))
     before = hlo.sources_digest()
     assert hlo.sources_digest() == before

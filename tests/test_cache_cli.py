@@ -13,14 +13,14 @@ import pytest
 from iree_add import ADD_MLIR, build
 
 from torch_neuronx.cache import keys, store
-from torch_neuronx.compiler import neff
+from torch_neuronx.format import neff
 
 # One run of a program: compile the add module with the given compiler version, from a
 # prebuilt payload (the key, not the payload, is what these tests are about).
 RUN = r"""
 import sys
 from torch_neuronx.cache import keys, store
-from torch_neuronx.compiler import neff
+from torch_neuronx.format import neff
 mlir, vmfb, version, target = sys.argv[1:5]
 key = keys.neff_key(open(mlir).read(), {"target": target}, version, graph_id="add")
 payload = open(vmfb, "rb").read()

@@ -14,7 +14,7 @@ import pytest
 from iree_add import ADD_MLIR, CONFIG, IREE_FLAGS
 
 from torch_neuronx.cache import keys, locks, maintenance, store
-from torch_neuronx.compiler import neff
+from torch_neuronx.format import neff
 
 VERSION = "iree-3.13.0"
 
@@ -24,7 +24,7 @@ VERSION = "iree-3.13.0"
 WORKER = r"""
 import json, os, subprocess, sys, time
 from torch_neuronx.cache import atomic, keys, locks, store
-from torch_neuronx.compiler import neff
+from torch_neuronx.format import neff
 
 spec = json.loads(sys.argv[1])
 key = keys.neff_key(spec["hlo"], spec["config"], spec["version"], graph_id="add")

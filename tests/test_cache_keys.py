@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from torch_neuronx.cache import keys
-from torch_neuronx.compiler import neff
+from torch_neuronx.format import neff
 
 HLO = """\
 module @jit_add {

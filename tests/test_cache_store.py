@@ -14,7 +14,7 @@ import pytest
 from iree_add import ADD_MLIR, CONFIG, build
 
 from torch_neuronx.cache import keys, layout, locks, maintenance, stats, store
-from torch_neuronx.compiler import neff
+from torch_neuronx.format import neff
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from compare import last_compiled_graph
 
 from torch_neuronx import metrics
 from torch_neuronx.compiler import CompileOptions, compile_only
-from torch_neuronx.device.tensor import NeuronTensor
+from torch_neuronx.runtime.tensor import NeuronTensor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from demo import Block  # noqa: E402

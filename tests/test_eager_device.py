@@ -14,7 +14,7 @@ import torch
 
 import torch_neuronx
 from torch_neuronx import metrics
-from torch_neuronx.device.tensor import NeuronTensor
+from torch_neuronx.runtime.tensor import NeuronTensor
 
 
 def counted(name: str) -> int:

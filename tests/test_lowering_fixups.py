@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch_mlir import ir
 
-from torch_neuronx.compiler import torch_to_stablehlo
+from torch_neuronx.compiler import stablehlo_fixups
 
 _NARROWED = """
 module {
@@ -26,11 +26,11 @@ def test_narrowing_converts_of_float64_constants_become_rounded_constants():
     context = ir.Context()
     context.allow_unregistered_dialects = True
     module = ir.Module.parse(_NARROWED, context)
-    torch_to_stablehlo._round_narrowed_constants(module)
+    stablehlo_fixups._round_narrowed_constants(module)
     text = module.operation.get_asm()
     assert "stablehlo.convert" not in text
     values = {}
-    for op in torch_to_stablehlo._ops_named(module, "stablehlo.constant"):
+    for op in stablehlo_fixups._ops_named(module, "stablehlo.constant"):
         attr = ir.DenseFPElementsAttr(op.attributes["value"])
         kind = str(ir.RankedTensorType(op.results[0].type))
         values[kind] = [ir.FloatAttr(attr.get_splat_value()).value] if attr.is_splat else np.array(attr).tolist()

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from torch_neuronx.compiler import neff
+from torch_neuronx.format import neff
 
 PAYLOAD = bytes(range(256)) * 40
 

@@ -17,8 +17,9 @@ from compare import compiled_graphs
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from torch_neuronx.compiler.options import CompileOptions
-from torch_neuronx.dynamo.artifacts import GraphArtifacts
-from torch_neuronx.dynamo.graph import CompiledGraph, build_graph, compile_graph
+from torch_neuronx.dynamo.graph import compile_graph
+from torch_neuronx.pipeline.artifacts import GraphArtifacts
+from torch_neuronx.pipeline.graph import CompiledGraph, build_graph
 
 
 def _graph_with_inputs_as_outputs() -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
@@ -28,7 +29,7 @@ def _graph_with_inputs_as_outputs() -> tuple[torch.fx.GraphModule, list[torch.Te
 
 def test_aot_graph_outputs_that_are_inputs_are_those_tensors():
     gm, inputs = _graph_with_inputs_as_outputs()
-    compiled = compile_graph(gm, inputs, options=CompileOptions(), model="saved_inputs", kind="forward")
+    compiled = compile_graph(gm, inputs, options=CompileOptions().resolve(), model="saved_inputs", kind="forward")
     out = compiled(list(inputs))
     assert out[1] is inputs[0] and out[2] is inputs[1]
     torch.testing.assert_close(out[0], torch.tanh(inputs[0] @ inputs[1]))
@@ -38,7 +39,7 @@ def test_aot_graph_outputs_that_are_inputs_are_those_tensors():
 def test_other_graphs_return_new_tensors_for_their_inputs():
     """Kernels (and any graph outside aot_autograd) keep fresh outputs: no aliasing of inputs."""
     gm, inputs = _graph_with_inputs_as_outputs()
-    compiled, _ = build_graph(gm, CompileOptions(), "fresh_outputs", GraphArtifacts("fresh_outputs"))
+    compiled, _ = build_graph(gm, CompileOptions().resolve(), "fresh_outputs", GraphArtifacts("fresh_outputs"))
     out = compiled(list(inputs))
     assert out[1] is not inputs[0] and out[1].data_ptr() != inputs[0].data_ptr()
     torch.testing.assert_close(out[1], inputs[0])

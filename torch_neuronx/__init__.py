@@ -21,7 +21,7 @@ from torch_neuronx.device import register as _register_device  # noqa: E402
 if _sys.argv[:1] != ["-m"] or "torch" in _sys.modules:
     _register_device()
 
-__version__ = "0.1.0"
+from torch_neuronx.version import __version__  # noqa: E402, F401
 
 
 def __getattr__(name: str) -> object:

@@ -1,36 +1,30 @@
 """Process-wide counters of the neuron backend (fallbacks, compiles, cache events).
 
-The metric tables and their CSV export build on these counters; this module is
-the one place that counts, so every layer reports through :func:`increment`.
+The counters live in the instrumentation layer (:mod:`torch_neuronx.observe`),
+where every layer reports them under a registered name; this module is their
+public face, and the metric tables and their CSV export will build on it.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import Counter
-
-_lock = threading.Lock()
-_counters: Counter[str] = Counter()
+from torch_neuronx.observe import events
 
 
 def increment(name: str, amount: int = 1) -> None:
-    """Add ``amount`` to the counter ``name``."""
-    with _lock:
-        _counters[name] += amount
+    """Add ``amount`` to the counter ``name`` (a name registered in ``torch_neuronx/observe/names.py``)."""
+    events.count(name, amount)
 
 
 def counter(name: str) -> int:
     """The current value of ``name`` (0 when never incremented)."""
-    return _counters[name]
+    return events.counter(name)
 
 
 def counters() -> dict[str, int]:
     """A snapshot of every counter."""
-    with _lock:
-        return dict(_counters)
+    return events.counters()
 
 
 def reset() -> None:
     """Set every counter back to zero (tests use this)."""
-    with _lock:
-        _counters.clear()
+    events.reset_counters()

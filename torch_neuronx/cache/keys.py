@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from torch_neuronx import config
-from torch_neuronx.compiler import neff
+from torch_neuronx.format import neff
 
 _log = logging.getLogger("torch_neuronx.cache")
 

@@ -14,7 +14,7 @@ import shutil
 import time
 
 from torch_neuronx.cache import atomic, layout
-from torch_neuronx.compiler import neff
+from torch_neuronx.format import neff
 
 
 @dataclasses.dataclass

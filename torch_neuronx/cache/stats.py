@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 
+from torch_neuronx import observe
 from torch_neuronx.cache import atomic, layout
 
 _log = logging.getLogger("torch_neuronx.cache")
@@ -47,9 +48,13 @@ def _process_name() -> str:
 
 
 class Stats:
-    """Counters of one cache instance; persisted under ``root`` unless ``root`` is None."""
+    """Counters of one cache instance; persisted under ``root`` unless ``root`` is None.
 
-    def __init__(self, root: str | None):
+    Each count is also reported to the instrumentation layer's listeners as ``{kind}_cache.{name}``.
+    """
+
+    def __init__(self, root: str | None, kind: str = "other"):
+        self._metric = f"{kind}_cache."
         self._counts = dict.fromkeys(COUNTERS, 0)
         self._lock = threading.Lock()
         self._path = os.path.join(stats_dir(root), _process_name() + ".json") if root else None
@@ -62,6 +67,7 @@ class Stats:
         with self._lock:
             self._counts[name] += n
             self._dirty = True
+        observe.tally(self._metric + name, n)
         if not persist:
             return
         if name not in _LAZY:

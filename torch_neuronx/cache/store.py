@@ -36,10 +36,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from torch_neuronx import config
+from torch_neuronx import config, observe
 from torch_neuronx.cache import atomic, explain, layout, locks, stats
 from torch_neuronx.cache.keys import CacheKey
-from torch_neuronx.compiler import neff
+from torch_neuronx.format import neff
 
 _log = logging.getLogger("torch_neuronx.cache")
 
@@ -77,7 +77,7 @@ class NeffCache:
         self._lock_timeout = lock_timeout
         self._memory: collections.OrderedDict[str, neff.Neff] = collections.OrderedDict()
         self._memory_lock = threading.Lock()
-        self.stats = stats.Stats(root)
+        self.stats = stats.Stats(root, "neff")
         self.misses = explain.MissLog(root)
         self._warn_io = _IoWarnings()
 
@@ -138,6 +138,10 @@ class NeffCache:
         return neff_obj
 
     def _lookup(self, key: CacheKey) -> neff.Neff | None:
+        with observe.span("cache.get", cache="neff", key=key.digest):
+            return self._lookup_tiers(key)
+
+    def _lookup_tiers(self, key: CacheKey) -> neff.Neff | None:
         found = self._memory_get(key.digest)
         if found is not None:
             self.stats.incr("hits_memory")
@@ -211,8 +215,9 @@ class NeffCache:
             return found
         with contextlib.ExitStack() as stack:
             try:
-                state = stack.enter_context(
-                    locks.key_lock(key.digest, self._lock_timeout, directory=self.lock_dir))
+                with observe.span("cache.lock_wait", cache="neff", key=key.digest):
+                    state = stack.enter_context(
+                        locks.key_lock(key.digest, self._lock_timeout, directory=self.lock_dir))
             except locks.LockTimeoutError:
                 raise
             except OSError as exc:
@@ -227,7 +232,8 @@ class NeffCache:
             data = compile_fn()
             self.stats.incr("compiles")
             neff_obj = neff.decode(data)
-            path = self._write(key, data)
+            with observe.span("cache.put", cache="neff", key=key.digest):
+                path = self._write(key, data)
             neff_obj = dataclasses.replace(neff_obj, path=path)
             self._memory_put(key.digest, neff_obj)
             return neff_obj
@@ -250,9 +256,10 @@ class HloCache:
     corrupt file is removed and counted; I/O errors become warnings.
     """
 
-    def __init__(self, root: str):
+    def __init__(self, root: str, kind: str = "hlo"):
         self.root = root
-        self.stats = stats.Stats(None)
+        self.kind = kind
+        self.stats = stats.Stats(None, kind)
         self._warn_io = _IoWarnings()
 
     def path(self, key: str) -> str:
@@ -262,6 +269,10 @@ class HloCache:
 
     def get(self, key: str) -> str | None:
         """The cached text of ``key``, or None."""
+        with observe.span("cache.get", cache=self.kind):
+            return self._get(key)
+
+    def _get(self, key: str) -> str | None:
         path = self.path(key)
         try:
             with open(path, "rb") as f:
@@ -291,6 +302,10 @@ class HloCache:
 
     def put(self, key: str, text: str) -> str | None:
         """Store ``text`` under ``key`` atomically; its path, or None when it could not be written."""
+        with observe.span("cache.put", cache=self.kind):
+            return self._put(key, text)
+
+    def _put(self, key: str, text: str) -> str | None:
         body = text.encode("utf-8")
         header = {"key": key, "length": len(body), "sha256": hashlib.sha256(body).hexdigest()}
         path = self.path(key)

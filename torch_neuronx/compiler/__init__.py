@@ -1,4 +1,4 @@
-"""The compiler: options, targets, lowering, the driver (our neuronx-cc) and the NEFF format.
+"""The compiler: options, targets, decompositions, FX passes, lowering and the driver (our neuronx-cc).
 
 Public API: :class:`CompileOptions` and :func:`compile_only`.
 """

@@ -28,11 +28,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from torch_neuronx import config
-from torch_neuronx.compiler import neff
+from torch_neuronx import config, observe
 from torch_neuronx.compiler.errors import CompilerNotFoundError, NeuronCompileError
 from torch_neuronx.compiler.lower import op_from_message
 from torch_neuronx.compiler.targets import Target
+from torch_neuronx.format import neff
 
 _log = logging.getLogger("torch_neuronx.compiler.driver")
 
@@ -50,6 +50,8 @@ class CompileJob:
     key: str
     graph_name: str = "main"
     signature: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # Keep the work directory (TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS); None: read the variable.
+    preserve: bool | None = None
 
 
 def iree_compile_path() -> str:
@@ -118,6 +120,7 @@ def _attempt(job: CompileJob, flags: Sequence[str], workdir: str, *, append: boo
     with open(os.path.join(workdir, "compiler_args.txt"), mode) as f:
         f.write(" ".join(cmd) + "\n")
     invocations += 1
+    observe.count("compiler_invocations")
     try:
         proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
     except OSError as exc:
@@ -174,6 +177,7 @@ def compile_neff(job: CompileJob) -> bytes:
         {"target": job.target.name, "compiler_version": version, "key": job.key, **metadata},
         indent=2) + "\n")
     _log.info("compiled %s in %.2f s (%d bytes)", job.graph_name, elapsed, len(data))
-    if not config.get("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS"):
+    preserve = job.preserve if job.preserve is not None else config.get("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS")
+    if not preserve:
         shutil.rmtree(workdir, ignore_errors=True)
     return data

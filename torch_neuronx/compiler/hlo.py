@@ -1,24 +1,21 @@
-"""Lowering through the HLO cache: an FX graph already lowered by any process is not lowered again.
+"""Keys of the HLO cache: an FX graph already lowered by any process is not lowered again.
 
-The graph key covers everything the lowering reads: the graph's code, the
-shape/dtype/stride of every placeholder, the contents of tensor constants, and
-the versions of torch, torch-mlir and this lowering. On a hit the torch-mlir
-importer is not even imported.
+The cache lookup itself is the pipeline's (``pipeline/lowering.py``). The graph
+key covers everything the lowering reads: the graph's code, the shape/dtype/stride
+of every placeholder, the contents of tensor constants, and the versions of
+torch, torch-mlir and this lowering. On a hit the torch-mlir importer is not
+even imported.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import logging
 import os
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-from torch_neuronx import config
-from torch_neuronx.compiler import lower
 
 _log = logging.getLogger("torch_neuronx.compiler.hlo")
 
@@ -27,7 +24,7 @@ _log = logging.getLogger("torch_neuronx.compiler.hlo")
 LOWERING_VERSION = 4
 # The code that decides what a graph lowers to: decompositions run when aot_autograd traces
 # (so they shape the FX graph a plan or HLO entry stands for), passes and lowering after it.
-_LOWERING_SOURCES = ("decompositions", "lower.py", "torch_to_stablehlo.py", "passes")
+_LOWERING_SOURCES = ("decompositions", "lower.py", "torch_to_stablehlo.py", "stablehlo_fixups.py", "passes")
 
 
 def sources_digest() -> str:
@@ -82,28 +79,3 @@ def graph_key(gm: torch.fx.GraphModule) -> str:
                 with unset_fake_temporarily():
                     h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return "graph-" + h.hexdigest()
-
-
-def lower_cached(gm: torch.fx.GraphModule, *, use_cache: bool = True) -> lower.Lowered:
-    """``lower.lower(gm)``, served from TORCH_NEURONX_HLO_CACHE_DIR when this graph was lowered before.
-
-    ``use_cache=False`` (eager ops with TORCH_NEURONX_HLO_CACHE=0) and
-    TORCH_NEURONX_NEFF_DISABLE_CACHE=1 bypass it: the graph is lowered, nothing is stored.
-    """
-    if not use_cache or config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
-        return lower.lower(gm)
-    from torch_neuronx.cache import store
-
-    cache = store.hlo_cache()
-    key = graph_key(gm)
-    text = cache.get(key)
-    if text is not None:
-        try:
-            entry = json.loads(text)
-            _log.debug("HLO cache hit for %s", key)
-            return lower.Lowered(raw=entry["raw"], stablehlo=entry["stablehlo"])
-        except (ValueError, KeyError):
-            _log.warning("HLO cache entry for %s is malformed; lowering again", key)
-    lowered = lower.lower(gm)
-    cache.put(key, json.dumps({"raw": lowered.raw, "stablehlo": lowered.stablehlo}))
-    return lowered

@@ -80,6 +80,21 @@ class CompileOptions:
         ):
             yield
 
+    def resolve(self) -> ResolvedOptions:
+        """These options over the environment, read once: the value a compile carries down the pipeline.
+
+        Raises ``ValueError`` for an unknown target, before anything is traced.
+        """
+        with self.applied():
+            target = targets.resolve(self.target)
+            flags = (tuple(self.compiler_flags(target)), tuple(self.compiler_flags(target, keep_f64=True)))
+            return ResolvedOptions(
+                options=self, target=target, flags=flags,
+                host_cpu=targets.host_cpu() if target.host_specific else None,
+                fallback=not config.get("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION"),
+                preserve_artifacts=bool(config.get("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS")),
+                complex_decompose=bool(config.get("TORCH_NEURONX_COMPLEX_DECOMPOSE")))
+
     def resolved_target(self) -> targets.Target:
         """The target these options (or the environment) select."""
         return targets.resolve(self.target)
@@ -106,6 +121,48 @@ class CompileOptions:
         if target.host_specific:
             config_["host_cpu"] = targets.host_cpu()
         return config_
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedOptions:
+    """One compilation's options and environment, resolved once at its frontend (immutable).
+
+    Everything below the frontend reads its settings here: the target, the compiler flags
+    (with and without float64 kept), the fallback and artifact policies. :meth:`applied`
+    exposes the same values to the FX passes that read configuration.
+    """
+
+    options: CompileOptions
+    target: targets.Target
+    flags: tuple[tuple[str, ...], tuple[str, ...]]  # (flags, flags keeping float64)
+    host_cpu: str | None
+    fallback: bool
+    preserve_artifacts: bool
+    complex_decompose: bool
+
+    def compiler_flags(self, *, keep_f64: bool = False) -> list[str]:
+        """Every flag passed to the compiler, in order (see :meth:`CompileOptions.compiler_flags`)."""
+        return list(self.flags[keep_f64])
+
+    def compiler_config(self, *, keep_f64: bool = False) -> dict[str, Any]:
+        """The cache-key component describing how code is generated."""
+        config_ = {"target": self.target.name, "compiler": self.target.compiler,
+                   "flags": self.compiler_flags(keep_f64=keep_f64)}
+        if self.host_cpu is not None:
+            config_["host_cpu"] = self.host_cpu
+        return config_
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        """These resolved values as configuration overrides (for the FX passes that read config)."""
+        with config.override(
+            NEURON_PLATFORM_TARGET_OVERRIDE=self.target.name,
+            TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=not self.fallback,
+            TORCH_NEURONX_COMPILE_ONLY=self.options.compile_only,
+            TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS=self.preserve_artifacts,
+            TORCH_NEURONX_COMPLEX_DECOMPOSE=self.complex_decompose,
+        ):
+            yield
 
 
 def compile_only_enabled() -> bool:

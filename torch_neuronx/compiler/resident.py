@@ -23,15 +23,9 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-#: Parameter scope of resident inputs in NEFFs and in the runtime's provider.
-SCOPE = "neuron"
+from torch_neuronx.format.parameters import SCOPE, parameter_key
 
 _ARG = re.compile(r"\s*(%arg(\d+)): (tensor<[^<>{}]*>)\s*")
-
-
-def parameter_key(index: int) -> str:
-    """The parameter key of the module input at ``index`` (its position among the graph's inputs)."""
-    return f"input{index}"
 
 
 def _signature_span(text: str) -> tuple[int, int] | None:

@@ -37,7 +37,10 @@ def register() -> bool:
 
     _setup_privateuseone_for_python_backend("neuron", module, NeuronHooks(), NeuronDeviceGuard())
     _register_kernels()
-    from torch_neuronx.device import accelerator, autocast, backward_errors
+    from torch_neuronx.device import accelerator, autocast, backward_errors, eager
+    from torch_neuronx.runtime import tensor
+
+    tensor.register_dispatcher(eager.dispatch, on_error=backward_errors.note)
 
     autocast.register()
     accelerator.install()
@@ -54,16 +57,21 @@ def _register_kernels() -> None:
     global _library
     import torch
 
+    from torch_neuronx import observe
     from torch_neuronx.device import eager
-    from torch_neuronx.device.tensor import NeuronTensor
+    from torch_neuronx.runtime.tensor import NeuronTensor
 
     def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-        return eager.empty_on_device(size, None, dtype)
+        return eager.empty_on_device(size, None, dtype, device)
 
     def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-        return eager.empty_on_device(size, stride, dtype)
+        return eager.empty_on_device(size, stride, dtype, device)
 
     def copy_from(src, dst, non_blocking=False):
+        if observe.state.active:
+            to_device = isinstance(dst, NeuronTensor)
+            observe.emit("transfer.host_to_device" if to_device else "transfer.device_to_host", src.nbytes,
+                         device=(dst if to_device else src).device.index)
         source = src._data if isinstance(src, NeuronTensor) else src
         target = dst._data if isinstance(dst, NeuronTensor) else dst
         target.copy_(source)

@@ -32,9 +32,14 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from torch_neuronx import config, metrics
+from torch_neuronx import config, observe
+from torch_neuronx.cache import store
+from torch_neuronx.compiler.hlo import lowering_versions
 from torch_neuronx.device import random
-from torch_neuronx.device.tensor import NeuronTensor, alias, allocate, from_cpu
+from torch_neuronx.pipeline import trace as tracing
+from torch_neuronx.process import checked_device_index
+from torch_neuronx.runtime.device import current_index as current_device
+from torch_neuronx.runtime.tensor import NeuronTensor, alias, allocate, from_cpu
 
 _log = logging.getLogger("torch_neuronx.device.eager")
 aten = torch.ops.aten
@@ -49,11 +54,20 @@ def _cpu(value: Any) -> Any:
     return value._data if isinstance(value, NeuronTensor) else value
 
 
-def _to_device(value: Any) -> Any:
-    """A CPU result of an op on neuron tensors, placed in device memory."""
+def _to_device(value: Any, index: int = 0) -> Any:
+    """A CPU result of an op on neuron tensors, placed in the memory of device ``index``."""
     if isinstance(value, torch.Tensor) and not isinstance(value, NeuronTensor):
-        return from_cpu(value)
+        return from_cpu(value, index=index)
     return value
+
+
+def _on_device(index: int) -> Callable[[Any], Any]:
+    return lambda value: _to_device(value, index)
+
+
+def _mixed_devices(func: Any, first: int, other: int) -> RuntimeError:
+    return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                        f"neuron:{first} and neuron:{other}! (when checking arguments for {func})")
 
 
 def _first_neuron(args: Any) -> NeuronTensor:
@@ -69,8 +83,11 @@ def _to_copy(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     plain = {k: v for k, v in kwargs.items() if k != "device"}
     copied = aten._to_copy.default(_cpu(source), **plain)
     if device is not None and torch.device(device).type != "neuron":
+        if observe.state.active:
+            observe.emit("transfer.device_to_host", copied.nbytes, device=source.device.index)
         return copied.to(device)  # neuron -> cpu (or another device): leaves device memory
-    return from_cpu(copied)
+    index = torch.device(device).index if device is not None else None
+    return from_cpu(copied, index=source._index if index is None else checked_device_index(index))
 
 
 def wrote(*tensors: Any) -> None:
@@ -161,18 +178,12 @@ def dispatch_key(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tupl
 def _hlo_key(key: tuple) -> str:
     """The HLO cache key of a dispatch key: with the lowering and trace versions, so entries that
     older code wrote (format 2 traced ``a * a`` as a one-input kernel) are never looked up."""
-    from torch_neuronx.compiler.hlo import lowering_versions
-    from torch_neuronx.kernels.trace import FORMAT
-
-    text = f"{lowering_versions()}|trace-format-{FORMAT}|{key!r}"
+    text = f"{lowering_versions()}|trace-format-{tracing.FORMAT}|{key!r}"
     return "eager-" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def _compile(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """The compiled kernel of ``func`` for this dispatch key (HLO cache, else trace and lower)."""
-    from torch_neuronx.cache import store
-    from torch_neuronx.kernels import trace as tracing
-
     use_hlo_cache = config.get("TORCH_NEURONX_HLO_CACHE") and not config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE")
     name = f"eager_{func._schema.name.split('::')[1]}"
     if use_hlo_cache:
@@ -180,7 +191,7 @@ def _compile(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any])
         if text is not None:
             try:
                 stored = tracing.Trace.from_json(text)
-                metrics.increment("eager_hlo_cache_hits")
+                observe.count("eager_hlo_cache_hits")
                 return tracing.load(stored), stored.result_spec()
             except (ValueError, KeyError, TypeError):
                 _log.warning("ignoring a malformed eager HLO cache entry for %s", func)
@@ -196,7 +207,7 @@ def _compile(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any])
 
     cpu_tensors = [_cpu(leaves[i]) for i in positions]
     compiled, stored, out_spec = tracing.trace(call, name, cpu_tensors, hlo_cache=use_hlo_cache)
-    metrics.increment("eager_ops_compiled")
+    observe.count("eager_ops_compiled")
     text = stored.to_json()
     if use_hlo_cache and text is not None:
         store.hlo_cache().put(_hlo_key(key), text)
@@ -209,13 +220,13 @@ def _compiler_thread() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _fallback(func: Any, args: Sequence[Any], kwargs: dict[str, Any], reason: str) -> Any:
-    metrics.increment("eager_fallbacks")
+    observe.count("eager_fallbacks")
     name = str(func)
     if name not in _warned:
         _warned.add(name)
         warnings.warn(f"neuron: {name} runs on the CPU ({reason})", RuntimeWarning, stacklevel=4)
     out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
-    return pytree.tree_map(_to_device, out)
+    return pytree.tree_map(_on_device(_first_neuron((args, kwargs))._index), out)
 
 
 def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
@@ -240,8 +251,16 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
         leaves = pytree.tree_leaves((list(args), kwargs))
     else:  # the common case, without pytree's cost: positional tensors and scalars
         leaves = args
-    tensors = [leaf._data if isinstance(leaf, NeuronTensor) else leaf for leaf in leaves
-               if isinstance(leaf, torch.Tensor)]
+    tensors, index = [], -1
+    for leaf in leaves:
+        if isinstance(leaf, NeuronTensor):
+            if leaf._index != index:
+                if index >= 0:
+                    raise _mixed_devices(func, index, leaf._index)
+                index = leaf._index
+            tensors.append(leaf._data)
+        elif isinstance(leaf, torch.Tensor):
+            tensors.append(leaf)
     try:
         results = compiled(tensors)
     except Exception as exc:
@@ -250,8 +269,8 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
             raise
         return _fallback(func, args, kwargs, f"execution failed: {exc}")
     if out_spec.is_leaf():
-        return _to_device(results[0])
-    return pytree.tree_map(_to_device, pytree.tree_unflatten(results, out_spec))
+        return _to_device(results[0], index)
+    return pytree.tree_map(_on_device(index), pytree.tree_unflatten(results, out_spec))
 
 
 _SPECIAL_OP, _COMPOSITE_VIEW, _INPLACE_VIEW, _VIEW, _RANDOM, _IN_PLACE, _NO_FUNCTIONAL, _FUNCTIONAL = range(8)
@@ -307,7 +326,7 @@ def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         if extra:
             wrote(args[0])
             return args[0]
-        return pytree.tree_map(_to_device, out)
+        return pytree.tree_map(_on_device(_first_neuron(args)._index), out)
     out = _fallback(func, args, kwargs, "an in-place or out= variant without a functional form")
     wrote(*_written(func, args, kwargs))
     return out
@@ -319,7 +338,9 @@ def _written(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any
     return [args[i] if i < len(args) else kwargs.get(schema[i].name) for i in _mutated(func)]
 
 
-def empty_on_device(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype | None) -> NeuronTensor:
-    """A new uninitialized neuron tensor."""
-    data, allocation = allocate(size, stride, dtype or torch.get_default_dtype())
-    return NeuronTensor(data, allocation)
+def empty_on_device(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype | None,
+                    device: Any = None) -> NeuronTensor:
+    """A new uninitialized neuron tensor on ``device`` (``neuron:N``; no index: the current device)."""
+    index = device.index if isinstance(device, torch.device) and device.index is not None else current_device()
+    data, allocation = allocate(size, stride, dtype or torch.get_default_dtype(), checked_device_index(index))
+    return NeuronTensor(data, allocation, index=index)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from torch_neuronx import process
 from torch_neuronx.device.random import (  # noqa: F401
     get_rng_state,
     get_rng_state_all,
@@ -37,6 +38,7 @@ from torch_neuronx.memory import (  # noqa: F401  (re-exported as torch.neuron.*
     reset_accumulated_memory_stats,  # noqa: F401
     reset_peak_memory_stats,
 )
+from torch_neuronx.runtime import device as runtime_device
 from torch_neuronx.runtime.streams import (  # noqa: F401
     Event,
     Stream,
@@ -47,7 +49,6 @@ from torch_neuronx.runtime.streams import (  # noqa: F401
     synchronize,
 )
 
-_current = 0
 _initialized = True  # torch.cuda's flag: torch.utils.checkpoint saves a device's RNG state only when it is set
 
 
@@ -57,24 +58,18 @@ def is_available() -> bool:
 
 
 def device_count() -> int:
-    """The number of neuron devices visible to this process."""
-    return 1
+    """The number of neuron devices visible to this process (TORCH_NEURONX_VISIBLE_DEVICES; default 1)."""
+    return process.device_count()
 
 
 def current_device() -> int:
-    """The index of the current neuron device."""
-    return _current
+    """The index of this thread's current neuron device."""
+    return runtime_device.current_index()
 
 
 def set_device(device: Any) -> None:
-    """Select the current neuron device (only index 0 exists here)."""
-    global _current
-    from torch_neuronx.runtime.streams import device_index
-
-    index = device_index(device)
-    if not 0 <= index < device_count():
-        raise ValueError(f"neuron device {index} does not exist; device_count() is {device_count()}")
-    _current = index
+    """Select this thread's current neuron device; an index this process does not see is an error."""
+    runtime_device.set_current(device)
 
 
 def is_initialized() -> bool:
@@ -123,7 +118,7 @@ def get_device_name(device: Any = None) -> str:
     """The name of a neuron device: its target's runtime (the host CPU here)."""
     import platform
 
-    from torch_neuronx.runtime.streams import device_index
+    from torch_neuronx.process import device_index
 
     return f"NeuronCore {device_index(device)} ({platform.machine()} host)"
 
@@ -142,7 +137,7 @@ class device:
     """Context manager that makes ``device`` the current neuron device, as ``torch.cuda.device``."""
 
     def __init__(self, device: Any) -> None:
-        from torch_neuronx.runtime.streams import device_index
+        from torch_neuronx.process import device_index
 
         self.index = -1 if device is None else device_index(device)
         self.previous = -1

@@ -26,7 +26,7 @@ _lock = threading.Lock()  # serializes draws of ops that can only use the host's
 
 
 def _index(device: Any) -> int:
-    from torch_neuronx.runtime.streams import device_index
+    from torch_neuronx.process import device_index
 
     return device_index(device)
 

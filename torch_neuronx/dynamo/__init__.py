@@ -1,0 +1,1 @@
+"""The torch.compile frontend: the ``neuron`` backend Dynamo calls, aot_autograd's hooks, warm starts."""

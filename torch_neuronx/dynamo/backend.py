@@ -34,10 +34,11 @@ from torch_neuronx import config
 from torch_neuronx.compiler import decompositions
 from torch_neuronx.compiler.decompositions import functional, linalg
 from torch_neuronx.compiler.errors import NeuronCompileError
-from torch_neuronx.compiler.options import CompileOptions
-from torch_neuronx.device.tensor import NeuronTensor, from_cpu
+from torch_neuronx.compiler.options import CompileOptions, ResolvedOptions
 from torch_neuronx.dynamo import fallback, plans, precompile
-from torch_neuronx.dynamo.graph import CompiledGraph, compile_graph, from_plan
+from torch_neuronx.dynamo.graph import compile_graph
+from torch_neuronx.pipeline.graph import CompiledGraph, from_plan
+from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
 
 _log = logging.getLogger("torch_neuronx.dynamo")
 
@@ -65,7 +66,7 @@ def _is_symbolic(example_inputs: Sequence[Any]) -> bool:
 
 
 def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                 options: CompileOptions, model: str, plan_key: str | None = None) -> Callable:
+                 options: ResolvedOptions, model: str, plan_key: str | None = None) -> Callable:
     plain: list[CompiledGraph] = []
     on_device = any(isinstance(a, NeuronTensor) for a in example_inputs)
 
@@ -73,7 +74,7 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         if not on_device:  # a plan runs on host tensors: neuron tensors need _on_device's wrapping
             if plan_key:
                 plans.save(plan_key, plan)
-            precompile.record(gm, plan, options)
+            precompile.record(gm, plan, options.options)
         plain.append(compiled)
 
     def compiler(kind: str) -> Callable:
@@ -98,10 +99,9 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     except Exception as exc:  # aot_autograd / decomposition failures: the trace stage
         err = NeuronCompileError("trace", f"aot_autograd could not trace the graph: "
                                  f"{type(exc).__name__}: {exc}", graph=model)
-        with options.applied():
-            if not fallback.enabled():
-                raise err from exc
-            fallback.warn(err)
+        if not options.fallback:
+            raise err from exc
+        fallback.warn(err)
         return gm.forward
     # A plain inference graph runs as-is on Dynamo's inputs (on the inner tensors of neuron
     # tensors): skip aot_autograd's runtime wrapper, which costs more than the whole NEFF
@@ -132,7 +132,7 @@ class _ShapeSpecialized:
     as constants: aot_autograd cannot trace ``.item()`` of a concrete input (Dynamo's own
     remedy, a restart with the scalar fixed, is over once the graph runs)."""
 
-    def __init__(self, gm: torch.fx.GraphModule, options: CompileOptions, model: str) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, options: ResolvedOptions, model: str) -> None:
         self.gm, self.options, self.model = gm, options, model
         self.compiled: dict[tuple, Callable] = {}
         self.scalars = _item_inputs(gm)
@@ -217,19 +217,16 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 
 def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                           options: CompileOptions | dict | None) -> Callable:
-    import torch_neuronx  # noqa: F401  (configures logging when used via the entry point)
-
     opts = CompileOptions.from_any(options)
-    with opts.applied():
-        opts.resolved_target()  # an unknown target fails here, before any tracing
+    resolved = opts.resolve()  # once, for the whole compilation; an unknown target fails here
     model = _model_name(opts)
     if _is_symbolic(example_inputs):
-        return _ShapeSpecialized(gm, opts, model)
-    with opts.applied():
-        plan_key = plans.dynamo_key(gm, example_inputs, opts)
-        plan = plans.load(plan_key) if plan_key else None
-        if plan is not None:
-            _log.info("warm start of %s from plan %s", model, plan_key)
-            precompile.record(gm, plan, opts)
-            return from_plan(plan, opts, gm, name=f"{model}_inference").call_unboxed
-    return _aot_compile(gm, example_inputs, opts, model, plan_key)
+        return _ShapeSpecialized(gm, resolved, model)
+    plan_key = plans.dynamo_key(gm, example_inputs, resolved)
+    plan = plans.load(plan_key) if plan_key else None
+    if plan is not None:
+        _log.info("warm start of %s from plan %s", model, plan_key)
+        precompile.record(gm, plan, opts)
+        with resolved.applied():
+            return from_plan(plan, resolved, gm, name=f"{model}_inference").call_unboxed
+    return _aot_compile(gm, example_inputs, resolved, model, plan_key)

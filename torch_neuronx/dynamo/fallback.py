@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import warnings
 
-from torch_neuronx import config, metrics
+from torch_neuronx import config, observe
 from torch_neuronx.compiler.errors import NeuronCompileError
 
 _warned: set[str] = set()
@@ -21,7 +21,7 @@ def enabled() -> bool:
 
 def warn(err: NeuronCompileError) -> None:
     """Count a fallback and warn about it once per distinct failure."""
-    metrics.increment("fallback_graphs")
+    observe.count("fallback_graphs")
     key = f"{err.stage}:{err.op}:{err.graph}"
     if key not in _warned:
         _warned.add(key)

@@ -22,9 +22,13 @@ from typing import Any
 import torch
 
 from torch_neuronx import config
+from torch_neuronx.cache import store
 from torch_neuronx.compiler import hlo
-from torch_neuronx.compiler.options import CompileOptions
-from torch_neuronx.device.tensor import NeuronTensor
+from torch_neuronx.compiler.options import ResolvedOptions
+from torch_neuronx.pipeline.plan import Plan
+from torch_neuronx.runtime.tensor import NeuronTensor
+
+__all__ = ["PLAN_VERSION", "Plan", "dynamo_key", "load", "plain_inference", "save"]
 
 _log = logging.getLogger("torch_neuronx.dynamo.plans")
 _PLAIN = (torch.Tensor, torch.nn.Parameter, torch._subclasses.fake_tensor.FakeTensor)
@@ -32,38 +36,12 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter, torch._subclasses.fake_tensor.FakeTe
 PLAN_VERSION = 8
 
 
-@dataclasses.dataclass
-class Plan:
-    """Everything needed to run a compiled inference graph without re-tracing it."""
-
-    graph_name: str
-    raw: str
-    stablehlo: str
-    # Per output: None (a compiled tensor), ["constant", value] or ["input", i] (graph.py:_strip_outputs).
-    template: list[Any]
-    outputs: list[dict[str, Any]]  # {"shape", "dtype"} of each compiled output
-    inputs: list[dict[str, Any]]
-    complex_inputs: list[int]
-    complex_outputs: list[int]
-    flops: int
-    keep_f64: bool = False
-    copy_inputs: bool = False  # see graph.writes_its_inputs
-    resident: list[int] = dataclasses.field(default_factory=list)  # see graph.resident_inputs
-    # Trailing NEFF inputs drawn on every call (compiler/passes/random_inputs.py).
-    random_inputs: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    # Checks of trailing outputs run on the host after every call (compiler/passes/host_checks.py).
-    host_checks: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    # [output, inverse permutation] of outputs the NEFF returns in memory order
-    # (compiler/passes/output_layouts.py).
-    output_layouts: list[list[Any]] = dataclasses.field(default_factory=list)
-
-
 def _tensor_spec(t: torch.Tensor) -> str:
     # The type tells parameters (kept resident by the runtime) from other inputs.
     return f"{type(t).__name__}:{tuple(t.shape)}:{t.stride()}:{t.dtype}:{t.requires_grad}"
 
 
-def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: CompileOptions) -> str | None:
+def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: ResolvedOptions) -> str | None:
     """The plan key of a Dynamo graph, or None when the graph cannot use a plan (training, symbolic)."""
     if config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
         return None
@@ -71,11 +49,10 @@ def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
         return None  # symbolic sizes, or tensor subclasses (neuron tensors) that need aot_autograd's wrapping
     if torch.is_grad_enabled() and any(a.requires_grad for a in example_inputs):
         return None  # a training graph: aot_autograd builds its backward
-    target = options.resolved_target()
     h = hashlib.sha256()
     h.update(f"plan {PLAN_VERSION} {hlo.graph_key(gm)}".encode())
-    h.update(json.dumps(options.compiler_config(target), sort_keys=True).encode())
-    h.update(f"complex_decompose={config.get('TORCH_NEURONX_COMPLEX_DECOMPOSE')}".encode())
+    h.update(json.dumps(options.compiler_config(), sort_keys=True).encode())
+    h.update(f"complex_decompose={options.complex_decompose}".encode())
     for a in example_inputs:
         h.update(_tensor_spec(a).encode())
     return "plan-" + h.hexdigest()
@@ -108,8 +85,6 @@ def plain_inference(example_inputs: Sequence[Any], graph_inputs: Sequence[Any]) 
 
 def load(key: str) -> Plan | None:
     """The stored plan for ``key``, or None."""
-    from torch_neuronx.cache import store
-
     text = store.hlo_cache().get(key)
     if text is None:
         return None
@@ -122,8 +97,6 @@ def load(key: str) -> Plan | None:
 
 def save(key: str, plan: Plan) -> None:
     """Store ``plan`` under ``key`` (best effort: a plan that cannot be serialized is skipped)."""
-    from torch_neuronx.cache import store
-
     try:
         text = json.dumps(dataclasses.asdict(plan))
     except (TypeError, ValueError):

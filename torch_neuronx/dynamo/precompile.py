@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch._dynamo.precompile_context import BackendCacheArtifact, PrecompileContext
 
-from torch_neuronx import config, metrics
+from torch_neuronx import observe, process
 from torch_neuronx.compiler.options import CompileOptions
 from torch_neuronx.dynamo import plans
 
@@ -43,9 +43,9 @@ class NeuronPrecompileArtifact(BackendCacheArtifact[Any]):
         from torch_neuronx.dynamo.graph import from_plan_unboxed
 
         payload = json.loads(self.content)
-        options = CompileOptions.from_any(payload["options"])
+        options = CompileOptions.from_any(payload["options"]).resolve()
         plan = plans.Plan(**payload["plan"])
-        metrics.increment("precompile_restores")
+        observe.count("precompile_restores")
         return from_plan_unboxed(plan, options)
 
 
@@ -55,8 +55,8 @@ def _per_rank_store() -> None:
         return
     from torch._dynamo.package import DynamoCache, cache_dir
 
-    rank = config.get("RANK")
-    DynamoCache.path_prefix = lambda: os.path.join(cache_dir(), "dynamo", f"rank{rank}")  # type: ignore[method-assign]
+    root = os.path.join(cache_dir(), "dynamo")
+    DynamoCache.path_prefix = lambda: process.rank_dir(root)  # type: ignore[method-assign]
 
 
 def _save_at_exit() -> None:

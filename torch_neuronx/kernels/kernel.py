@@ -29,12 +29,13 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
-from torch_neuronx import metrics
+from torch_neuronx import observe
 from torch_neuronx.cache.keys import CacheKey, canonical_json
-from torch_neuronx.device.tensor import NeuronTensor, from_cpu
-from torch_neuronx.dynamo.graph import CompiledGraph, tensor_spec
-from torch_neuronx.kernels import trace as trace_mod
 from torch_neuronx.kernels import trace_cache, wheels
+from torch_neuronx.pipeline import trace as trace_mod
+from torch_neuronx.pipeline.graph import CompiledGraph
+from torch_neuronx.pipeline.plan import tensor_spec
+from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
 
 _log = logging.getLogger("torch_neuronx.kernels")
 
@@ -141,11 +142,11 @@ class Kernel(Generic[P, R]):
         key = self._key(declared, specs) if trace_cache.enabled() else None
         found = trace_cache.get(key) if key is not None else None
         if found is not None:
-            metrics.increment("kernel_trace_cache_hits")
+            observe.count("kernel_trace_cache_hits")
             _log.debug("kernel %s: trace cache hit %s", self.name, key.digest)
             return trace_mod.load(found), found.result_spec()
         if key is not None:
-            metrics.increment("kernel_trace_cache_misses")
+            observe.count("kernel_trace_cache_misses")
             _log.info("kernel %s: trace cache miss %s (components %s)", self.name, key.digest, key.components)
 
         def call(inputs: list[torch.Tensor]) -> Any:

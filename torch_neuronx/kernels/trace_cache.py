@@ -9,7 +9,7 @@ warnings, never failures of the user's program.
 
 An entry is also what a hit needs to run without the Python function: the
 compile plan of the kernel's graph and the structure of its result (see
-:mod:`torch_neuronx.kernels.trace`). The key (:func:`trace_key`) is built like the NEFF cache's keys, from named
+:mod:`torch_neuronx.pipeline.trace`). The key (:func:`trace_key`) is built like the NEFF cache's keys, from named
 components hashed one by one and logged at DEBUG, so two keys say which
 component differs: the kernel's qualified name, its source, its declared
 (non-tensor) arguments, its tensor specs, the wheel versions of its source
@@ -34,7 +34,8 @@ from torch_neuronx.cache import atomic
 from torch_neuronx.cache.keys import CacheKey, canonical_json, key_from_components
 from torch_neuronx.cache.store import HloCache
 from torch_neuronx.compiler import hlo
-from torch_neuronx.kernels import trace as trace_mod
+from torch_neuronx.pipeline import trace as trace_mod
+from torch_neuronx.version import __version__
 
 _log = logging.getLogger("torch_neuronx.kernels")
 
@@ -77,19 +78,17 @@ def _store() -> HloCache:
     root = directory()
     with _caches_lock:
         if root not in _caches:
-            _caches[root] = HloCache(root)
+            _caches[root] = HloCache(root, "trace")
         return _caches[root]
 
 
 @functools.cache
 def _toolchain() -> dict[str, Any]:
-    import torch_neuronx
-
     try:
         torch_mlir = importlib.metadata.version("torch-mlir")
     except importlib.metadata.PackageNotFoundError:
         torch_mlir = "unknown"
-    return {"torch": torch.__version__, "torch_mlir": torch_mlir, "torch_neuronx": torch_neuronx.__version__,
+    return {"torch": torch.__version__, "torch_mlir": torch_mlir, "torch_neuronx": __version__,
             "lowering": hlo.lowering_versions(),
             "trace_format": trace_mod.FORMAT}
 

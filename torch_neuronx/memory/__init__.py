@@ -15,11 +15,12 @@ reaches the bytes zero-copy with :func:`block_view`.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from torch_neuronx import config
 from torch_neuronx.memory.segments import block_buffer, block_view
-from torch_neuronx.runtime import streams as _streams
+from torch_neuronx.process import device_index
 
 if TYPE_CHECKING:
     from torch_neuronx.memory.allocator import CachingAllocator, OutOfMemoryError  # noqa: F401
@@ -47,7 +48,7 @@ def __getattr__(name: str) -> Any:
 
 def device_allocator(device: Any = None) -> CachingAllocator:
     """The caching allocator of ``device``, created (and configured, once) on first use."""
-    index = _streams.device_index(device)
+    index = device_index(device)
     allocator = _allocators.get(index)
     if allocator is None:
         from torch_neuronx.memory.allocator import CachingAllocator
@@ -73,9 +74,26 @@ def _selected(device: Any) -> list[CachingAllocator]:
 # -- raw allocation ----------------------------------------------------------
 
 
+_current_stream_id: Callable[[int], int] = lambda index: 0  # noqa: E731  (until streams register)
+
+
+def set_current_stream_resolver(resolver: Callable[[int], int]) -> None:
+    """Register how to find a device's current stream id (the runtime's streams do, at import).
+
+    The allocator sits below the streams: it keys blocks by stream id and never imports them.
+    """
+    global _current_stream_id
+    _current_stream_id = resolver
+
+
+def current_stream_id(index: int) -> int:
+    """The id of the current stream of device ``index`` (0, the default stream, before streams exist)."""
+    return _current_stream_id(index)
+
+
 def _stream_id(stream: Any, index: int) -> int:
     if stream is None:
-        return _streams.current_stream(index).id
+        return _current_stream_id(index)
     if isinstance(stream, int):
         return stream
     if stream.device_index != index:
@@ -88,7 +106,7 @@ def caching_allocator_alloc(size: int, device: Any = None, stream: Any = None) -
 
     Raises :class:`OutOfMemoryError` when the device is full.
     """
-    index = _streams.device_index(device)
+    index = device_index(device)
     return device_allocator(index).malloc(size, _stream_id(stream, index))
 
 
@@ -103,7 +121,7 @@ def caching_allocator_delete(address: int) -> None:
     raise ValueError(f"address {address:#x} was not allocated by a neuron caching allocator")
 
 
-def record_stream(address: int, stream: _streams.Stream) -> None:
+def record_stream(address: int, stream: Any) -> None:
     """Mark the allocation at ``address`` as used by ``stream`` (``Tensor.record_stream``).
 
     After it is freed, the memory is reused only once the work queued on
@@ -189,5 +207,5 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     """A human-readable table of :func:`memory_stats`, laid out like ``torch.cuda.memory_summary``."""
     from torch_neuronx.memory import stats
 
-    index = _streams.device_index(device)
+    index = device_index(device)
     return stats.summary(memory_stats(index), index, abbreviated)

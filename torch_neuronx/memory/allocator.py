@@ -37,9 +37,11 @@ from typing import Any, Protocol
 
 import torch
 
+from torch_neuronx import observe
 from torch_neuronx.memory import stats as _stats
 from torch_neuronx.memory.allocator_config import SIZE_MAX, AllocatorConfig, load
 from torch_neuronx.memory.segments import HostSegmentSource, SegmentSource
+from torch_neuronx.observe.events import state as _observing
 
 _FREE, _ALLOCATED, _PENDING = 0, 1, 2  # a pending block was freed but another stream may still use it
 _STATE_NAMES = {_FREE: "inactive", _ALLOCATED: "active_allocated", _PENDING: "active_pending_free"}
@@ -195,7 +197,10 @@ class CachingAllocator:
             block = self._take_free_block(keys, rounded) if keys else None
             if block is None:
                 block = self._new_segment(rounded, size, small, stream)
-            return self._hand_out(block, rounded, size, small)
+            address = self._hand_out(block, rounded, size, small)
+        if _observing.active:
+            observe.emit("memory.malloc", size, device=self.device, stream=stream, address=address)
+        return address
 
     def _take_free_block(self, keys: list[int], rounded: int) -> Block | None:
         """Best fit: the smallest free block that is large enough, lowest address first."""
@@ -300,6 +305,8 @@ class CachingAllocator:
         """Free an allocation made by :meth:`malloc` (address 0 is ignored)."""
         if not address:
             return
+        if _observing.active:
+            observe.emit("memory.free", device=self.device, address=address)
         with self._lock:
             block = self._blocks.get(address)
             if block is None or block.state != _ALLOCATED:

@@ -1,0 +1,1 @@
+"""Our Neuron Runtime: device objects, neuron tensors, NEFF executables on IREE, streams."""

@@ -18,11 +18,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from torch_neuronx import config, metrics
-from torch_neuronx.compiler import neff as neff_format
-from torch_neuronx.compiler import resident
-from torch_neuronx.compiler.errors import NeuronCompileError
-from torch_neuronx.runtime import openmp
+from torch_neuronx import config, observe
+from torch_neuronx.format import neff as neff_format
+from torch_neuronx.format import parameters as resident
+from torch_neuronx.observe.events import state as _observing
+from torch_neuronx.runtime import openmp, streams
+from torch_neuronx.runtime.errors import NeffLoadError, NeuronRuntimeError
+from torch_neuronx.runtime.streams import submitted as _streams_used
 
 _log = logging.getLogger("torch_neuronx.runtime")
 
@@ -75,15 +77,11 @@ class _Bindings:
                     break
                 other.release()
                 total -= self._held.pop(id(other))[1]
-                metrics.increment("parameter_releases")
+                observe.count("parameter_releases")
             self._held[id(executable)] = (weakref.ref(executable), size)
 
 
 bindings = _Bindings()
-
-
-class NeuronRuntimeError(RuntimeError):
-    """The runtime could not load or execute a NEFF."""
 
 
 @functools.cache
@@ -205,10 +203,9 @@ class Executable:
             self._context = None if self._resident else rt.VmContext(
                 self.device.instance, [self.device.hal_module, vm_module])
         except Exception as exc:
-            raise NeuronCompileError("load", f"the runtime rejected the NEFF: {exc}",
-                                     artifacts=module.path) from exc
+            raise NeffLoadError(f"the runtime rejected the NEFF: {exc}", module.path) from exc
         if self._function is None:
-            raise NeuronCompileError("load", f"the NEFF has no function {function!r}")
+            raise NeffLoadError(f"the NEFF has no function {function!r}", module.path)
         self._num_outputs = len(signature.get("outputs", [])) or None
         self._hal = self.device.hal
         # Runs on the task executor's workers, which torch's spinning OpenMP threads would slow.
@@ -251,7 +248,7 @@ class Executable:
         spans = tuple((address, address + t.nbytes) for _, t, _, address in checks)
         self._bound = (context, tuple(checks), index, spans)
         bindings.add(self, sum(t.numel() * t.element_size() for _, t, _, _ in checks))
-        metrics.increment("parameter_bindings")
+        observe.count("parameter_bindings")
         _log.debug("bound %d resident parameters of %s", len(checks), self.neff.header.key[:16])
         return context
 
@@ -293,6 +290,25 @@ class Executable:
             return bound[0] if self._still_bound(bound, inputs) else self.bind(inputs)
 
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Run the NEFF on ``inputs`` (CPU tensors) on the current stream; its outputs as CPU tensors.
+
+        Once work was queued on a stream, a launch runs after the work queued on the current
+        stream before it (:meth:`Stream.run`); until then, and whenever that queue is empty,
+        it runs at once in the calling thread.
+        """
+        if _streams_used.any:
+            return streams.launch(self._observed, inputs)
+        if _observing.active:  # the one flag check when nothing listens
+            return self._observed(inputs)
+        return self._invoke(inputs)
+
+    def _observed(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if not _observing.active:
+            return self._invoke(inputs)
+        with observe.span("runtime.launch", neff=self.neff.header.key[:16], driver=self.device.driver):
+            return self._invoke(inputs)
+
+    def _invoke(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         # The hot path of every compiled call: few Python frames, no per-call allocation
         # beyond IREE's argument lists and the DLPack capsules.
         context = self._context

@@ -30,7 +30,9 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torch_neuronx import config
+from torch_neuronx import config, memory, observe
+from torch_neuronx.observe.events import state as _observing
+from torch_neuronx.process import device_index
 
 _log = logging.getLogger("torch_neuronx.runtime.streams")
 _IDLE_EXIT_S = 5.0  # an idle worker thread exits; the next submit starts a new one
@@ -40,34 +42,16 @@ class StreamError(RuntimeError):
     """Work submitted to a stream raised; the original exception is the ``__cause__``."""
 
 
-def device_index(device: Any = None) -> int:
-    """A neuron device index from None (the current device, 0), an int, "neuron[:N]" or a torch.device."""
-    if device is None:
-        return 0
-    if isinstance(device, bool):
-        raise ValueError(f"expected a neuron device, got {device!r}")
-    if isinstance(device, int):
-        index = device
-    else:
-        kind, index = _device_parts(device)
-        if kind != "neuron":
-            raise ValueError(f"expected a neuron device (an int, 'neuron', 'neuron:N' or "
-                             f"torch.device('neuron', N)), got {device!r}")
-        index = 0 if index is None else index
-    if index < 0:
-        raise ValueError(f"device index must be non-negative, got {device!r}")
-    return index
+class _Submitted:
+    """Whether any work was ever queued on a stream (read on every NEFF launch: one flag)."""
+
+    __slots__ = ("any",)
+
+    def __init__(self) -> None:
+        self.any = False
 
 
-def _device_parts(device: Any) -> tuple[str, int | None]:
-    if isinstance(device, str):
-        kind, _, index = device.partition(":")
-        if index and not index.isdigit():
-            raise ValueError(f"malformed device string {device!r}; expected 'neuron' or 'neuron:N'")
-        return kind, int(index) if index else None
-    if hasattr(device, "type") and hasattr(device, "index"):  # torch.device, without importing torch
-        return device.type, device.index
-    raise ValueError(f"expected a neuron device (an int, 'neuron:N' or torch.device), got {device!r}")
+submitted = _Submitted()
 
 
 class _Queue:
@@ -88,6 +72,7 @@ class _Queue:
     def submit(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> int:
         if self.blocking:
             return self._run_now(fn, args, kwargs)
+        submitted.any = True
         with self._cond:
             self._tasks.append((fn, args, kwargs))
             self.submitted += 1
@@ -114,6 +99,7 @@ class _Queue:
             return seq
 
     def _work(self) -> None:
+        _local.in_worker = True
         while True:
             with self._cond:
                 deadline = time.monotonic() + _IDLE_EXIT_S
@@ -198,12 +184,37 @@ class Stream:
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         """Queue ``fn(*args, **kwargs)`` to run after everything submitted before it."""
+        if _observing.active:
+            observe.emit("stream.submit", device=self._queue.device, stream=self._queue.id)
         self._queue.submit(fn, args, kwargs)
 
     def query(self) -> bool:
         """True when all submitted work has completed."""
         queue = self._queue
         return queue.completed >= queue.submitted
+
+    def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in this stream's order: after the work queued before it, and returning its
+        result (raising its error) to the caller, as a synchronous launch on this stream.
+
+        With nothing queued it runs at once in the calling thread.
+        """
+        queue = self._queue
+        if queue.blocking or queue.completed >= queue.submitted or _local.in_worker:
+            return fn(*args)  # (work a stream runs launches inline: it already runs in stream order)
+        outcome: list[Any] = []
+
+        def call() -> None:
+            try:
+                outcome.append((True, fn(*args)))
+            except BaseException as exc:  # handed to the caller, not kept for synchronize()
+                outcome.append((False, exc))
+
+        queue.wait(queue.submit(call, (), {}))
+        ok, value = outcome[0]
+        if not ok:
+            raise value
+        return value
 
     def synchronize(self, timeout: float | None = None) -> None:
         """Wait for all submitted work; re-raise the first error a task raised since the last call."""
@@ -290,19 +301,41 @@ class Event:
         return (end._time - self._time) * 1000.0
 
 
-# -- the current stream ------------------------------------------------------
+# -- the current device and stream --------------------------------------------
 
-_local = threading.local()
+
+class _Local(threading.local):
+    device = 0  # this thread's current device index
+    streams: dict[int, Stream] | None = None
+    in_worker = False  # this thread is a stream's worker
+
+
+_local = _Local()
+
+
+def current_device() -> int:
+    """This thread's current neuron device index (0 unless set)."""
+    return _local.device
+
+
+def set_current_device(index: int) -> None:
+    """Make ``index`` this thread's current neuron device (checked by the caller)."""
+    _local.device = index
+
+
+def _index(device: Any) -> int:
+    return _local.device if device is None else device_index(device)
 
 
 def default_stream(device: Any = None) -> Stream:
-    """The default stream (id 0) of ``device``."""
-    return _default_stream(device_index(device))
+    """The default stream (id 0) of ``device`` (the current device if None)."""
+    return _default_stream(_index(device))
 
 
 def current_stream(device: Any = None) -> Stream:
-    """This thread's current stream on ``device`` (the default stream unless set)."""
-    index = device_index(device)
+    """This thread's current stream on ``device`` (the current device if None; its default stream
+    unless set)."""
+    index = _index(device)
     current = getattr(_local, "streams", None)
     if current is not None and index in current:
         return current[index]
@@ -331,10 +364,18 @@ def stream(s: Stream | None) -> Iterator[Stream | None]:
         set_stream(previous)
 
 
+def launch(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on the current stream of the current device (see :meth:`Stream.run`)."""
+    return current_stream().run(fn, *args)
+
+
 def synchronize(device: Any = None) -> None:
-    """Wait for the work of every stream of ``device``."""
-    index = device_index(device)
+    """Wait for the work of every stream of ``device`` (the current device if None)."""
+    index = _index(device)
     with _registry_lock:
         queues = list(_queues[index])
     for queue in queues:
         Stream._wrap(queue).synchronize()
+
+
+memory.set_current_stream_resolver(lambda index: current_stream(index).id)

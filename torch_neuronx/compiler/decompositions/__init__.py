@@ -4,8 +4,18 @@ PyTorch's core ATen decompositions, a few more of PyTorch's own, and ours: ops
 torch-mlir cannot lower (or lowers wrongly) rewritten in ops it lowers. Ours
 live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 
-- :mod:`.general`: sorts and extremes, 2-d average pooling, cumulative,
-  bitwise and remainder ops, special values.
+- :mod:`.general`: views and scatters torch-mlir does not lower, dropout, ``cdist``, and
+  the decompositions taken from torch's own table.
+- :mod:`.arithmetic`: ``remainder``, ``fmod``, rounding and bitwise ops, special values.
+- :mod:`.sorting`: sorts, ``topk``, medians and selections with torch's NaN and tie rules.
+- :mod:`.moments`: ``var`` and ``std`` with any ``correction``.
+- :mod:`.average_pooling`: 2-d average pooling and its backward.
+- :mod:`.special`: ``lgamma``, ``digamma``, ``polygamma``, ``i0``/``i1`` and their scaled forms,
+  ``frexp``, ``exp2``, ``kaiser_window``, and (written in :mod:`.erf`) ``erfc``, ``erfcx``,
+  ``erfinv``; :mod:`.cephes` holds the polynomial helpers they share.
+- :mod:`.spectral`: ``torch.fft`` as DFT matrix products; :mod:`.foreach`: the ``_foreach_*``
+  ops; :mod:`.functional`: ``torch.nn.functional`` calls rewritten in the Dynamo graph;
+  :mod:`.sampling`: random ops as host draws; :mod:`.literals`: constants computed at trace time.
 - :mod:`.attention`: the fast-path attention ops and every fused kernel of
   ``scaled_dot_product_attention`` (CPU flash, flash, memory-efficient, cuDNN,
   overrideable) with their backward ops, grouped-query attention included.
@@ -25,8 +35,8 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
   searches and an adding scatter.
 - :mod:`.losses`: the chunked ``linear_cross_entropy`` custom ops, as a matmul and a cross entropy.
 - :mod:`.segments`: ``segment_reduce`` over lengths or offsets, as a segmented scan.
-- :mod:`.scans`: ``logcumsumexp`` as a doubling scan of a stable ``logaddexp``
-  (torch-mlir's ``log(cumsum(exp(x)))`` overflows past 88.7 in float32).
+- :mod:`.scans`: the cumulative ops as prefix scans, and ``logcumsumexp`` as a doubling scan
+  of a stable ``logaddexp`` (torch-mlir's ``log(cumsum(exp(x)))`` overflows past 88.7 in float32).
 - :mod:`.rnn`: the fused LSTM and GRU cells that recurrent layers run on the device.
 - :mod:`.resampling`: antialiased bilinear and bicubic resizing, as two matmuls
   with weights taken from torch's kernels at trace time.

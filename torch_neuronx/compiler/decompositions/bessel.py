@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from torch_neuronx.compiler.decompositions.special import _bessel_series, _chbevl
+from torch_neuronx.compiler.decompositions.special import bessel_series, chbevl
 from torch_neuronx.compiler.decompositions.special_functions import one_element_padded
 
 aten = torch.ops.aten
@@ -219,7 +219,7 @@ _K1_B = (-5.75674448366501715755e-18, 1.79405087314755922667e-17, -5.68946255844
 
 def _i_scaled(a: torch.Tensor, order: int) -> torch.Tensor:
     """``exp(-a) i0(a)`` (``order`` 0) or ``exp(-a) i1(a)`` at ``a = |x|``: the Chebyshev series."""
-    near, far = _bessel_series(a, order, float32_tails=False)
+    near, far = bessel_series(a, order, float32_tails=False)
     return torch.where(a <= 8, near * a if order else near, far / torch.sqrt(a))
 
 
@@ -243,13 +243,13 @@ def _k(x: torch.Tensor, order: int, scaled: bool) -> torch.Tensor:
     near = torch.clamp(x, min=1e-30, max=2.0)
     half_log = torch.log(0.5 * near)
     if order == 0:
-        small = _chbevl(near * near - 2, _K0_A) - half_log * (torch.exp(near) * _i_scaled(near, 0))
+        small = chbevl(near * near - 2, _K0_A) - half_log * (torch.exp(near) * _i_scaled(near, 0))
         far_table = _K0_B
     else:
-        small = half_log * (torch.exp(near) * _i_scaled(near, 1)) + _chbevl(near * near - 2, _K1_A) / near
+        small = half_log * (torch.exp(near) * _i_scaled(near, 1)) + chbevl(near * near - 2, _K1_A) / near
         far_table = _K1_B
     far_x = torch.clamp(x, min=2.0)
-    far = _chbevl(8.0 / far_x - 2, far_table) / torch.sqrt(far_x)
+    far = chbevl(8.0 / far_x - 2, far_table) / torch.sqrt(far_x)
     if scaled:
         small = small * torch.exp(near)
     else:

@@ -65,7 +65,7 @@ from collections.abc import Callable
 import torch
 
 from torch_neuronx.compiler.decompositions import arithmetic
-from torch_neuronx.compiler.decompositions.special import _p1evl, _polevl
+from torch_neuronx.compiler.decompositions.cephes import p1evl, polevl
 
 aten = torch.ops.aten
 
@@ -151,12 +151,12 @@ def _reduce(a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _sin_kernel(z: torch.Tensor, zz: torch.Tensor) -> torch.Tensor:
     """sin(z) for ``|z| <= pi/4``, ``zz = z * z``."""
-    return z + z * (zz * _polevl(zz, _SIN))
+    return z + z * (zz * polevl(zz, _SIN))
 
 
 def _cos_kernel(zz: torch.Tensor) -> torch.Tensor:
     """cos(z) for ``|z| <= pi/4`` from ``zz = z * z``."""
-    return (zz * -0.5 + 1.0) + zz * zz * _polevl(zz, _COS)
+    return (zz * -0.5 + 1.0) + zz * zz * polevl(zz, _COS)
 
 
 def _nan_unless_finite(x: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
@@ -175,7 +175,7 @@ def _octant_sin_cos(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
     if x.dtype == torch.float32:
         z, octant = _reduce32(x.abs())
         zz = z * z
-        return octant, z + z * (zz * _polevl(zz, _SIN32)), (zz * -0.5 + 1.0) + zz * zz * _polevl(zz, _COS32)
+        return octant, z + z * (zz * polevl(zz, _SIN32)), (zz * -0.5 + 1.0) + zz * zz * polevl(zz, _COS32)
     z, octant = _reduce(x.abs())
     zz = z * z
     return octant, _sin_kernel(z, zz), _cos_kernel(zz)
@@ -281,11 +281,11 @@ def tan(x: torch.Tensor) -> torch.Tensor:
     if x.dtype == torch.float32:
         z, octant = _reduce32_exact(x.abs())
         zz = z * z
-        t = z + z * (zz * _polevl(zz, _TANF))
+        t = z + z * (zz * polevl(zz, _TANF))
     else:
         z, octant = _reduce(x.abs())
         zz = z * z
-        t = z + z * (zz * _polevl(zz, _TAN_P) / _p1evl(zz, _TAN_Q))
+        t = z + z * (zz * polevl(zz, _TAN_P) / p1evl(zz, _TAN_Q))
     result = torch.where(_mod(octant, 4.0) == 0, t, -1.0 / t) * _sign_of(x)
     return _nan_unless_finite(x, result)
 
@@ -297,7 +297,7 @@ def tanh(x: torch.Tensor) -> torch.Tensor:
     a = x.abs()
     small_a = torch.clamp(a, max=_TANH_SPLIT)
     zz = small_a * small_a
-    small = small_a + small_a * (zz * _polevl(zz, _TANH_P) / _p1evl(zz, _TANH_Q))
+    small = small_a + small_a * (zz * polevl(zz, _TANH_P) / p1evl(zz, _TANH_Q))
     large = -2.0 / (torch.exp(2.0 * a) + 1.0) + 1.0
     return torch.where(a < _TANH_SPLIT, small, large) * _sign_of(x)
 
@@ -316,7 +316,7 @@ def _atan_core(num: torch.Tensor, den: torch.Tensor) -> tuple[torch.Tensor, torc
     num_s, den_s = num * scale, den * scale
     z = torch.where(big, -den / num, torch.where(mid, (num_s - den_s) / (num_s + den_s), q))
     zz = z * z
-    core = z + z * (zz * _polevl(zz, _ATAN_P) / _p1evl(zz, _ATAN_Q))
+    core = z + z * (zz * polevl(zz, _ATAN_P) / p1evl(zz, _ATAN_Q))
     return core, big, mid
 
 

@@ -450,7 +450,7 @@ def _linalg_check_errors(info: torch.Tensor, api_name: str, is_matrix: bool) -> 
     CHECK(info, api_name, is_matrix)
 
 
-def _real_only(fn: Callable) -> Callable:
+def real_only(fn: Callable) -> Callable:
     """Decline (``NotImplemented``: the op stays as it is) when a tensor argument is complex, or
     has no elements (the degenerate_shapes pass computes such an op from its shapes)."""
 
@@ -464,7 +464,7 @@ def _real_only(fn: Callable) -> Callable:
     return wrapper
 
 
-DECOMPOSITIONS: dict = {op: _real_only(fn) for op, fn in {
+DECOMPOSITIONS: dict = {op: real_only(fn) for op, fn in {
     aten.linalg_lu_factor_ex.default: linalg_lu_factor_ex,
     aten.linalg_lu_solve.default: linalg_lu_solve,
     aten.lu_unpack.default: lu_unpack,

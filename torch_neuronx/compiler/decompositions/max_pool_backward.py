@@ -33,12 +33,12 @@ from torch._prims_common import suggest_memory_format
 
 from torch_neuronx.compiler.decompositions.literals import literal
 from torch_neuronx.compiler.decompositions.pooling import (
-    _Adaptive,
-    _adaptive_bounds,
-    _adaptive_sizes,
-    _compute_dtype,
-    _max_pool_windows,
-    _Strided,
+    Adaptive,
+    Strided,
+    adaptive_bounds,
+    adaptive_sizes,
+    compute_dtype,
+    max_pool_windows,
 )
 
 aten = torch.ops.aten
@@ -51,7 +51,7 @@ _NOWHERE = -(1 << 40)
 class _Blocks:
     """A dim of strided windows laid out in ``[q, r]`` blocks of ``stride`` positions."""
 
-    def __init__(self, w: _Strided, size: int) -> None:
+    def __init__(self, w: Strided, size: int) -> None:
         self.w, self.size = w, size
         self.blocks = -(-(size + w.pad) // w.stride)
         self.shifts = (w.kernel - 1) * w.dilation // w.stride + 1
@@ -66,20 +66,20 @@ class _Blocks:
 class _Covers:
     """A dim of adaptive windows: each position's covering windows, padded with ``out`` (a never-matching entry)."""
 
-    def __init__(self, w: _Adaptive, size: int) -> None:
+    def __init__(self, w: Adaptive, size: int) -> None:
         self.w, self.size = w, size
-        covers = [[o for o, (start, end) in enumerate(_adaptive_bounds(w.out, size)) if start <= x < end]
+        covers = [[o for o, (start, end) in enumerate(adaptive_bounds(w.out, size)) if start <= x < end]
                   for x in range(size)]
         self.widest = max(len(c) for c in covers)
         self.order = [o for c in covers for o in c + [w.out] * (self.widest - len(c))]
 
 
-def _layout(w: _Strided | _Adaptive, size: int) -> _Blocks | _Covers:
+def _layout(w: Strided | Adaptive, size: int) -> _Blocks | _Covers:
     """How one dim offers its windows: in blocks for strided (and evenly dividing adaptive)
     windows, else by gathering."""
-    if isinstance(w, _Adaptive) and size % w.out == 0:
-        w = _Strided(w.out, size // w.out, size // w.out)
-    return _Blocks(w, size) if isinstance(w, _Strided) else _Covers(w, size)
+    if isinstance(w, Adaptive) and size % w.out == 0:
+        w = Strided(w.out, size // w.out, size // w.out)
+    return _Blocks(w, size) if isinstance(w, Strided) else _Covers(w, size)
 
 
 def _gather_covers(t: torch.Tensor, d: int, dim: _Covers, fill: int) -> torch.Tensor:
@@ -110,14 +110,14 @@ def _shifted(t: torch.Tensor, blocks: Sequence[tuple[int, _Blocks]], combo: Sequ
 
 
 def route_to_indices(grad_output: torch.Tensor, x: torch.Tensor, indices: torch.Tensor,
-                     windows: Sequence[_Strided | _Adaptive]) -> torch.Tensor:
+                     windows: Sequence[Strided | Adaptive]) -> torch.Tensor:
     """Max pooling's input gradient: each output's gradient added at its flat index into the
     last ``len(windows)`` dims of ``x`` (overlapping windows accumulate), with no scatter."""
     nd = len(windows)
     sizes = [int(s) for s in x.shape[-nd:]]
     dims = [_layout(w, n) for w, n in zip(windows, sizes)]
     lead = grad_output.dim() - nd
-    g = grad_output.to(_compute_dtype(grad_output.dtype))
+    g = grad_output.to(compute_dtype(grad_output.dtype))
     idx = indices
     # Gathered dims first: output dim k becomes [size, widest]; block dims stay one dim each.
     for axis in reversed(range(nd)):
@@ -162,7 +162,7 @@ def max_pool2d_with_indices_backward(grad_output: torch.Tensor, x: torch.Tensor,
                                      ceil_mode: bool, indices: torch.Tensor) -> torch.Tensor:
     """``aten.max_pool2d_with_indices_backward`` (and max_pool1d's): the gradient routed to the maxima."""
     return route_to_indices(grad_output, x, indices,
-                            _max_pool_windows(x, kernel_size, stride, padding, dilation, ceil_mode, 2))
+                            max_pool_windows(x, kernel_size, stride, padding, dilation, ceil_mode, 2))
 
 
 def max_pool3d_with_indices_backward(grad_output: torch.Tensor, x: torch.Tensor, kernel_size: Sequence[int],
@@ -170,19 +170,19 @@ def max_pool3d_with_indices_backward(grad_output: torch.Tensor, x: torch.Tensor,
                                      ceil_mode: bool, indices: torch.Tensor) -> torch.Tensor:
     """``aten.max_pool3d_with_indices_backward``: the gradient routed to the maxima."""
     return route_to_indices(grad_output, x, indices,
-                            _max_pool_windows(x, kernel_size, stride, padding, dilation, ceil_mode, 3))
+                            max_pool_windows(x, kernel_size, stride, padding, dilation, ceil_mode, 3))
 
 
 def adaptive_max_pool2d_backward(grad_output: torch.Tensor, x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     """``aten.adaptive_max_pool2d_backward`` (and adaptive_max_pool1d's): the gradient routed to the maxima."""
-    sizes = _adaptive_sizes(grad_output.shape[-2:], x.shape, 2)
-    return route_to_indices(grad_output, x, indices, [_Adaptive(o) for o in sizes])
+    sizes = adaptive_sizes(grad_output.shape[-2:], x.shape, 2)
+    return route_to_indices(grad_output, x, indices, [Adaptive(o) for o in sizes])
 
 
 def adaptive_max_pool3d_backward(grad_output: torch.Tensor, x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     """``aten.adaptive_max_pool3d_backward``: the gradient routed to the maxima."""
-    sizes = _adaptive_sizes(grad_output.shape[-3:], x.shape, 3)
-    return route_to_indices(grad_output, x, indices, [_Adaptive(o) for o in sizes])
+    sizes = adaptive_sizes(grad_output.shape[-3:], x.shape, 3)
+    return route_to_indices(grad_output, x, indices, [Adaptive(o) for o in sizes])
 
 
 #: This module's decompositions, merged into the compile path's table after :mod:`.pooling`'s

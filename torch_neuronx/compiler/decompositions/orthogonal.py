@@ -40,7 +40,7 @@ import math
 
 import torch
 
-from torch_neuronx.compiler.decompositions.linalg import _real_only
+from torch_neuronx.compiler.decompositions.linalg import real_only
 from torch_neuronx.compiler.decompositions.literals import literal
 
 aten = torch.ops.aten
@@ -341,7 +341,7 @@ def linalg_pinv(a: torch.Tensor, *, atol: torch.Tensor | None = None, rtol: torc
     return torch.matmul(vh.mT * inverse.unsqueeze(-2), u.mT)
 
 
-DECOMPOSITIONS: dict = {op: _real_only(fn) for op, fn in {
+DECOMPOSITIONS: dict = {op: real_only(fn) for op, fn in {
     aten.linalg_qr.default: linalg_qr,
     aten._linalg_eigh.default: _linalg_eigh,
     aten._linalg_svd.default: _linalg_svd,

@@ -62,18 +62,18 @@ def _pool_out_size(size: int, kernel: int, stride: int, pad: int, dilation: int,
     return out
 
 
-def _adaptive_sizes(output_size: Sequence[int | None], x_shape: Sequence[int], nd: int) -> tuple[int, ...]:
+def adaptive_sizes(output_size: Sequence[int | None], x_shape: Sequence[int], nd: int) -> tuple[int, ...]:
     """An adaptive op's output size (``None`` keeps the input's size)."""
     sizes = list(output_size) if len(output_size) == nd else [output_size[0]] * nd
     return tuple(int(o) if o is not None else int(n) for o, n in zip(sizes, x_shape[-nd:]))
 
 
-def _adaptive_bounds(out: int, size: int) -> list[tuple[int, int]]:
+def adaptive_bounds(out: int, size: int) -> list[tuple[int, int]]:
     """Adaptive pooling's windows along one dim: ``floor(i*size/out)`` .. ``ceil((i+1)*size/out)``."""
     return [((i * size) // out, -(-((i + 1) * size) // out)) for i in range(out)]
 
 
-class _Strided(NamedTuple):
+class Strided(NamedTuple):
     """Windows along one dim: window ``i`` covers ``i*stride - pad + j*dilation`` for ``j`` in
     ``range(kernel)``, those inside the input."""
 
@@ -84,8 +84,8 @@ class _Strided(NamedTuple):
     dilation: int = 1
 
 
-class _Adaptive(NamedTuple):
-    """Adaptive pooling's windows along one dim (see :func:`_adaptive_bounds`)."""
+class Adaptive(NamedTuple):
+    """Adaptive pooling's windows along one dim (see :func:`adaptive_bounds`)."""
 
     out: int
 
@@ -103,12 +103,12 @@ def _along(n: int, t: torch.Tensor, d: int) -> list[int]:
 # --------------------------------------------------------------------------- average pooling
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """Half types average in float32, as torch's CPU kernels accumulate."""
     return torch.promote_types(dtype, torch.float32)
 
 
-def _sum_windows(t: torch.Tensor, d: int, w: _Strided) -> torch.Tensor:
+def _sum_windows(t: torch.Tensor, d: int, w: Strided) -> torch.Tensor:
     """Along dim ``d``: each window's sum (padding counts as zeros; no dilation)."""
     size = t.shape[d]
     right = max(0, (w.out - 1) * w.stride + w.kernel - w.pad - size)
@@ -122,7 +122,7 @@ def _sum_windows(t: torch.Tensor, d: int, w: _Strided) -> torch.Tensor:
     return total
 
 
-def _spread_windows(t: torch.Tensor, d: int, w: _Strided, size: int) -> torch.Tensor:
+def _spread_windows(t: torch.Tensor, d: int, w: Strided, size: int) -> torch.Tensor:
     """The transpose of :func:`_sum_windows`: along dim ``d``, each window's value added to
     every input position the window covers (``size`` of them in all)."""
     if w.stride > 1:  # output i to position i*stride, zeros between
@@ -140,7 +140,7 @@ def _spread_windows(t: torch.Tensor, d: int, w: _Strided, size: int) -> torch.Te
     return total
 
 
-def _avg_pool_divisor(x: torch.Tensor, sizes: Sequence[int], windows: Sequence[_Strided], include_pad: bool,
+def _avg_pool_divisor(x: torch.Tensor, sizes: Sequence[int], windows: Sequence[Strided], include_pad: bool,
                       dtype: torch.dtype) -> torch.Tensor:
     """torch's divisor for each output of an average pooling over ``x``'s last dims: the product
     of each dim's count, the padded extent with ``include_pad``, else only inside the input."""
@@ -153,12 +153,12 @@ def _avg_pool_divisor(x: torch.Tensor, sizes: Sequence[int], windows: Sequence[_
 
 
 def _avg_pool_windows(x_shape: Sequence[int], kernel_size, stride, padding, ceil_mode: bool,
-                      nd: int) -> list[_Strided]:
+                      nd: int) -> list[Strided]:
     """avg_pool's windows along each of the last ``nd`` dims."""
     kernel = _expand(kernel_size, nd)
     strides = _expand(stride, nd, kernel)
     pads = _expand(padding, nd)
-    return [_Strided(_pool_out_size(n, k, s, p, 1, ceil_mode), k, s, p)
+    return [Strided(_pool_out_size(n, k, s, p, 1, ceil_mode), k, s, p)
             for n, k, s, p in zip(x_shape[-nd:], kernel, strides, pads)]
 
 
@@ -167,7 +167,7 @@ def avg_pool3d(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int
                divisor_override: int | None = None) -> torch.Tensor:
     """``aten.avg_pool3d`` (every mode): window sums one dim at a time, divided as torch divides."""
     windows = _avg_pool_windows(x.shape, kernel_size, stride, padding, ceil_mode, 3)
-    dtype = _compute_dtype(x.dtype)
+    dtype = compute_dtype(x.dtype)
     t = x.to(dtype)
     for axis, w in enumerate(windows):
         t = _sum_windows(t, t.dim() - 3 + axis, w)
@@ -182,7 +182,7 @@ def avg_pool3d_backward(grad_output: torch.Tensor, x: torch.Tensor, kernel_size:
     """``aten.avg_pool3d_backward``: each window's share of the gradient (divided as the forward
     divides) spread back over the window, one dim at a time."""
     windows = _avg_pool_windows(x.shape, kernel_size, stride, padding, ceil_mode, 3)
-    dtype = _compute_dtype(grad_output.dtype)
+    dtype = compute_dtype(grad_output.dtype)
     g = grad_output.to(dtype)
     if divisor_override:
         g = g / divisor_override
@@ -215,10 +215,10 @@ def _adaptive_average(t: torch.Tensor, out_shape: Sequence[int], in_shape: Seque
     for axis, (o, n) in enumerate(zip(out_shape, in_shape)):
         d = t.dim() - nd + axis
         if n % o == 0:
-            w = _Strided(o, n // o, n // o)
+            w = Strided(o, n // o, n // o)
             t = (_spread_windows(t, d, w, n) if backward else _sum_windows(t, d, w)) / (n // o)
             continue
-        bounds = _adaptive_bounds(o, n)
+        bounds = adaptive_bounds(o, n)
         if backward:  # input position x: the windows that cover it
             rows = [[(i, 1.0 / (end - start)) for i, (start, end) in enumerate(bounds) if start <= x < end]
                     for x in range(n)]
@@ -230,13 +230,13 @@ def _adaptive_average(t: torch.Tensor, out_shape: Sequence[int], in_shape: Seque
 
 def adaptive_avg_pool3d(x: torch.Tensor, output_size: Sequence[int]) -> torch.Tensor:
     """``aten._adaptive_avg_pool3d``: window averages one dim at a time."""
-    out = _adaptive_sizes(output_size, x.shape, 3)
-    return _adaptive_average(x.to(_compute_dtype(x.dtype)), out, x.shape[-3:], False).to(x.dtype)
+    out = adaptive_sizes(output_size, x.shape, 3)
+    return _adaptive_average(x.to(compute_dtype(x.dtype)), out, x.shape[-3:], False).to(x.dtype)
 
 
 def adaptive_avg_pool3d_backward(grad_output: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``aten._adaptive_avg_pool3d_backward``: the gradient through the transposed averages."""
-    g = grad_output.to(_compute_dtype(grad_output.dtype))
+    g = grad_output.to(compute_dtype(grad_output.dtype))
     return _adaptive_average(g, grad_output.shape[-3:], x.shape[-3:], True).to(x.dtype)
 
 
@@ -248,7 +248,7 @@ def _lowest(dtype: torch.dtype) -> float | int:
     return -math.inf if dtype.is_floating_point else torch.iinfo(dtype).min
 
 
-def _max_windows(x: torch.Tensor, windows: Sequence[_Strided]) -> tuple[torch.Tensor, torch.Tensor]:
+def _max_windows(x: torch.Tensor, windows: Sequence[Strided]) -> tuple[torch.Tensor, torch.Tensor]:
     """Max pooling over strided windows of ``x``'s last dims, as torch's kernels scan: every
     kernel offset in row-major order, one strided slice of the (padded) input each, kept where
     it is above the maximum so far or NaN, never from the padding. A window whose elements are
@@ -334,12 +334,12 @@ def _repeat_each(t: torch.Tensor, d: int, times: int) -> torch.Tensor:
     return t.unsqueeze(d + 1).expand(shape).flatten(d, d + 1)
 
 
-def _side_by_side(w: _Strided | _Adaptive) -> bool:
+def _side_by_side(w: Strided | Adaptive) -> bool:
     """Whether strided windows tile their dim (kernel == stride, no dilation or padding)."""
-    return isinstance(w, _Strided) and w.kernel == w.stride and w.dilation == 1 and w.pad == 0
+    return isinstance(w, Strided) and w.kernel == w.stride and w.dilation == 1 and w.pad == 0
 
 
-def _max_pool(x: torch.Tensor, windows: Sequence[_Strided] | Sequence[_Adaptive]) -> tuple[torch.Tensor, torch.Tensor]:
+def _max_pool(x: torch.Tensor, windows: Sequence[Strided] | Sequence[Adaptive]) -> tuple[torch.Tensor, torch.Tensor]:
     """Max over windows of ``x``'s last ``len(windows)`` dims, and each maximum's flat index into
     those dims (per leading plane), chosen as torch chooses.
 
@@ -352,7 +352,7 @@ def _max_pool(x: torch.Tensor, windows: Sequence[_Strided] | Sequence[_Adaptive]
     ``o`` consecutive blocks of ``n/g`` repeated positions: the same elements in the same order,
     some repeated, which changes neither the maximum nor the element torch picks. Side by side
     windows are the blocks once the dim is cut (or, for ceil_mode, padded) to ``out * kernel``."""
-    if all(isinstance(w, _Strided) for w in windows) and not all(_side_by_side(w) for w in windows):
+    if all(isinstance(w, Strided) for w in windows) and not all(_side_by_side(w) for w in windows):
         return _max_windows(x, windows)
     nd = len(windows)
     sizes = x.shape[-nd:]
@@ -362,7 +362,7 @@ def _max_pool(x: torch.Tensor, windows: Sequence[_Strided] | Sequence[_Adaptive]
         here = _literal([p * math.prod(sizes[axis + 1:]) for p in range(size)], torch.int64, x.device)
         here = here.view([1] * d + _along(size, values, d))
         index = (here if index is None else index + here).expand(values.shape)
-        if isinstance(w, _Strided):
+        if isinstance(w, Strided):
             span = w.out * w.kernel
             if span < size:
                 values, index = values.narrow(d, 0, span), index.narrow(d, 0, span)
@@ -378,13 +378,13 @@ def _max_pool(x: torch.Tensor, windows: Sequence[_Strided] | Sequence[_Adaptive]
     return values, index
 
 
-def _max_pool_windows(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int], padding,
-                      dilation, ceil_mode: bool, nd: int) -> list[_Strided]:
+def max_pool_windows(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int], padding,
+                      dilation, ceil_mode: bool, nd: int) -> list[Strided]:
     """max_pool's windows along each of the last ``nd`` dims."""
     kernel = _expand(kernel_size, nd)
     strides = _expand(stride, nd, kernel)
     pads, dilations = _expand(padding, nd), _expand(dilation, nd)
-    return [_Strided(_pool_out_size(n, k, s, p, d, ceil_mode), k, s, p, d)
+    return [Strided(_pool_out_size(n, k, s, p, d, ceil_mode), k, s, p, d)
             for n, k, s, p, d in zip(x.shape[-nd:], kernel, strides, pads, dilations)]
 
 
@@ -394,24 +394,24 @@ def max_pool2d_with_indices(x: torch.Tensor, kernel_size: Sequence[int], stride:
     """``aten.max_pool2d_with_indices`` (and so max_pool1d): separable window maxima with torch's
     indices. torch-mlir's lowering drops NaN (a window holding one gets a number, and that
     number's index)."""
-    return _max_pool(x, _max_pool_windows(x, kernel_size, stride, padding, dilation, ceil_mode, 2))
+    return _max_pool(x, max_pool_windows(x, kernel_size, stride, padding, dilation, ceil_mode, 2))
 
 
 def max_pool3d_with_indices(x: torch.Tensor, kernel_size: Sequence[int], stride: Sequence[int] = (),
                             padding: int | Sequence[int] = 0, dilation: int | Sequence[int] = 1,
                             ceil_mode: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``aten.max_pool3d_with_indices``: separable window maxima with torch's indices."""
-    return _max_pool(x, _max_pool_windows(x, kernel_size, stride, padding, dilation, ceil_mode, 3))
+    return _max_pool(x, max_pool_windows(x, kernel_size, stride, padding, dilation, ceil_mode, 3))
 
 
 def adaptive_max_pool2d(x: torch.Tensor, output_size: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """``aten.adaptive_max_pool2d`` (and so adaptive_max_pool1d): maxima over adaptive windows, torch's indices."""
-    return _max_pool(x, [_Adaptive(o) for o in _adaptive_sizes(output_size, x.shape, 2)])
+    return _max_pool(x, [Adaptive(o) for o in adaptive_sizes(output_size, x.shape, 2)])
 
 
 def adaptive_max_pool3d(x: torch.Tensor, output_size: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """``aten.adaptive_max_pool3d``: maxima over adaptive windows, with torch's indices."""
-    return _max_pool(x, [_Adaptive(o) for o in _adaptive_sizes(output_size, x.shape, 3)])
+    return _max_pool(x, [Adaptive(o) for o in adaptive_sizes(output_size, x.shape, 3)])
 
 
 #: This module's decompositions, merged into the compile path's table.

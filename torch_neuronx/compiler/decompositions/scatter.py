@@ -29,7 +29,7 @@ _COMBINE: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 }
 
 
-def _segment_last(starts: torch.Tensor, values: torch.Tensor, combine: Callable) -> torch.Tensor:
+def segment_last(starts: torch.Tensor, values: torch.Tensor, combine: Callable) -> torch.Tensor:
     """Inclusive segmented scan along dim 0: each position holds the reduction of its segment so far.
 
     ``starts[i]`` is true where a segment begins. The last position of each segment
@@ -65,7 +65,7 @@ def _reduce_by_target(targets: torch.Tensor, values: torch.Tensor, size: int, co
     starts = torch.ones_like(targets, dtype=torch.bool)
     if n > 1:
         starts = torch.cat([starts[:1], targets[1:] != targets[:-1]])
-    reduced = _segment_last(starts, values, combine)
+    reduced = segment_last(starts, values, combine)
     last = torch.cat([starts[1:], torch.ones_like(starts[:1])]) if n > 1 else starts
     return _write(size, targets, last, reduced, torch.full((), fill, dtype=values.dtype, device=values.device))
 

@@ -4,7 +4,7 @@ torch-mlir does not lower ``aten.segment_reduce``. Its output shape is static (t
 with ``axis`` sized by the segment count, ``lengths.shape[-1]`` or ``offsets.shape[-1] - 1``),
 only the segments' bounds are data. Along ``axis`` the segments are consecutive runs, so no
 sort is needed: run starts are flagged by scattering every segment's start and end, a
-segmented doubling scan (:func:`.scatter._segment_last`, log2 n static steps) reduces each
+segmented doubling scan (:func:`.scatter.segment_last`, log2 n static steps) reduces each
 run, and each non-empty segment's result is gathered at its last position.
 
 As torch's CPU kernel (``ATen/native/cpu/SegmentReduce.cpp``): ``initial`` (else the
@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from torch_neuronx.compiler.decompositions.scatter import _segment_last
+from torch_neuronx.compiler.decompositions.scatter import segment_last
 
 aten = torch.ops.aten
 
@@ -80,7 +80,7 @@ def segment_reduce(data: torch.Tensor, reduce: str, *, lengths: torch.Tensor | N
         out = start.expand(outer * count, inner)
     else:
         values = data.reshape(outer * size, inner)
-        scanned = _segment_last(_run_starts(starts, ends, size), values, combine)
+        scanned = segment_last(_run_starts(starts, ends, size), values, combine)
         rows = torch.arange(outer, device=data.device).unsqueeze(1) * size
         last = (rows + (ends - 1).clamp(0, size - 1)).flatten()
         out = torch.where(length > 0, combine(start, scanned.index_select(0, last)), start)

@@ -10,7 +10,7 @@ and ``aten.frexp``. Each is written here in arithmetic, ``exp``, ``log``,
 operations on the bits), evaluated in the input's dtype (float16 and bfloat16
 in float32, cast back; integers in the default dtype):
 
-- ``erfc``: Cephes' rational approximations (``1 - erf`` near 0, then
+- ``erfc``, ``erfcx``, ``erfinv`` (written in :mod:`.erf`): Cephes' rational approximations (``1 - erf`` near 0, then
   ``exp(-x**2) P(x) / Q(x)``), with ``exp(-x**2)`` split so the rounding of
   ``x**2`` is not magnified: relative accuracy holds into the tail.
 - ``erfinv``: Giles' single-precision approximation (an asymptotic inversion of
@@ -66,201 +66,18 @@ from __future__ import annotations
 
 import functools
 import math
-import struct
 from collections.abc import Callable, Sequence
 
 import torch
 
+from torch_neuronx.compiler.decompositions.cephes import LOW_PRECISION, elementwise, polevl, to_float32
+from torch_neuronx.compiler.decompositions.erf import erfc, erfcx, erfinv
 from torch_neuronx.compiler.decompositions.literals import literal
 
 aten = torch.ops.aten
 
-_LOW_PRECISION = (torch.float16, torch.bfloat16)
 _INF = float("inf")
 _NAN = float("nan")
-
-
-def _elementwise(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
-    """Run ``fn`` in float32 for half types (cast back) and in the default dtype for integers."""
-
-    @functools.wraps(fn)
-    def wrapper(x: torch.Tensor) -> torch.Tensor:
-        if x.is_complex():
-            return NotImplemented
-        dtype = x.dtype if x.is_floating_point() else torch.get_default_dtype()
-        compute = torch.float32 if dtype in _LOW_PRECISION else dtype
-        return fn(x.to(compute)).to(dtype)
-
-    return wrapper
-
-
-def _to_float32(value: float) -> float:
-    """``value`` rounded to the nearest float32."""
-    return struct.unpack("f", struct.pack("f", value))[0]
-
-
-def _polevl(x: torch.Tensor, coefficients: Sequence[float]) -> torch.Tensor:
-    """The polynomial with ``coefficients`` (highest degree first) at ``x``, by Horner's rule."""
-    result = x * coefficients[0] + coefficients[1]
-    for c in coefficients[2:]:
-        result = result * x + c
-    return result
-
-
-def _p1evl(x: torch.Tensor, coefficients: Sequence[float]) -> torch.Tensor:
-    """:func:`_polevl` of a monic polynomial whose leading 1 ``coefficients`` leaves out."""
-    result = x + coefficients[0]
-    for c in coefficients[1:]:
-        result = result * x + c
-    return result
-
-
-# ---------------------------------------------------------------------------------------------
-# erfc and erfinv. Coefficients: Cephes Math Library (ndtr.c, S. L. Moshier), 3-clause BSD.
-
-#: erf(x) = x T(x^2) / U(x^2) for |x| < 1 (U monic).
-_ERF_T = (9.60497373987051638749E0, 9.00260197203842689217E1, 2.23200534594684319226E3,
-          7.00332514112805075473E3, 5.55923013010394962768E4)
-_ERF_U = (3.35617141647503099647E1, 5.21357949780152679795E2, 4.59432382970980127987E3,
-          2.26290000613890934246E4, 4.92673942608635921086E4)
-#: erfc(x) = exp(-x^2) P(x) / Q(x) for 1 <= x < 8 (Q monic).
-_ERFC_P = (2.46196981473530512524E-10, 5.64189564831068821977E-1, 7.46321056442269912687E0,
-           4.86371970985681366614E1, 1.96520832956077098242E2, 5.26445194995477358631E2,
-           9.34528527171957607540E2, 1.02755188689515710272E3, 5.57535335369399327526E2)
-_ERFC_Q = (1.32281951154744992508E1, 8.67072140885989742329E1, 3.54937778887819891062E2,
-           9.75708501743205489753E2, 1.82390916687909736289E3, 2.24633760818710981792E3,
-           1.65666309194161350182E3, 5.57535340817727675546E2)
-#: erfc(x) = exp(-x^2) R(x) / S(x) for x >= 8 (S monic).
-_ERFC_R = (5.64189583547755073984E-1, 1.27536670759978104416E0, 5.01905042251180477414E0,
-           6.16021097993053585195E0, 7.40974269950448939160E0, 2.97886665372100240670E0)
-_ERFC_S = (2.26052863220117276590E0, 9.39603524938001434673E0, 1.20489539808096656605E1,
-           1.70814450747565897222E1, 9.60896809063285878198E0, 3.36907645100081516050E0)
-
-#: Giles, "Approximating the erfinv function" (GPU Computing Gems, 2011), single precision:
-#: erfinv(y) = y p(w - 2.5) for w = -log(1 - y^2) < 5, else y q(sqrt(w) - 3).
-_GILES_CENTRAL = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06, 0.00021858087,
-                  -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)
-_GILES_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844, 0.00573950773,
-               -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)
-
-_TWO_OVER_SQRT_PI = 2.0 / math.sqrt(math.pi)
-
-
-def _exp_minus_square(a: torch.Tensor) -> torch.Tensor:
-    """``exp(-a * a)`` for ``0 <= a < 32`` without magnifying the rounding of ``a * a``.
-
-    ``a * a`` rounds by up to half an ulp, which ``exp`` turns into a relative error of
-    ``a**2`` half-ulps (5e-6 at a = 9 in float32). Split ``a = m + (a - m)`` with ``m``
-    short enough (12 significant bits in float32, 26 in float64) that ``m * m`` is exact:
-    ``exp(-m * m) * exp(-(a - m) * (a + m))``.
-    """
-    scale = 2.0 ** 21 if a.dtype == torch.float64 else 2.0 ** 7
-    m = torch.round(a * scale) / scale
-    return torch.exp(-(m * m)) * torch.exp(-((a - m) * (a + m)))
-
-
-def _erfc_tail(a: torch.Tensor) -> torch.Tensor:
-    """``erfc(a) * exp(a**2)`` for finite ``a`` past :func:`_erfc_split`: Cephes' two rationals."""
-    near = _polevl(a, _ERFC_P) / _p1evl(a, _ERFC_Q)
-    far = _polevl(a, _ERFC_R) / _p1evl(a, _ERFC_S)
-    return torch.where(a < 8, near, far)
-
-
-def _erfc_split(x: torch.Tensor) -> float:
-    """Where erfc turns from ``1 - erf`` to the rational tail: Cephes' 1 in float64; 0.5 in
-    float32, where the tail is still exact to 1e-11 and ``1 - erf`` loses no digits yet."""
-    return 1.0 if x.dtype == torch.float64 else 0.5
-
-
-#: erf(x) - x = x D(x^2) / U(x^2) for |x| < 1, D = T - U (leading -1): the same rational with
-#: the identity split off, so erf(x) - y (erfinv's residual) is computed without rounding erf(x).
-_ERF_D = (-1.0, *(t - u for t, u in zip(_ERF_T, _ERF_U)))
-
-
-def _erf_minus_identity(x: torch.Tensor) -> torch.Tensor:
-    """``erf(x) - x`` for ``|x| <= 1``: Cephes' rational for erf less ``x``."""
-    z = x * x
-    return x * _polevl(z, _ERF_D) / _p1evl(z, _ERF_U)
-
-
-@_elementwise
-def erfc(x: torch.Tensor) -> torch.Tensor:
-    """``aten.erfc``: ``1 - erf(x)`` near 0 (below 1 in float64, 0.5 in float32), else
-    ``exp(-x**2)`` times a rational.
-
-    Relative accuracy holds into the tail (no ``1 - erf(x)`` there); negative arguments
-    take ``2 - erfc(-x)``. Magnitudes are clamped to 30, where erfc is 0 in both
-    precisions, to keep the polynomials finite (infinities included).
-    """
-    a = torch.clamp(x.abs(), max=30.0)
-    inner = (1 - x) - _erf_minus_identity(x)
-    tail = _exp_minus_square(a) * _erfc_tail(a)
-    tail = torch.where(x < 0, 2 - tail, tail)
-    return torch.where(a < _erfc_split(x), inner, tail)
-
-
-#: Past this magnitude erfcx(x) is 1 / (sqrt(pi) x) (1 - 1 / (2 x^2)) to 1e-20 (S(x) would overflow).
-_ERFCX_ASYMPTOTIC = 1e5
-
-
-@_elementwise
-def erfcx(x: torch.Tensor) -> torch.Tensor:
-    """``aten.special_erfcx``: ``exp(x**2) erfc(x)``, the tail rationals of :func:`erfc` without the exp.
-
-    Near 0 ``exp(x**2) (1 - erf(x))``; below ``-split`` ``2 exp(x**2) - erfcx(-x)`` with
-    ``x**2`` rounded as torch's kernel rounds it (off by up to ``x**2`` half-ulps, 4e-6
-    relative at -8 in float32, but eager's value), overflowing to inf as torch does; past
-    1e5 the asymptotic ``1 / (sqrt(pi) x)``.
-    """
-    split = _erfc_split(x)
-    a = x.abs()
-    tail = _erfc_tail(torch.clamp(a, min=split, max=_ERFCX_ASYMPTOTIC))
-    asymptotic = (1 - 0.5 / (a * a)) / (a * math.sqrt(math.pi))
-    tail = torch.where(a > _ERFCX_ASYMPTOTIC, asymptotic, tail)
-    inner_x = torch.clamp(x, min=-split, max=split)
-    inner = torch.exp(inner_x * inner_x) * ((1 - inner_x) - _erf_minus_identity(inner_x))
-    negative = 2 * torch.exp(x * x) - tail
-    return torch.where(x >= split, tail, torch.where(x <= -split, negative, inner))
-
-
-@_elementwise
-def erfinv(y: torch.Tensor) -> torch.Tensor:
-    """``aten.erfinv``: Giles' approximation, refined by Halley's method on ``erf(x) = |y|``.
-
-    The residual ``erf(x) - |y|`` is computed as ``(1 - |y|) - erfc(x)`` from x = 1, where
-    ``1 - |y|`` is exact and erfc keeps its relative accuracy, so the tail converges to
-    the correctly rounded inverse rather than to wherever ``erf`` rounds to ``|y|``. One
-    step in float32; two in float64 (Giles' tail is a float32 fit, far off near +-1 in
-    float64). ``erfinv(+-1) = +-inf``, ``|y| > 1`` gives NaN. float32 results are within
-    1.5 ulp of eager's (which are correctly rounded), so near +-1 the gradient
-    ``exp(erfinv(y)**2)`` can differ from eager's by ``2 erfinv(y)**2`` such ulps (2e-6).
-    """
-    a = y.abs()
-    w = -torch.log((1 - a) * (1 + a))
-    central = _polevl(w - 2.5, _GILES_CENTRAL)
-    tail = _polevl(torch.sqrt(w) - 3, _GILES_TAIL)
-    x = torch.where(w < 5, central, tail) * a
-    if y.dtype == torch.float64:
-        # Past Giles' range (1 - |y| < 1e-7): invert erfc(x) ~ exp(-x^2) / (x sqrt(pi)) (1 - 1/(2x^2)),
-        # within 7e-5 relative there.
-        big = torch.clamp(-torch.log((1 - a) * math.sqrt(math.pi)), min=2.0)
-        guess = torch.sqrt(big - 0.5 * torch.log(big))
-        guess = torch.sqrt(big - torch.log(guess) + torch.log(1 - 0.5 / (guess * guess)))
-        x = torch.where(w > 16, guess, x)
-    x = torch.where(a < 1, x, 0.0)  # finite where the result is a special value
-    # erf(x) - |y| below 1; above, (1 - |y|) - erfc(x), where erf would round towards 1 but
-    # 1 - |y| is exact. exp(-x * x) needs no split here: its relative error moves the root of
-    # erfc(x) = 1 - |y| by only that error over 2x.
-    for _ in range(2 if y.dtype == torch.float64 else 1):
-        inner = torch.clamp(x, max=1.0)
-        outer = torch.clamp(x, min=1.0, max=8.0)  # finite where not selected
-        erfc_outer = torch.exp(-(outer * outer)) * _polevl(outer, _ERFC_P) / _p1evl(outer, _ERFC_Q)
-        residual = torch.where(x < 1, (inner - a) + _erf_minus_identity(inner), (1 - a) - erfc_outer)
-        slope = _TWO_OVER_SQRT_PI * torch.exp(-(x * x))
-        x = x - residual / (slope + x * residual)
-    x = torch.where(a == 1, _INF, x)
-    x = torch.where(a > 1, _NAN, x)
-    return torch.copysign(x, y)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -277,7 +94,7 @@ _SIN_PI = tuple((-1) ** k * math.pi ** (2 * k + 1) / math.factorial(2 * k + 1) f
 def _sin_pi(a: torch.Tensor) -> torch.Tensor:
     """``sin(pi * a)`` for ``|a| <= 1/2``, to an ulp or two (IREE's sin is far less accurate)."""
     coefficients = _SIN_PI if a.dtype == torch.float64 else _SIN_PI[-7:]
-    return a * _polevl(a * a, coefficients)
+    return a * polevl(a * a, coefficients)
 
 
 def _shift(x: torch.Tensor) -> tuple[int, int]:
@@ -291,7 +108,7 @@ _STIRLING = (1 / 12, -1 / 360, 1 / 1260, -1 / 1680, 1 / 1188, -691 / 360360, 1 /
 _DIGAMMA_SERIES = (1 / 12, -1 / 120, 1 / 252, -1 / 240, 1 / 132, -691 / 32760, 1 / 12)
 
 
-@_elementwise
+@elementwise
 def lgamma(x: torch.Tensor) -> torch.Tensor:
     """``aten.lgamma``: log|Gamma(x)|.
 
@@ -314,7 +131,7 @@ def lgamma(x: torch.Tensor) -> torch.Tensor:
         product = product * (zs + k)
     log_w = torch.log(w)
     inverse = 1 / w
-    series = inverse * _polevl(inverse * inverse, _STIRLING[:terms][::-1])
+    series = inverse * polevl(inverse * inverse, _STIRLING[:terms][::-1])
     stirling = (w - 0.5) * log_w - w + _HALF_LOG_TWO_PI + series
     shifted_result = stirling + lost * (log_w - 0.5 * inverse) - torch.log(product)
     result = torch.where(small, shifted_result, stirling)
@@ -324,7 +141,7 @@ def lgamma(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x.abs() == _INF, _INF, result)
 
 
-@_elementwise
+@elementwise
 def digamma(x: torch.Tensor) -> torch.Tensor:
     """``aten.digamma`` (and ``torch.special.psi``): the logarithmic derivative of Gamma.
 
@@ -339,7 +156,7 @@ def digamma(x: torch.Tensor) -> torch.Tensor:
     small = z < steps
     w = torch.where(small, z + steps, z)
     inverse_square = 1 / (w * w)
-    series = inverse_square * _polevl(inverse_square, _DIGAMMA_SERIES[:terms][::-1])
+    series = inverse_square * polevl(inverse_square, _DIGAMMA_SERIES[:terms][::-1])
     asymptotic = torch.log(w) - 0.5 / w - series
     recurrence = 1 / z
     for k in range(1, steps):
@@ -361,8 +178,8 @@ _HALF_PI_PARTS_32 = (float.fromhex("0x1.92p+0"), float.fromhex("0x1.fb4p-12"),
 _HALF_PI_PARTS_64 = (float.fromhex("0x1.921fb5p+0"), float.fromhex("0x1.110b46p-26"),
                      float.fromhex("0x1.1a62633145c07p-54"))
 #: pi and pi * pi as torch's float32 kernels use them: rounded to float32, product rounded.
-_PI_32 = _to_float32(math.pi)
-_PI_SQUARED_32 = _to_float32(_PI_32 * _PI_32)
+_PI_32 = to_float32(math.pi)
+_PI_SQUARED_32 = to_float32(_PI_32 * _PI_32)
 #: cos(t) = C(t^2) for |t| <= pi/4, Taylor coefficients to t^16 (float64) or t^10 (float32).
 _COS = tuple((-1) ** k / math.factorial(2 * k) for k in range(9))[::-1]
 _SIN = tuple((-1) ** k / math.factorial(2 * k + 1) for k in range(9))[::-1]
@@ -375,13 +192,13 @@ def _sin_squared(t: torch.Tensor) -> torch.Tensor:
     k = torch.round(t * (2 / math.pi))
     r = ((t - k * parts[0]) - k * parts[1]) - k * parts[2]  # |r| <= pi/4
     r2 = r * r
-    sin = r * _polevl(r2, _SIN if double else _SIN[-5:])
-    cos = _polevl(r2, _COS if double else _COS[-6:])
+    sin = r * polevl(r2, _SIN if double else _SIN[-5:])
+    cos = polevl(r2, _COS if double else _COS[-6:])
     odd = (k * 0.5) != torch.floor(k * 0.5)
     return torch.where(odd, cos * cos, sin * sin)
 
 
-@_elementwise
+@elementwise
 def trigamma(x: torch.Tensor) -> torch.Tensor:
     """``polygamma(1, x)``, step for step as torch's CPU kernel computes it.
 
@@ -407,7 +224,7 @@ def trigamma(x: torch.Tensor) -> torch.Tensor:
 # polygamma(n, x) for n >= 2, through the Hurwitz zeta function. Cephes (zeta.c), 3-clause BSD.
 
 #: The Euler-Maclaurin denominators of Cephes' zeta: (2k)! / B_2k.
-_ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
+ZETA_A = (12.0, -720.0, 30240.0, -1209600.0, 47900160.0, -1.8924375803183791606e9, 7.47242496e10,
            -2.950130727918164224e12, 1.1646782814350067249e14, -4.5979787224074726105e15,
            1.8152105401943546773e17, -7.1661652561756670113e18)
 #: Terms summed directly before Euler-Maclaurin takes the rest (Cephes: until past 9).
@@ -437,9 +254,9 @@ def _hurwitz_zeta(s: int, q: torch.Tensor) -> torch.Tensor:
     for k in range(1, _ZETA_TERMS):
         total = total + _int_power(1 / (q + k), s)
     # c_i = s (s + 1) ... (s + 2i) / A_i.
-    coefficients = [math.prod(s + j for j in range(2 * i + 1)) / a for i, a in enumerate(_ZETA_A)]
+    coefficients = [math.prod(s + j for j in range(2 * i + 1)) / a for i, a in enumerate(ZETA_A)]
     inverse = 1 / (q + _ZETA_TERMS)
-    series = inverse * (inverse * _polevl(inverse * inverse, coefficients[::-1]) + 0.5) + 1 / (s - 1)
+    series = inverse * (inverse * polevl(inverse * inverse, coefficients[::-1]) + 0.5) + 1 / (s - 1)
     return total + _int_power(inverse, s - 1) * series
 
 
@@ -477,7 +294,7 @@ def polygamma(n: int, x: torch.Tensor) -> torch.Tensor:
         return trigamma(x)
     if n < 0:
         return NotImplemented
-    return _elementwise(functools.partial(_polygamma, n))(x)
+    return elementwise(functools.partial(_polygamma, n))(x)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -528,7 +345,7 @@ _I1E_B = (7.51729631084210481353E-18, 4.41434832307170791151E-18, -4.65030536848
           7.78576235018280120474E-1)
 
 
-def _chbevl(y: torch.Tensor, coefficients: Sequence[float]) -> torch.Tensor:
+def chbevl(y: torch.Tensor, coefficients: Sequence[float]) -> torch.Tensor:
     """Cephes' ``chbevl``: ``sum' c_i T_i(y/2)`` (zero order last) by Clenshaw's recurrence, step for step."""
     b1 = coefficients[0]
     b0 = y * b1 + coefficients[1]
@@ -538,7 +355,7 @@ def _chbevl(y: torch.Tensor, coefficients: Sequence[float]) -> torch.Tensor:
     return 0.5 * (b0 - b2)
 
 
-def _bessel_series(a: torch.Tensor, order: int, float32_tails: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+def bessel_series(a: torch.Tensor, order: int, float32_tails: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """The two Chebyshev series of i0e (``order`` 0) or i1e (1) at ``a = |x|``: on [0, 8] in
     ``a/2 - 2`` and past 8 in ``32/a - 2`` (each garbage where the other applies). With
     ``float32_tails`` a float32 i1 uses the shorter tables of torch's ``calc_i1`` kernels (the
@@ -549,42 +366,42 @@ def _bessel_series(a: torch.Tensor, order: int, float32_tails: bool = True) -> t
         near, far = _I1E_A, _I1E_B
     else:  # torch's float32 tables for i1 are the tails of the float64 ones
         near, far = _I1E_A[-17:], _I1E_B[-7:]
-    return _chbevl(a / 2 - 2, near), _chbevl(32 / a - 2, far)
+    return chbevl(a / 2 - 2, near), chbevl(32 / a - 2, far)
 
 
-@_elementwise
+@elementwise
 def i0(x: torch.Tensor) -> torch.Tensor:
     """``aten.i0`` (``torch.special.i0``): ``exp(|x|)`` times Cephes' Chebyshev series, as torch's
     ``calc_i0`` (overflowing to inf with ``exp``; NaN at +-inf)."""
     a = x.abs()
-    near, far = _bessel_series(a, 0)
+    near, far = bessel_series(a, 0)
     scale = torch.exp(a)
     return torch.where(a <= 8, scale * near, scale * far / torch.sqrt(a))
 
 
-@_elementwise
+@elementwise
 def i0e(x: torch.Tensor) -> torch.Tensor:
     """``aten.special_i0e``: ``exp(-|x|) I0(x)``, Cephes' Chebyshev series (``calc_i0e``)."""
     a = x.abs()
-    near, far = _bessel_series(a, 0)
+    near, far = bessel_series(a, 0)
     return torch.where(a <= 8, near, far / torch.sqrt(a))
 
 
-@_elementwise
+@elementwise
 def i1(x: torch.Tensor) -> torch.Tensor:
     """``aten.special_i1``: ``calc_i1``, odd (``i1(-0.0)`` is +0.0 as in torch; NaN at +-inf)."""
     a = x.abs()
-    near, far = _bessel_series(a, 1)
+    near, far = bessel_series(a, 1)
     scale = torch.exp(a)
     out = torch.where(a <= 8, scale * a * near, scale * far / torch.sqrt(a))
     return torch.where(x < 0, -out, out)
 
 
-@_elementwise
+@elementwise
 def i1e(x: torch.Tensor) -> torch.Tensor:
     """``aten.special_i1e``: ``exp(-|x|) I1(x)``, ``calc_i1e`` (+0.0 at -0.0, -0.0 at -inf)."""
     a = x.abs()
-    near, far = _bessel_series(a, 1)
+    near, far = bessel_series(a, 1)
     out = torch.where(a <= 8, near * a, far / torch.sqrt(a))
     return torch.where(x < 0, -out, out)
 
@@ -609,7 +426,7 @@ def frexp(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     if not x.is_floating_point() or x.is_complex():
         return NotImplemented
     dtype = x.dtype
-    y = x.to(torch.float32) if dtype in _LOW_PRECISION else x
+    y = x.to(torch.float32) if dtype in LOW_PRECISION else x
     int_dtype, width, fraction_bits, bias = _FLOAT_LAYOUT[y.dtype]
     fraction_mask = (1 << fraction_bits) - 1
     field_max = 2 * bias + 1

@@ -37,7 +37,8 @@ from collections.abc import Callable
 
 import torch
 
-from torch_neuronx.compiler.decompositions.special import _ZETA_A, _polevl
+from torch_neuronx.compiler.decompositions.cephes import polevl
+from torch_neuronx.compiler.decompositions.special import ZETA_A
 
 aten = torch.ops.aten
 
@@ -122,12 +123,12 @@ def ndtri(y: torch.Tensor) -> torch.Tensor:
     # Around 0.5: y - 0.5 + (y - 0.5)^3 P(..)/Q(..).
     c = torch.where(t > _EXP_MINUS_2, t, 0.5) - 0.5
     c2 = c * c
-    central = (c + c * (c2 * _polevl(c2, _NDTRI_P0) / _polevl(c2, _NDTRI_Q0))) * _SQRT_TWO_PI
+    central = (c + c * (c2 * polevl(c2, _NDTRI_P0) / polevl(c2, _NDTRI_Q0))) * _SQRT_TWO_PI
     # Tails: x = sqrt(-2 log t), x - log(x)/x - R(1/x).
     x = torch.sqrt(-2.0 * torch.log(torch.clamp(t, min=1e-300 if y.dtype == torch.float64 else 1e-38, max=0.5)))
     z = 1 / x
-    near = z * _polevl(z, _NDTRI_P1) / _polevl(z, _NDTRI_Q1)
-    far = z * _polevl(z, _NDTRI_P2) / _polevl(z, _NDTRI_Q2)
+    near = z * polevl(z, _NDTRI_P1) / polevl(z, _NDTRI_Q1)
+    far = z * polevl(z, _NDTRI_P2) / polevl(z, _NDTRI_Q2)
     tail = (x - torch.log(x) / x) - torch.where(x < 8, near, far)
     tail = torch.where(upper, tail, -tail)
     out = torch.where(t > _EXP_MINUS_2, central, tail)
@@ -164,7 +165,7 @@ def _zeta_positive(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     a = torch.ones_like(q)
     active = ~done
     k = 0.0
-    for c in _ZETA_A:
+    for c in ZETA_A:
         a = a * (x + k)
         b = b / w
         t = a * b / c
@@ -244,7 +245,7 @@ def _airy_positive(x: torch.Tensor) -> torch.Tensor:
     """Ai at ``x >= 2.09``: the rational in ``1 / zeta``, ``zeta = 2/3 x**1.5``, over ``exp(zeta)``."""
     zeta = 2.0 * x * torch.sqrt(x) / 3.0
     w = 1.0 / zeta
-    ratio = _polevl(w, _AIRY_AN) / _polevl(w, _AIRY_AD)
+    ratio = polevl(w, _AIRY_AN) / polevl(w, _AIRY_AD)
     return _ONE_OVER_SQRT_PI * ratio / (2.0 * torch.sqrt(torch.sqrt(x)) * torch.exp(zeta))
 
 
@@ -253,8 +254,8 @@ def _airy_negative(x: torch.Tensor) -> torch.Tensor:
     zeta = -2.0 * x * torch.sqrt(-x) / 3.0
     z = 1.0 / zeta
     zz = z * z
-    f = 1.0 + zz * _polevl(zz, _AIRY_AFN) / _polevl(zz, _AIRY_AFD)
-    g = z * _polevl(zz, _AIRY_AGN) / _polevl(zz, _AIRY_AGD)
+    f = 1.0 + zz * polevl(zz, _AIRY_AFN) / polevl(zz, _AIRY_AFD)
+    g = z * polevl(zz, _AIRY_AGN) / polevl(zz, _AIRY_AGD)
     t = zeta + 0.25 * math.pi
     return _ONE_OVER_SQRT_PI / torch.sqrt(torch.sqrt(-x)) * (torch.sin(t) * f - torch.cos(t) * g)
 

@@ -19,8 +19,6 @@ that a trace-stage error under the fallback policy. Reads
 
 from __future__ import annotations
 
-import dataclasses
-import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -30,258 +28,61 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import Node
 
 from torch_neuronx import config
+from torch_neuronx.compiler.passes.complex_values import (
+    REAL_OF,
+    Cx,
+    Emitter,
+    complex_rank,
+    is_complex,
+    is_tensor,
+    real_dim,
+)
 
 aten = torch.ops.aten
 
-_REAL_OF = {torch.complex32: torch.float16, torch.complex64: torch.float32,
-            torch.complex128: torch.float64}
+# --- rules: (emitter, schema-named arguments) → a Cx for a complex result, else a real node ---
+
+Rule = Callable[[Emitter, dict[str, Any]], Any]
 
 
-@dataclasses.dataclass(frozen=True)
-class _Cx:
-    """A complex value of the new graph: ``node`` holds it as a real ``(..., 2)`` tensor."""
-
-    node: Node
-
-
-def _is_complex(val: Any) -> bool:
-    if isinstance(val, torch.Tensor):
-        return val.is_complex()
-    if isinstance(val, list | tuple):
-        return any(_is_complex(v) for v in val)
-    return False
-
-
-def _is_num(x: Any) -> bool:
-    return isinstance(x, bool | int | float | complex)
-
-
-def _is_tensor(x: Any) -> bool:
-    """A node of the new graph holding a real tensor."""
-    return isinstance(x, Node) and isinstance(x.meta.get("val"), torch.Tensor)
-
-
-def _dim(d: int, rank: int) -> int:
-    """Dimension ``d`` of a complex tensor of ``rank`` as a dimension of its real form."""
-    return d + rank if d < 0 else d
-
-
-def _rank(x: _Cx) -> int:
-    return x.node.meta["val"].dim() - 1
-
-
-class _Emitter:
-    """Appends ATen nodes to the new graph, each with its FakeTensor ``meta["val"]``.
-
-    Complex arithmetic works on *parts*: the real and imaginary halves, each a
-    real tensor node or a Python number (the imaginary part of a real operand is
-    the number 0). Numbers fold, so real operands cost no extra ops.
-    """
-
-    def __init__(self, graph: torch.fx.Graph, fake_mode: Any) -> None:
-        self.graph = graph
-        self.fake_mode = fake_mode
-        self.node: Node  # the node of the old graph being rewritten
-        self._parts: dict[Node, tuple[Node, Node]] = {}
-
-    def __call__(self, target: Callable, *args: Any, **kwargs: Any) -> Node:
-        fake_args, fake_kwargs = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
-        with self.fake_mode:
-            val = target(*fake_args, **fake_kwargs)
-        new = self.graph.call_function(target, args, kwargs)
-        new.meta["val"] = val
-        if "stack_trace" in self.node.meta:
-            new.meta["stack_trace"] = self.node.meta["stack_trace"]
-        return new
-
-    def bound(self, target: Any, arguments: dict[str, Any]) -> Node:
-        """Emit ``target`` from schema-named arguments (the inverse of :func:`_bind`)."""
-        args, kwargs = [], {}
-        for arg in target._schema.arguments:
-            if arg.name in arguments:
-                if arg.kwarg_only:
-                    kwargs[arg.name] = arguments[arg.name]
-                else:
-                    args.append(arguments[arg.name])
-        return self(target, *args, **kwargs)
-
-    @property
-    def out(self) -> Any:
-        """The FakeTensor the node being rewritten promised."""
-        return self.node.meta["val"]
-
-    def parts(self, x: Any) -> tuple[Any, Any]:
-        """(real, imaginary) of an operand: a complex value, a real tensor or a scalar."""
-        if isinstance(x, _Cx):
-            if x.node not in self._parts:
-                self._parts[x.node] = (self(aten.select.int, x.node, -1, 0),
-                                       self(aten.select.int, x.node, -1, 1))
-            return self._parts[x.node]
-        if isinstance(x, Node) and not _is_tensor(x):
-            x = _concrete(x)
-        if isinstance(x, complex):
-            return x.real, x.imag
-        return (int(x) if isinstance(x, bool) else x), 0
-
-    def pack(self, re: Any, im: Any) -> _Cx:
-        """The real form of two parts, shaped like the node being rewritten."""
-        shape, dtype = list(self.out.shape), _REAL_OF[self.out.dtype]
-        halves = []
-        for part in (re, im):
-            if not isinstance(part, Node):
-                part = self(aten.full.default, shape, part, dtype=dtype, device=self.out.device)
-            if part.meta["val"].dtype != dtype:
-                part = self(aten._to_copy.default, part, dtype=dtype)
-            if list(part.meta["val"].shape) != shape:
-                part = self(aten.expand.default, part, shape)
-            halves.append(self(aten.unsqueeze.default, part, -1))
-        return _Cx(self(aten.cat.default, halves, -1))
-
-    def rep(self, x: Any) -> Node:
-        """The real form of any operand; real tensors and scalars get a zero imaginary part."""
-        if isinstance(x, _Cx):
-            return x.node
-        dtype = _REAL_OF.get(self.out.dtype, self.out.dtype)
-        if _is_tensor(x):
-            if x.meta["val"].dtype != dtype:
-                x = self(aten._to_copy.default, x, dtype=dtype)
-            return self(aten.constant_pad_nd.default, self(aten.unsqueeze.default, x, -1), [0, 1], 0.0)
-        return self(aten.cat.default, [self(aten.full.default, [1], p, dtype=dtype, device=self.out.device)
-                                       for p in self.parts(x)])
-
-    def finish(self, result: Any) -> Any:
-        """``result`` in the dtype the node promised; a wrong shape is a bug in a rule."""
-        if not isinstance(self.out, torch.Tensor):
-            return result
-        out = result.node if isinstance(result, _Cx) else result
-        shape = [*self.out.shape, 2] if self.out.is_complex() else list(self.out.shape)
-        dtype = _REAL_OF.get(self.out.dtype, self.out.dtype)
-        if list(out.meta["val"].shape) != shape:
-            raise RuntimeError(f"complex_to_real: the rule for {self.node.target} made shape "
-                               f"{list(out.meta['val'].shape)}, expected {shape} (node {self.node.name})")
-        if out.meta["val"].dtype != dtype:
-            out = self(aten._to_copy.default, out, dtype=dtype)
-        return _Cx(out) if isinstance(result, _Cx) else out
-
-    # -- arithmetic on parts --
-
-    def add(self, x: Any, y: Any) -> Any:
-        if _is_num(x) and _is_num(y):
-            return x + y
-        if _is_num(x):
-            x, y = y, x
-        return x if _is_num(y) and y == 0 else self(aten.add.Tensor, x, y)
-
-    def neg(self, x: Any) -> Any:
-        return -x if _is_num(x) else self(aten.neg.default, x)
-
-    def sub(self, x: Any, y: Any) -> Any:
-        if _is_num(y):
-            return self.add(x, -y)
-        return self.add(self.neg(y), x) if _is_num(x) else self(aten.sub.Tensor, x, y)
-
-    def mul(self, x: Any, y: Any, op: Callable = aten.mul.Tensor) -> Any:
-        if _is_num(x) and _is_num(y):
-            return x * y
-        if (_is_num(x) and x == 0) or (_is_num(y) and y == 0):
-            return 0
-        if _is_num(x):  # only ever with op = mul: matmul operands are tensors or a folded 0
-            x, y = y, x
-        return x if _is_num(y) and y == 1 else self(op, x, y)
-
-    def div(self, x: Any, y: Any) -> Any:
-        if _is_num(x) and _is_num(y):
-            return x / y if y != 0 else math.nan if x == 0 else math.copysign(math.inf, x)
-        if _is_num(y):
-            return x if y == 1 else self(aten.div.Tensor, x, y)
-        if _is_num(x):
-            return 0 if x == 0 else self.mul(self(aten.reciprocal.default, y), x)
-        return self(aten.div.Tensor, x, y)
-
-    def cmul(self, a: Any, b: Any, op: Callable = aten.mul.Tensor) -> tuple[Any, Any]:
-        """a ⋅ b for any bilinear ``op`` (``mul``, ``mm``, ``bmm``, ``matmul``), as parts."""
-        return self.cmul_parts(self.parts(a), self.parts(b), op)
-
-    def cmul_parts(self, a: tuple[Any, Any], b: tuple[Any, Any],
-                   op: Callable = aten.mul.Tensor) -> tuple[Any, Any]:
-        (ar, ai), (br, bi) = a, b
-        return (self.sub(self.mul(ar, br, op), self.mul(ai, bi, op)),
-                self.add(self.mul(ar, bi, op), self.mul(ai, br, op)))
-
-    def cdiv(self, a: Any, b: Any) -> tuple[Any, Any]:
-        (ar, ai), (br, bi) = self.parts(a), self.parts(b)
-        if _is_num(bi) and bi == 0:
-            return self.div(ar, br), self.div(ai, br)
-        den = self.add(self.mul(br, br), self.mul(bi, bi))
-        return (self.div(self.add(self.mul(ar, br), self.mul(ai, bi)), den),
-                self.div(self.sub(self.mul(ai, br), self.mul(ar, bi)), den))
-
-    def abs(self, a: _Cx) -> Node:
-        re, im = self.parts(a)
-        return self(aten.sqrt.default, self.add(self.mul(re, re), self.mul(im, im)))
-
-    def angle(self, a: _Cx) -> Node:
-        re, im = self.parts(a)
-        return self(aten.atan2.default, im, re)
-
-    def polar(self, magnitude: Any, angle: Node) -> tuple[Any, Any]:
-        return (self.mul(magnitude, self(aten.cos.default, angle)),
-                self.mul(magnitude, self(aten.sin.default, angle)))
-
-
-def _concrete(node: Node) -> Any:
-    """A scalar graph input's value: the graph is specialized to it (as ``inline_scalar_inputs`` does)."""
-    val = node.meta.get("val")
-    if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
-        val = val.node.hint
-    if not _is_num(val):
-        raise NotImplementedError(f"complex_to_real: scalar graph input {node.name} has no concrete value")
-    return val
-
-
-# --- rules: (emitter, schema-named arguments) → a _Cx for a complex result, else a real node ---
-
-Rule = Callable[[_Emitter, dict[str, Any]], Any]
-
-
-def _add(e: _Emitter, a: dict[str, Any], op: Callable = aten.add.Tensor) -> _Cx:
+def _add(e: Emitter, a: dict[str, Any], op: Callable = aten.add.Tensor) -> Cx:
     other, alpha = a["other"], a.get("alpha", 1)
     if alpha != 1:
         other = e.pack(*e.cmul(other, alpha))
-    return _Cx(e(op, e.rep(a["self"]), e.rep(other)))
+    return Cx(e(op, e.rep(a["self"]), e.rep(other)))
 
 
-def _sub(e: _Emitter, a: dict[str, Any]) -> _Cx:
+def _sub(e: Emitter, a: dict[str, Any]) -> Cx:
     return _add(e, a, aten.sub.Tensor)
 
 
-def _rsub(e: _Emitter, a: dict[str, Any]) -> _Cx:
+def _rsub(e: Emitter, a: dict[str, Any]) -> Cx:
     return _add(e, {**a, "self": a["other"], "other": a["self"]}, aten.sub.Tensor)
 
 
-def _mul(e: _Emitter, a: dict[str, Any]) -> _Cx:
-    x, y = (a["self"], a["other"]) if isinstance(a["self"], _Cx) else (a["other"], a["self"])
-    if isinstance(x, _Cx) and _is_tensor(y):  # by a real tensor: scale both halves at once
-        return _Cx(e(aten.mul.Tensor, x.node, e(aten.unsqueeze.default, y, -1)))
+def _mul(e: Emitter, a: dict[str, Any]) -> Cx:
+    x, y = (a["self"], a["other"]) if isinstance(a["self"], Cx) else (a["other"], a["self"])
+    if isinstance(x, Cx) and is_tensor(y):  # by a real tensor: scale both halves at once
+        return Cx(e(aten.mul.Tensor, x.node, e(aten.unsqueeze.default, y, -1)))
     return e.pack(*e.cmul(x, y))
 
 
-def _div(e: _Emitter, a: dict[str, Any]) -> _Cx:
-    if isinstance(a["self"], _Cx) and _is_tensor(a["other"]):
-        return _Cx(e(aten.div.Tensor, a["self"].node, e(aten.unsqueeze.default, a["other"], -1)))
+def _div(e: Emitter, a: dict[str, Any]) -> Cx:
+    if isinstance(a["self"], Cx) and is_tensor(a["other"]):
+        return Cx(e(aten.div.Tensor, a["self"].node, e(aten.unsqueeze.default, a["other"], -1)))
     return e.pack(*e.cdiv(a["self"], a["other"]))
 
 
-def _sgn(e: _Emitter, a: dict[str, Any]) -> _Cx:
+def _sgn(e: Emitter, a: dict[str, Any]) -> Cx:
     z = a["self"]
     magnitude = e.abs(z)
     is_zero = e(aten.unsqueeze.default, e(aten.eq.Scalar, magnitude, 0), -1)
     unit = e(aten.div.Tensor, z.node, e(aten.unsqueeze.default, magnitude, -1))
-    zero = e(aten.scalar_tensor.default, 0.0, dtype=_REAL_OF[e.out.dtype], device=e.out.device)
-    return _Cx(e(aten.where.self, is_zero, zero, unit))
+    zero = e(aten.scalar_tensor.default, 0.0, dtype=REAL_OF[e.out.dtype], device=e.out.device)
+    return Cx(e(aten.where.self, is_zero, zero, unit))
 
 
-def _pow(e: _Emitter, a: dict[str, Any]) -> _Cx:
+def _pow(e: Emitter, a: dict[str, Any]) -> Cx:
     z, p = a["self"], a["exponent"]
     if isinstance(p, complex):
         raise NotImplementedError("complex_to_real: aten.pow.Tensor_Scalar with a complex exponent")
@@ -290,25 +91,25 @@ def _pow(e: _Emitter, a: dict[str, Any]) -> _Cx:
     return e.pack(*e.polar(e(aten.pow.Tensor_Scalar, e.abs(z), p), e.mul(e.angle(z), p)))
 
 
-def _equal(e: _Emitter, a: dict[str, Any]) -> Node:
+def _equal(e: Emitter, a: dict[str, Any]) -> Node:
     (ar, ai), (br, bi) = e.parts(a["self"]), e.parts(a["other"])
-    if not _is_tensor(ar):
+    if not is_tensor(ar):
         (ar, ai), (br, bi) = (br, bi), (ar, ai)
 
     def eq(x: Any, y: Any) -> Node:
-        return e(aten.eq.Tensor if _is_tensor(y) else aten.eq.Scalar, x, y)
+        return e(aten.eq.Tensor if is_tensor(y) else aten.eq.Scalar, x, y)
 
     same = e(aten.logical_and.default, eq(ar, br), eq(ai, bi))
     return same if e.node.target in (aten.eq.Tensor, aten.eq.Scalar) else e(aten.logical_not.default, same)
 
 
-def _convert(e: _Emitter, x: Any, dtype: torch.dtype | None, **kwargs: Any) -> Any:
+def _convert(e: Emitter, x: Any, dtype: torch.dtype | None, **kwargs: Any) -> Any:
     """``_to_copy`` / ``convert_element_type`` between any of complex and real."""
     dtype = dtype or e.out.dtype
     kwargs = {k: v for k, v in kwargs.items() if v}
-    if dtype in _REAL_OF and isinstance(x, _Cx):
-        return _Cx(e(aten._to_copy.default, x.node, dtype=_REAL_OF[dtype], **kwargs))
-    if dtype in _REAL_OF:
+    if dtype in REAL_OF and isinstance(x, Cx):
+        return Cx(e(aten._to_copy.default, x.node, dtype=REAL_OF[dtype], **kwargs))
+    if dtype in REAL_OF:
         return e.pack(x, 0)  # pack converts to the real dtype
     return e(aten._to_copy.default, e.parts(x)[0], dtype=dtype, **kwargs)  # as torch: drops imag
 
@@ -321,7 +122,7 @@ _FILL = {aten.full.default: "fill_value", aten.full_like.default: "fill_value",
          aten.empty_strided.default: 0, aten.new_empty_strided.default: 0}
 
 
-def _fill(e: _Emitter, a: dict[str, Any]) -> Any:
+def _fill(e: Emitter, a: dict[str, Any]) -> Any:
     value = _FILL[e.node.target]
     value = a[value] if isinstance(value, str) else value
     if e.out.is_complex():
@@ -331,21 +132,21 @@ def _fill(e: _Emitter, a: dict[str, Any]) -> Any:
 
 def _same_op(*dims: str, rank_of_output: bool = False, reals: tuple[str, ...] = ("self",)) -> Rule:
     """The node's own op on real forms: ``reals`` arguments as real forms, ``dims`` remapped."""
-    def rule(e: _Emitter, a: dict[str, Any]) -> _Cx:
-        rank = e.out.dim() if rank_of_output else _rank(a["self"])
+    def rule(e: Emitter, a: dict[str, Any]) -> Cx:
+        rank = e.out.dim() if rank_of_output else complex_rank(a["self"])
         a = dict(a)
         for name in reals:
             a[name] = [e.rep(t) for t in a[name]] if isinstance(a[name], list | tuple) else e.rep(a[name])
         for name in dims:
             if isinstance(a.get(name), list | tuple):
-                a[name] = [_dim(d, rank) for d in a[name]]
+                a[name] = [real_dim(d, rank) for d in a[name]]
             elif a.get(name) is not None:
-                a[name] = _dim(a[name], rank)
-        if a.get("dtype") in _REAL_OF:
-            a["dtype"] = _REAL_OF[a["dtype"]]
+                a[name] = real_dim(a[name], rank)
+        if a.get("dtype") in REAL_OF:
+            a["dtype"] = REAL_OF[a["dtype"]]
         if a.get("memory_format") not in (None, torch.preserve_format):
             a["memory_format"] = torch.contiguous_format  # channels_last has no (..., 2) form
-        return _Cx(e.bound(e.node.target, a))
+        return Cx(e.bound(e.node.target, a))
     return rule
 
 
@@ -360,39 +161,39 @@ def _viewable(val: torch.Tensor, size: list[Any]) -> bool:
 
 def _sized(key: str) -> Rule:
     """view / reshape / expand: the real form's size is the complex size with 2 appended."""
-    def rule(e: _Emitter, a: dict[str, Any]) -> _Cx:
+    def rule(e: Emitter, a: dict[str, Any]) -> Cx:
         z, size = a["self"].node, [*a[key], 2]
         if e.node.target in (aten.view.default, aten._unsafe_view.default) and not _viewable(
                 z.meta["val"], size):  # the real form's strides differ from the complex graph's
             z = e(aten.clone.default, z, memory_format=torch.contiguous_format)
-        return _Cx(e.bound(e.node.target, {**a, "self": z, key: size}))
+        return Cx(e.bound(e.node.target, {**a, "self": z, key: size}))
     return rule
 
 
-def _permute(e: _Emitter, a: dict[str, Any]) -> _Cx:
-    rank = _rank(a["self"])
-    return _Cx(e(aten.permute.default, a["self"].node, [*(_dim(d, rank) for d in a["dims"]), rank]))
+def _permute(e: Emitter, a: dict[str, Any]) -> Cx:
+    rank = complex_rank(a["self"])
+    return Cx(e(aten.permute.default, a["self"].node, [*(real_dim(d, rank) for d in a["dims"]), rank]))
 
 
-def _reduce(e: _Emitter, a: dict[str, Any]) -> _Cx:
-    z, rank = a["self"], _rank(a["self"])
+def _reduce(e: Emitter, a: dict[str, Any]) -> Cx:
+    z, rank = a["self"], complex_rank(a["self"])
     dims = a.get("dim") or list(range(rank))  # None or [] reduces every dimension
     if not dims:  # a 0-d complex tensor: nothing to reduce ([] would reduce the trailing 2)
-        return _Cx(e(aten.clone.default, z.node))
+        return Cx(e(aten.clone.default, z.node))
     op = aten.sum.dim_IntList if e.node.target in (aten.sum.dim_IntList, aten.sum.default) else aten.mean.dim
-    dtype = _REAL_OF.get(a.get("dtype"), a.get("dtype"))
-    return _Cx(e(op, z.node, [_dim(d, rank) for d in dims], a.get("keepdim", False), dtype=dtype))
+    dtype = REAL_OF.get(a.get("dtype"), a.get("dtype"))
+    return Cx(e(op, z.node, [real_dim(d, rank) for d in dims], a.get("keepdim", False), dtype=dtype))
 
 
-def _addmm(e: _Emitter, a: dict[str, Any]) -> _Cx:
+def _addmm(e: Emitter, a: dict[str, Any]) -> Cx:
     re, im = e.cmul_parts(e.cmul(a["mat1"], a["mat2"], aten.mm.default), e.parts(a["alpha"]))
     bias_re, bias_im = e.cmul(a["self"], a["beta"])
     return e.pack(e.add(bias_re, re), e.add(bias_im, im))
 
 
-def _t(e: _Emitter, a: dict[str, Any]) -> _Cx:
+def _t(e: Emitter, a: dict[str, Any]) -> Cx:
     z = a["self"]
-    return _Cx(e(aten.transpose.int, z.node, 0, 1) if _rank(z) == 2 else e(aten.alias.default, z.node))
+    return Cx(e(aten.transpose.int, z.node, 0, 1) if complex_rank(z) == 2 else e(aten.alias.default, z.node))
 
 
 _RULES: dict[Any, Rule] = {
@@ -402,7 +203,7 @@ _RULES: dict[Any, Rule] = {
     aten.mul.Tensor: _mul, aten.mul.Scalar: _mul,
     aten.div.Tensor: _div, aten.div.Scalar: _div,
     aten.reciprocal.default: lambda e, a: e.pack(*e.cdiv(1, a["self"])),
-    aten.neg.default: lambda e, a: _Cx(e(aten.neg.default, a["self"].node)),
+    aten.neg.default: lambda e, a: Cx(e(aten.neg.default, a["self"].node)),
     aten.conj_physical.default: lambda e, a: e.pack(e.parts(a["self"])[0], e.neg(e.parts(a["self"])[1])),
     aten.abs.default: lambda e, a: e.abs(a["self"]),
     aten.angle.default: lambda e, a: e.angle(a["self"]),
@@ -418,7 +219,7 @@ _RULES: dict[Any, Rule] = {
     aten.complex.default: lambda e, a: e.pack(a["real"], a["imag"]),
     aten.polar.default: lambda e, a: e.pack(*e.polar(a["abs"], a["angle"])),
     aten.view_as_real.default: lambda e, a: a["self"].node,
-    aten.view_as_complex.default: lambda e, a: _Cx(a["self"]),
+    aten.view_as_complex.default: lambda e, a: Cx(a["self"]),
     aten.real.default: lambda e, a: e.parts(a["self"])[0],
     aten.imag.default: lambda e, a: e.parts(a["self"])[1],
     aten._to_copy.default: lambda e, a: _convert(e, a["self"], a["dtype"], layout=a["layout"],
@@ -453,11 +254,11 @@ _RULES: dict[Any, Rule] = {
     aten.flip.default: _same_op("dims"),
     aten.split.Tensor: _same_op("dim"), aten.split_with_sizes.default: _same_op("dim"),
     aten.unbind.int: _same_op("dim"),
-    operator.getitem: lambda e, a: _Cx(e(operator.getitem, a["self"].node, a["index"])),
+    operator.getitem: lambda e, a: Cx(e(operator.getitem, a["self"].node, a["index"])),
     aten.cat.default: _same_op("dim", rank_of_output=True, reals=("tensors",)),
     aten.slice_scatter.default: _same_op("dim", rank_of_output=True, reals=("self", "src")),
     aten.select_scatter.default: _same_op("dim", rank_of_output=True, reals=("self", "src")),
-    aten.where.self: lambda e, a: _Cx(e(aten.where.self, e(aten.unsqueeze.default, a["condition"], -1),
+    aten.where.self: lambda e, a: Cx(e(aten.where.self, e(aten.unsqueeze.default, a["condition"], -1),
                                         e.rep(a["self"]), e.rep(a["other"]))),
     aten.constant_pad_nd.default: lambda e, a: e.pack(*(
         e(aten.constant_pad_nd.default, part, a["pad"], value)
@@ -517,13 +318,13 @@ def complex_to_real(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """
     if not config.get("TORCH_NEURONX_COMPLEX_DECOMPOSE"):
         return gm
-    if not any(_is_complex(n.meta.get("val")) for n in gm.graph.nodes):
+    if not any(is_complex(n.meta.get("val")) for n in gm.graph.nodes):
         return gm
     fake_mode = _fake_mode(gm)
     graph = torch.fx.Graph(tracer_cls=gm.graph._tracer_cls)
     graph._codegen = gm.graph._codegen
-    e = _Emitter(graph, fake_mode)
-    env: dict[Node, Node | _Cx] = {}  # node of gm → its value in the new graph
+    e = Emitter(graph, fake_mode)
+    env: dict[Node, Node | Cx] = {}  # node of gm → its value in the new graph
     constants: dict[str, torch.Tensor] = {}  # complex constants' real forms, set on success
     complex_inputs: list[int] = []
     tensor_inputs = 0
@@ -535,7 +336,7 @@ def complex_to_real(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             constant = getattr(gm, node.target) if node.op == "get_attr" else None
             if node.op == "placeholder" and isinstance(node.meta.get("val"), torch.Tensor):
                 tensor_inputs += 1
-            if not (_is_complex(node.meta.get("val")) or _is_complex(constant)):
+            if not (is_complex(node.meta.get("val")) or is_complex(constant)):
                 continue
             if node.op == "placeholder":
                 complex_inputs.append(tensor_inputs - 1)
@@ -546,10 +347,10 @@ def complex_to_real(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
                     constants[node.target] = torch.view_as_real(constant.resolve_conj()).clone()
                 new.meta["val"] = fake_mode.from_tensor(constants[node.target], static_shapes=True)
             new.meta.pop("tensor_meta", None)
-            env[node] = _Cx(new)
+            env[node] = Cx(new)
             continue
-        if not any(isinstance(env[n], _Cx) for n in node.all_input_nodes) and \
-                not _is_complex(node.meta.get("val")):
+        if not any(isinstance(env[n], Cx) for n in node.all_input_nodes) and \
+                not is_complex(node.meta.get("val")):
             env[node] = graph.node_copy(node, lambda n: env[n])
             continue
         rule = _RULES.get(node.target)
@@ -565,8 +366,8 @@ def complex_to_real(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     values = output.args[0]
     flat = list(values) if isinstance(values, list | tuple) else [values]
-    complex_outputs = [i for i, v in enumerate(flat) if isinstance(v, Node) and isinstance(env[v], _Cx)]
-    flat = [torch.fx.node.map_arg(v, lambda n: env[n].node if isinstance(env[n], _Cx) else env[n])
+    complex_outputs = [i for i, v in enumerate(flat) if isinstance(v, Node) and isinstance(env[v], Cx)]
+    flat = [torch.fx.node.map_arg(v, lambda n: env[n].node if isinstance(env[n], Cx) else env[n])
             for v in flat]
     new_output = graph.output(type(values)(flat) if isinstance(values, list | tuple) else flat[0],
                               type_expr=output.type)

@@ -1,37 +1,59 @@
-"""``neuron`` tensors: device memory from the caching allocator, ops through :mod:`~torch_neuronx.device.eager`.
+"""``neuron`` tensors: device memory from the caching allocator, ops through a registered dispatcher.
 
 A :class:`NeuronTensor` is a wrapper subclass whose ``device`` is ``neuron:N``.
 Its values live in a block of the caching allocator (host memory on the cpu
 target), viewed zero-copy as a CPU tensor, ``_data``. Views share the block
 (``_allocation``), which goes back to the allocator when the last tensor over
 it dies. Factories (``torch.empty(..., device="neuron")``) and copies between
-devices are registered for PrivateUse1 with ``torch.library``.
+devices are registered for PrivateUse1 with ``torch.library`` (``device/``).
+
+The type sits below every frontend: torch.compile traces through it (an op on
+traced values runs on their inner tensors here) and the eager device registers
+its dispatcher with :func:`register_dispatcher`, so neither imports the other.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
-from torch_neuronx import memory
-from torch_neuronx.device import backward_errors
-from torch_neuronx.runtime import streams
+from torch_neuronx import memory, observe
+from torch_neuronx.observe.events import state as _observing
+
+Dispatcher = Callable[[Any, Sequence[Any], dict[str, Any]], Any]
+_dispatcher: Dispatcher | None = None
+_on_error: Callable[[BaseException], None] | None = None
+
+
+def register_dispatcher(dispatch: Dispatcher, on_error: Callable[[BaseException], None] | None = None) -> None:
+    """Install the eager execution of ops on neuron tensors (``device/eager.py`` does, when registered).
+
+    ``on_error`` sees every exception an op raises before it propagates.
+    """
+    global _dispatcher, _on_error
+    _dispatcher, _on_error = dispatch, on_error
+
+
+def _no_dispatcher(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    raise RuntimeError(f"{func} on a neuron tensor: the eager neuron device is not registered "
+                       "(import torch_neuronx, or call torch_neuronx.device.register())")
 
 
 class Allocation:
     """One caching-allocator block of the current stream; freed when the last tensor holding it is gone."""
 
-    __slots__ = ("address", "nbytes", "_allocator", "__weakref__")
+    __slots__ = ("address", "nbytes", "index", "_allocator", "__weakref__")
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, index: int = 0) -> None:
         self.nbytes = nbytes
-        self._allocator = memory.device_allocator(0)  # device_count() is 1
-        self.address = self._allocator.malloc(max(nbytes, 1), streams.current_stream(0).id)
+        self.index = index
+        self._allocator = memory.device_allocator(index)
+        self.address = self._allocator.malloc(max(nbytes, 1), memory.current_stream_id(index))
 
     def __del__(self) -> None:
         try:
@@ -66,12 +88,13 @@ def _overlapping(size: Sequence[int], stride: Sequence[int]) -> bool:
     return False
 
 
-def allocate(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype) -> tuple[torch.Tensor, Allocation]:
-    """Device memory for a tensor of ``size``/``stride``: its CPU view and its allocation."""
+def allocate(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype,
+             index: int = 0) -> tuple[torch.Tensor, Allocation]:
+    """Memory of device ``index`` for a tensor of ``size``/``stride``: its CPU view and its allocation."""
     size = [int(s) for s in size]
     stride = list(stride) if stride is not None else _contiguous_strides(size)
     nbytes = _span_bytes(size, stride, dtype)
-    allocation = Allocation(nbytes)
+    allocation = Allocation(nbytes, index)
     if nbytes == 0:
         return torch.empty(size, dtype=dtype), allocation
     flat = memory.block_view(allocation.address, nbytes, owner=allocation, dtype=dtype)
@@ -165,11 +188,10 @@ class NeuronTensor(torch.Tensor):
         try:
             if _traced(args, kwargs):
                 return _trace_op(func, args, kwargs)
-            from torch_neuronx.device import eager
-
-            return eager.dispatch(func, args, kwargs)
-        except BaseException as exc:  # in a backward pass PyTorch loses it: kept to raise after
-            backward_errors.note(exc)
+            return (_dispatcher or _no_dispatcher)(func, args, kwargs)
+        except BaseException as exc:  # in a backward pass PyTorch loses it: the hook keeps it
+            if _on_error is not None:
+                _on_error(exc)
             raise
 
 
@@ -221,7 +243,9 @@ def from_cpu(t: torch.Tensor, stride: Sequence[int] | None = None, index: int = 
     strides its trace decided (channels-last, transposed, or expanded, whose
     elements that share memory hold one value).
     """
-    data, allocation = allocate(t.shape, stride, t.dtype)
+    if _observing.active:
+        observe.emit("transfer.host_to_device", t.nbytes, device=index)
+    data, allocation = allocate(t.shape, stride, t.dtype, index)
     if stride is None or (t.is_contiguous() and tuple(stride) == t.stride()) or not _overlapping(t.shape, stride):
         data.copy_(t)
     else:
@@ -239,5 +263,5 @@ def _fill_overlapping(data: torch.Tensor, t: torch.Tensor) -> None:
 
 def alias(data: torch.Tensor, source: NeuronTensor) -> NeuronTensor:
     """A neuron tensor over ``data``, a view of ``source``'s memory."""
-    return NeuronTensor(data, source._allocation)
+    return NeuronTensor(data, source._allocation, index=source._index)
 

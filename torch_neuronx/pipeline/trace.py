@@ -1,7 +1,7 @@
-"""Tracing a kernel to a compiled graph, and rebuilding it from a stored trace.
+"""Tracing a Python function (an eager op, a user kernel) to a compiled graph, and rebuilding it.
 
-A :class:`Trace` is what the NKI trace cache stores: the compile path's
-:class:`~torch_neuronx.dynamo.plans.Plan` of the kernel's graph (the lowered
+A :class:`Trace` is what the eager HLO cache and the NKI trace cache store: the
+:class:`~torch_neuronx.pipeline.plan.Plan` of the function's graph (the lowered
 StableHLO, input and output specs, output constants, the FLOP count that picks
 the runtime driver) plus the pytree structure of the kernel's result.
 :func:`trace` records the kernel with ``make_fx`` (functionalized, with the
@@ -22,13 +22,13 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-from torch_neuronx import metrics
+from torch_neuronx import observe
 from torch_neuronx.compiler import decompositions
 from torch_neuronx.compiler.errors import NeuronCompileError
-from torch_neuronx.compiler.options import CompileOptions
-from torch_neuronx.dynamo.artifacts import GraphArtifacts
-from torch_neuronx.dynamo.graph import CompiledGraph, build_graph, executable_graph
-from torch_neuronx.dynamo.plans import Plan
+from torch_neuronx.compiler.options import CompileOptions, ResolvedOptions
+from torch_neuronx.pipeline.artifacts import GraphArtifacts
+from torch_neuronx.pipeline.graph import CompiledGraph, build_graph, executable_graph
+from torch_neuronx.pipeline.plan import Plan
 
 # Bumped when the stored fields change, or when what a trace computes does, so old entries stop
 # matching. 3: traces see distinct inputs (format 2 traced ``a * a`` as a one-input kernel).
@@ -100,7 +100,7 @@ def _distinct(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[torch.Tensor],
-          options: CompileOptions | None = None, *,
+          options: ResolvedOptions | None = None, *,
           hlo_cache: bool = True) -> tuple[CompiledGraph, Trace, pytree.TreeSpec]:
     """Trace ``fn(tensors)`` for these tensors' shapes and dtypes, lower and compile it.
 
@@ -111,7 +111,7 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
     """
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    metrics.increment("kernel_traces")
+    observe.count("kernel_traces")
     specs: list[pytree.TreeSpec] = []
 
     def flat(*inputs: torch.Tensor) -> tuple[Any, ...]:
@@ -119,12 +119,13 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
         specs.append(spec)
         return tuple(leaves)
 
-    options = options or CompileOptions()
+    options = options or default_options()
     with options.applied():
         try:
-            functional = torch.func.functionalize(flat, remove="mutations")
-            gm = make_fx(functional, decomposition_table=decompositions.table(),
-                         tracing_mode="fake")(*_distinct(tensors))
+            with observe.span("pipeline.trace", graph=name):
+                functional = torch.func.functionalize(flat, remove="mutations")
+                gm = make_fx(functional, decomposition_table=decompositions.table(),
+                             tracing_mode="fake")(*_distinct(tensors))
         except _DATA_DEPENDENT as exc:
             raise NeuronCompileError(
                 "trace", f"kernel {name} branches on tensor values ({str(exc).splitlines()[0]}); a kernel is "
@@ -133,12 +134,17 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
         gm.graph.eliminate_dead_code()
         gm.recompile()
         _reject_input_mutation(gm, name)
-        compiled, plan = build_graph(gm, options, name, GraphArtifacts(name), hlo_cache=hlo_cache)
+        compiled, plan = build_graph(gm, options, name, GraphArtifacts(name, options.preserve_artifacts),
+                                     hlo_cache=hlo_cache)
     return compiled, Trace(plan=plan, out_spec=_dumps(specs[-1])), specs[-1]
 
 
-def load(stored: Trace, options: CompileOptions | None = None) -> CompiledGraph:
+def load(stored: Trace, options: ResolvedOptions | None = None) -> CompiledGraph:
     """The executable of a stored trace: its NEFF from the NEFF cache (compiled on a miss), no tracing."""
-    options = options or CompileOptions()
-    with options.applied():
-        return executable_graph(stored.plan, options, GraphArtifacts(stored.plan.graph_name))
+    options = options or default_options()
+    return executable_graph(stored.plan, options, GraphArtifacts(stored.plan.graph_name, options.preserve_artifacts))
+
+
+def default_options() -> ResolvedOptions:
+    """The environment's compile options, resolved now (for eager ops and kernels, which take none)."""
+    return CompileOptions().resolve()

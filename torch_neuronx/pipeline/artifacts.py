@@ -21,33 +21,27 @@ from collections.abc import Sequence
 
 import torch
 
-from torch_neuronx import config
+from torch_neuronx import config, process
+from torch_neuronx.process import job_id
 
-_job_id: str | None = None
+__all__ = ["GraphArtifacts", "job_dir", "job_id"]
 _seq = itertools.count()
-
-
-def job_id() -> str:
-    """This process's job id: start time and pid, so concurrent jobs never share a directory."""
-    global _job_id
-    if _job_id is None:
-        _job_id = f"{datetime.datetime.now():%Y%m%d_%H%M%S}_{os.getpid()}"
-    return _job_id
 
 
 def job_dir() -> str:
     """``{TORCH_NEURONX_DEBUG_DIR}/torch_neuronx/rank{rank}/{job_id}``."""
-    return os.path.join(config.get("TORCH_NEURONX_DEBUG_DIR"), "torch_neuronx",
-                        f"rank{config.get('RANK')}", job_id())
+    return process.rank_dir(os.path.join(config.get("TORCH_NEURONX_DEBUG_DIR"), "torch_neuronx"), job_id())
 
 
 class GraphArtifacts:
     """The artifact files of one compiled graph."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, preserve: bool | None = None) -> None:
         self.root = job_dir()
         self.stem = f"{model}_{datetime.datetime.now():%H%M%S%f}_{next(_seq)}"
-        self.preserve = bool(config.get("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS"))
+        if preserve is None:
+            preserve = bool(config.get("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS"))
+        self.preserve = preserve
         self.dumps = bool(config.get("TORCH_NEURONX_DYNAMO_TENSOR_DUMPS"))
         self._written: list[str] = []
 

@@ -1,0 +1,68 @@
+"""One device object per index: neuron:N tensors, their own allocator, ops that stay on their device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_neuronx  # noqa: F401  (registers the neuron device)
+from torch_neuronx import config
+from torch_neuronx.runtime import device as devices
+
+
+@pytest.fixture
+def two_devices():
+    with config.override(TORCH_NEURONX_VISIBLE_DEVICES=(0, 1)):
+        yield
+    torch.neuron.set_device(0)
+
+
+def test_one_device_unless_told(monkeypatch):
+    monkeypatch.delenv("TORCH_NEURONX_VISIBLE_DEVICES", raising=False)
+    assert torch.neuron.device_count() == 1
+    with pytest.raises(ValueError, match="does not exist"):
+        torch.empty(2, device="neuron:1")
+
+
+def test_device_objects_per_index(two_devices):
+    first, second = devices.device(0), devices.device(torch.device("neuron", 1))
+    assert first is devices.device("neuron:0") and second is devices.device(1)
+    assert [d.index for d in devices.devices()] == [0, 1]
+    assert first.allocator is not second.allocator
+    assert second.default_stream.device_index == 1
+    with pytest.raises(ValueError, match="device_count"):
+        devices.device(2)
+
+
+def test_tensors_and_ops_stay_on_their_device(two_devices):
+    before = (torch.neuron.memory_allocated(0), torch.neuron.memory_allocated(1))
+    a = torch.arange(4, dtype=torch.float32).to("neuron:1")
+    b = a * 2 + 1
+    assert a.device == b.device == torch.device("neuron", 1)
+    torch.testing.assert_close(b.cpu(), torch.arange(4, dtype=torch.float32) * 2 + 1)
+    assert torch.neuron.memory_allocated(1) > before[1]
+    assert torch.neuron.memory_allocated(0) == before[0]
+    moved = b.to("neuron:0")
+    assert moved.device == torch.device("neuron", 0)
+    torch.testing.assert_close(moved.cpu(), b.cpu())
+    assert b[1:].device == torch.device("neuron", 1)  # views too
+    linear = torch.nn.Linear(4, 3).to("neuron:1")
+    assert linear(a).device == torch.device("neuron", 1)
+    assert torch.randn(3, device="neuron:1").device == torch.device("neuron", 1)
+
+
+def test_mixing_devices_is_an_error_naming_both(two_devices):
+    a, b = torch.ones(3, device="neuron:0"), torch.ones(3, device="neuron:1")
+    with pytest.raises(RuntimeError, match="neuron:0 and neuron:1"):
+        a + b
+
+
+def test_current_device_places_factories(two_devices):
+    torch.neuron.set_device(1)
+    assert torch.neuron.current_device() == 1
+    assert torch.zeros(2, device="neuron").device == torch.device("neuron", 1)
+    with torch.neuron.device(0):
+        assert torch.zeros(2, device="neuron").device == torch.device("neuron", 0)
+    assert torch.neuron.current_device() == 1
+    with pytest.raises(ValueError, match="does not exist"):
+        torch.neuron.set_device(2)

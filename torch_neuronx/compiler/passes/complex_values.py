@@ -1,0 +1,227 @@
+"""Complex values during the complex-to-real rewrite: the ``(..., 2)`` form and the emitter of real ops.
+
+A complex value of the graph being rewritten (:mod:`.complex_to_real`) is a :class:`Cx`: a
+node of the new graph holding it as a real tensor with a trailing dimension of 2 (real,
+imaginary). :class:`Emitter` adds real ops to the new graph, computing their fake values as it
+goes, and provides complex arithmetic on ``Cx`` values (products, quotients, magnitude, angle).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+aten = torch.ops.aten
+
+REAL_OF = {torch.complex32: torch.float16, torch.complex64: torch.float32,
+            torch.complex128: torch.float64}
+
+
+@dataclasses.dataclass(frozen=True)
+class Cx:
+    """A complex value of the new graph: ``node`` holds it as a real ``(..., 2)`` tensor."""
+
+    node: Node
+
+
+def is_complex(val: Any) -> bool:
+    """Whether a value (a fake tensor, or a list of them) is complex."""
+    if isinstance(val, torch.Tensor):
+        return val.is_complex()
+    if isinstance(val, list | tuple):
+        return any(is_complex(v) for v in val)
+    return False
+
+
+def is_num(x: Any) -> bool:
+    """A Python number (complex included)."""
+    return isinstance(x, bool | int | float | complex)
+
+
+def is_tensor(x: Any) -> bool:
+    """A node of the new graph holding a real tensor."""
+    return isinstance(x, Node) and isinstance(x.meta.get("val"), torch.Tensor)
+
+
+def real_dim(d: int, rank: int) -> int:
+    """Dimension ``d`` of a complex tensor of ``rank`` as a dimension of its real form."""
+    return d + rank if d < 0 else d
+
+
+def complex_rank(x: Cx) -> int:
+    """The rank of the complex tensor ``x`` stands for (its real form has one more dimension)."""
+    return x.node.meta["val"].dim() - 1
+
+
+class Emitter:
+    """Appends ATen nodes to the new graph, each with its FakeTensor ``meta["val"]``.
+
+    Complex arithmetic works on *parts*: the real and imaginary halves, each a
+    real tensor node or a Python number (the imaginary part of a real operand is
+    the number 0). Numbers fold, so real operands cost no extra ops.
+    """
+
+    def __init__(self, graph: torch.fx.Graph, fake_mode: Any) -> None:
+        self.graph = graph
+        self.fake_mode = fake_mode
+        self.node: Node  # the node of the old graph being rewritten
+        self._parts: dict[Node, tuple[Node, Node]] = {}
+
+    def __call__(self, target: Callable, *args: Any, **kwargs: Any) -> Node:
+        fake_args, fake_kwargs = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
+        with self.fake_mode:
+            val = target(*fake_args, **fake_kwargs)
+        new = self.graph.call_function(target, args, kwargs)
+        new.meta["val"] = val
+        if "stack_trace" in self.node.meta:
+            new.meta["stack_trace"] = self.node.meta["stack_trace"]
+        return new
+
+    def bound(self, target: Any, arguments: dict[str, Any]) -> Node:
+        """Emit ``target`` from schema-named arguments (the inverse of :func:`_bind`)."""
+        args, kwargs = [], {}
+        for arg in target._schema.arguments:
+            if arg.name in arguments:
+                if arg.kwarg_only:
+                    kwargs[arg.name] = arguments[arg.name]
+                else:
+                    args.append(arguments[arg.name])
+        return self(target, *args, **kwargs)
+
+    @property
+    def out(self) -> Any:
+        """The FakeTensor the node being rewritten promised."""
+        return self.node.meta["val"]
+
+    def parts(self, x: Any) -> tuple[Any, Any]:
+        """(real, imaginary) of an operand: a complex value, a real tensor or a scalar."""
+        if isinstance(x, Cx):
+            if x.node not in self._parts:
+                self._parts[x.node] = (self(aten.select.int, x.node, -1, 0),
+                                       self(aten.select.int, x.node, -1, 1))
+            return self._parts[x.node]
+        if isinstance(x, Node) and not is_tensor(x):
+            x = concrete(x)
+        if isinstance(x, complex):
+            return x.real, x.imag
+        return (int(x) if isinstance(x, bool) else x), 0
+
+    def pack(self, re: Any, im: Any) -> Cx:
+        """The real form of two parts, shaped like the node being rewritten."""
+        shape, dtype = list(self.out.shape), REAL_OF[self.out.dtype]
+        halves = []
+        for part in (re, im):
+            if not isinstance(part, Node):
+                part = self(aten.full.default, shape, part, dtype=dtype, device=self.out.device)
+            if part.meta["val"].dtype != dtype:
+                part = self(aten._to_copy.default, part, dtype=dtype)
+            if list(part.meta["val"].shape) != shape:
+                part = self(aten.expand.default, part, shape)
+            halves.append(self(aten.unsqueeze.default, part, -1))
+        return Cx(self(aten.cat.default, halves, -1))
+
+    def rep(self, x: Any) -> Node:
+        """The real form of any operand; real tensors and scalars get a zero imaginary part."""
+        if isinstance(x, Cx):
+            return x.node
+        dtype = REAL_OF.get(self.out.dtype, self.out.dtype)
+        if is_tensor(x):
+            if x.meta["val"].dtype != dtype:
+                x = self(aten._to_copy.default, x, dtype=dtype)
+            return self(aten.constant_pad_nd.default, self(aten.unsqueeze.default, x, -1), [0, 1], 0.0)
+        return self(aten.cat.default, [self(aten.full.default, [1], p, dtype=dtype, device=self.out.device)
+                                       for p in self.parts(x)])
+
+    def finish(self, result: Any) -> Any:
+        """``result`` in the dtype the node promised; a wrong shape is a bug in a rule."""
+        if not isinstance(self.out, torch.Tensor):
+            return result
+        out = result.node if isinstance(result, Cx) else result
+        shape = [*self.out.shape, 2] if self.out.is_complex() else list(self.out.shape)
+        dtype = REAL_OF.get(self.out.dtype, self.out.dtype)
+        if list(out.meta["val"].shape) != shape:
+            raise RuntimeError(f"complex_to_real: the rule for {self.node.target} made shape "
+                               f"{list(out.meta['val'].shape)}, expected {shape} (node {self.node.name})")
+        if out.meta["val"].dtype != dtype:
+            out = self(aten._to_copy.default, out, dtype=dtype)
+        return Cx(out) if isinstance(result, Cx) else out
+
+    # -- arithmetic on parts --
+
+    def add(self, x: Any, y: Any) -> Any:
+        if is_num(x) and is_num(y):
+            return x + y
+        if is_num(x):
+            x, y = y, x
+        return x if is_num(y) and y == 0 else self(aten.add.Tensor, x, y)
+
+    def neg(self, x: Any) -> Any:
+        return -x if is_num(x) else self(aten.neg.default, x)
+
+    def sub(self, x: Any, y: Any) -> Any:
+        if is_num(y):
+            return self.add(x, -y)
+        return self.add(self.neg(y), x) if is_num(x) else self(aten.sub.Tensor, x, y)
+
+    def mul(self, x: Any, y: Any, op: Callable = aten.mul.Tensor) -> Any:
+        if is_num(x) and is_num(y):
+            return x * y
+        if (is_num(x) and x == 0) or (is_num(y) and y == 0):
+            return 0
+        if is_num(x):  # only ever with op = mul: matmul operands are tensors or a folded 0
+            x, y = y, x
+        return x if is_num(y) and y == 1 else self(op, x, y)
+
+    def div(self, x: Any, y: Any) -> Any:
+        if is_num(x) and is_num(y):
+            return x / y if y != 0 else math.nan if x == 0 else math.copysign(math.inf, x)
+        if is_num(y):
+            return x if y == 1 else self(aten.div.Tensor, x, y)
+        if is_num(x):
+            return 0 if x == 0 else self.mul(self(aten.reciprocal.default, y), x)
+        return self(aten.div.Tensor, x, y)
+
+    def cmul(self, a: Any, b: Any, op: Callable = aten.mul.Tensor) -> tuple[Any, Any]:
+        """a ⋅ b for any bilinear ``op`` (``mul``, ``mm``, ``bmm``, ``matmul``), as parts."""
+        return self.cmul_parts(self.parts(a), self.parts(b), op)
+
+    def cmul_parts(self, a: tuple[Any, Any], b: tuple[Any, Any],
+                   op: Callable = aten.mul.Tensor) -> tuple[Any, Any]:
+        (ar, ai), (br, bi) = a, b
+        return (self.sub(self.mul(ar, br, op), self.mul(ai, bi, op)),
+                self.add(self.mul(ar, bi, op), self.mul(ai, br, op)))
+
+    def cdiv(self, a: Any, b: Any) -> tuple[Any, Any]:
+        (ar, ai), (br, bi) = self.parts(a), self.parts(b)
+        if is_num(bi) and bi == 0:
+            return self.div(ar, br), self.div(ai, br)
+        den = self.add(self.mul(br, br), self.mul(bi, bi))
+        return (self.div(self.add(self.mul(ar, br), self.mul(ai, bi)), den),
+                self.div(self.sub(self.mul(ai, br), self.mul(ar, bi)), den))
+
+    def abs(self, a: Cx) -> Node:
+        re, im = self.parts(a)
+        return self(aten.sqrt.default, self.add(self.mul(re, re), self.mul(im, im)))
+
+    def angle(self, a: Cx) -> Node:
+        re, im = self.parts(a)
+        return self(aten.atan2.default, im, re)
+
+    def polar(self, magnitude: Any, angle: Node) -> tuple[Any, Any]:
+        return (self.mul(magnitude, self(aten.cos.default, angle)),
+                self.mul(magnitude, self(aten.sin.default, angle)))
+
+
+def concrete(node: Node) -> Any:
+    """A scalar graph input's value: the graph is specialized to it (as ``inline_scalar_inputs`` does)."""
+    val = node.meta.get("val")
+    if isinstance(val, torch.SymInt | torch.SymFloat | torch.SymBool):
+        val = val.node.hint
+    if not is_num(val):
+        raise NotImplementedError(f"complex_to_real: scalar graph input {node.name} has no concrete value")
+    return val

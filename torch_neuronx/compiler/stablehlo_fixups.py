@@ -1,0 +1,415 @@
+"""Rewrites of torch-mlir's StableHLO that IREE 3.13 needs, each one a workaround with its reason.
+
+Like :mod:`.torch_to_stablehlo`, which runs them in the lowering worker, this module
+imports nothing of torch or of this package, only torch-mlir's MLIR bindings.
+:func:`apply` runs every fixup, in order, on a lowered module.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+
+
+def apply(module: object) -> None:
+    """Every fixup, in order, on the StableHLO ``module`` (in place)."""
+    _narrow_scatter_indices(module)
+    _materialize_scatter_operands(module)
+    _copy_shared_in_place_operands(module)
+    _round_narrowed_constants(module)
+    _materialize_sliced_operands(module)
+    _signed_unsigned_converts(module)
+    _materialize_broadcast_products_of_full_sums(module)
+
+
+_INT32_LIMIT = 2**31
+
+
+def _ops_named(module: object, name: str) -> list[object]:
+    from torch_mlir import ir
+
+    found: list[object] = []
+
+    def visit(op: object) -> object:
+        if op.name == name:  # type: ignore[attr-defined]
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)  # type: ignore[attr-defined]
+    return found
+
+
+_NARROW_FLOATS = ("f32", "f16", "bf16")
+
+
+def _round_narrowed_constants(module: object) -> None:
+    """Fold ``convert`` of a float64 constant to a narrower float into a correctly rounded constant.
+
+    Python floats reach StableHLO as float64 constants converted to the tensor's type.
+    IREE 3.13's float64 demotion truncates those constants instead of rounding them to
+    nearest (0.8 became 0.79999995 rather than 0.8000000119), so ``(i + 0.5) * 0.8``
+    computed 1.9999999 where torch computes 2.0, and ``nearest-exact`` interpolation
+    picked the wrong rows. The conversion is done here, as torch does it, for splat
+    constants and float32/float16 arrays.
+    """
+    import numpy as np
+    from torch_mlir import ir
+
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        for convert in _ops_named(module, "stablehlo.convert"):
+            source = convert.operands[0]  # type: ignore[attr-defined]
+            owner = _defining_op(source)
+            if getattr(owner, "name", None) not in ("arith.constant", "stablehlo.constant"):
+                continue
+            source_type = ir.RankedTensorType(source.type)
+            target_type = ir.RankedTensorType(convert.results[0].type)  # type: ignore[attr-defined]
+            target = str(target_type.element_type)
+            if str(source_type.element_type) != "f64" or target not in _NARROW_FLOATS:
+                continue
+            value = ir.DenseFPElementsAttr(owner.attributes["value"])  # type: ignore[attr-defined]
+            if value.is_splat:
+                element = ir.FloatAttr.get(target_type.element_type, ir.FloatAttr(value.get_splat_value()).value)
+                attr = ir.DenseElementsAttr.get_splat(target_type, element)
+            elif target in ("f32", "f16"):
+                array = np.array(value).astype(np.float32 if target == "f32" else np.float16)
+                array = array.reshape(target_type.shape)
+                attr = ir.DenseElementsAttr.get(array, type=target_type)
+            else:
+                continue
+            constant = ir.Operation.create("stablehlo.constant", results=[target_type],
+                                           attributes={"value": attr}, ip=ir.InsertionPoint(convert))
+            convert.results[0].replace_all_uses_with(constant.result)  # type: ignore[attr-defined]
+            convert.erase()  # type: ignore[attr-defined]
+
+
+def _narrow_scatter_indices(module: object) -> None:
+    """Give every ``stablehlo.scatter`` with int64 indices an explicit int32 copy of them.
+
+    IREE 3.13 narrows scatter indices to int32 itself, and fails ("failed to legalize
+    unresolved source materialization") when one index tensor feeds two scatters, as when
+    a graph sums values and counts into the same targets. Converting first avoids it. Only
+    where every dimension of the scattered-into operand is below 2**31, so every valid
+    index fits; out-of-range indices are already invalid in torch.
+    """
+    from torch_mlir import ir
+
+    scatters = _ops_named(module, "stablehlo.scatter")
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        i32 = ir.IntegerType.get_signless(32)
+        for op in scatters:
+            operands = op.operands  # type: ignore[attr-defined]
+            count = len(operands) // 2  # (inputs..., indices, updates...)
+            inputs, indices = operands[:count], operands[count]
+            index_type = ir.RankedTensorType(indices.type)
+            if str(index_type.element_type) != "i64":
+                continue
+            if not index_type.has_static_shape or any(
+                    d >= _INT32_LIMIT or d < 0 for v in inputs for d in ir.RankedTensorType(v.type).shape):
+                continue
+            narrowed = ir.Operation.create(
+                "stablehlo.convert", results=[ir.RankedTensorType.get(index_type.shape, i32)],
+                operands=[indices], ip=ir.InsertionPoint(op))  # type: ignore[attr-defined]
+            op.operands[count] = narrowed.result  # type: ignore[attr-defined]
+
+
+#: Scatters whose indices and updates together hold fewer bytes than this keep their producers
+#: fused: whole, they still fit llvm-cpu's 32 KiB stack with room for the dispatch's other buffers.
+_SCATTER_STACK_BUDGET = 8192
+
+
+def _tensor_bytes(value: object) -> int:
+    """The bytes a statically shaped tensor ``value`` holds (a dynamic one counts as unbounded)."""
+    from torch_mlir import ir
+
+    kind = ir.RankedTensorType(value.type)  # type: ignore[attr-defined]
+    if not kind.has_static_shape:
+        return 1 << 62
+    return math.prod(kind.shape) * max(1, (kind.element_type.width if hasattr(kind.element_type, "width")
+                                            else ir.FloatType(kind.element_type).width) // 8)
+
+
+def _materialize_scatter_operands(module: object) -> None:
+    """Put an ``optimization_barrier`` between a large colliding ``stablehlo.scatter`` and its
+    indices and updates.
+
+    IREE 3.13 runs a scatter whose updates may collide (``unique_indices = false``: every
+    scatter-add, ``index_put`` with ``accumulate``) as one serial loop, untiled, and fuses the
+    elementwise producers of its indices and updates into that dispatch (all of them at O3's
+    aggressive fusion; bit-extending converts, such as bfloat16 updates summed in float32, and
+    index arithmetic even without it), where codegen materializes each whole in a stack buffer:
+    over llvm-cpu's 32 KiB stack limit ("'func.func' op exceeded stack allocation limit")
+    for a 2x8x32x32 upsampling gradient, a 4x16x8x8 pooling gradient or a 1024x64 embedding
+    gradient. Behind the barriers the scatter reads its operands from memory. (The scattered-into
+    operand stays fusable: its producer computes into the scatter's own result.)
+
+    Only scatters whose operands could reach the stack limit get barriers (see
+    :data:`_SCATTER_STACK_BUDGET`): each barrier's producer becomes a result of a dispatch of
+    its own, and IREE fuses the producers of many small scatters (a 3-d grid sample's backward
+    has eight per sampling) into one dispatch with more buffers than its runtime's 32 bindings
+    per dispatch ("binding count 49 > 32" when the module loads).
+    """
+    from torch_mlir import ir
+
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        for op in _ops_named(module, "stablehlo.scatter"):
+            unique = op.attributes["unique_indices"] if "unique_indices" in op.attributes else None  # type: ignore[attr-defined]
+            if unique is not None and ir.BoolAttr(unique).value:
+                continue  # a parallel scatter: tiled, nothing on the stack
+            count = len(op.operands) // 2  # type: ignore[attr-defined]  # (inputs..., indices, updates...)
+            operands = range(count, len(op.operands))  # type: ignore[attr-defined]
+            if sum(_tensor_bytes(op.operands[p]) for p in operands) < _SCATTER_STACK_BUDGET:  # type: ignore[attr-defined]
+                continue
+            for position in operands:
+                if _defining_op(op.operands[position]) is not None:  # type: ignore[attr-defined]
+                    _materialize_operand(op, position)
+
+
+#: Ops that only move their operand's elements: a consumer reads through them to the data's source.
+_VIEWS = ("stablehlo.reshape", "stablehlo.bitcast_convert", "stablehlo.transpose", "stablehlo.broadcast_in_dim")
+
+
+def _defining_op(value: object) -> object | None:
+    """The operation that produced ``value`` (None for a block argument)."""
+    from torch_mlir import ir
+
+    owner = value.owner  # type: ignore[attr-defined]
+    if isinstance(owner, ir.Block):
+        return None
+    return owner.operation if hasattr(owner, "operation") else owner
+
+
+def _view_source(value: object) -> object | None:
+    """The op that computed ``value``'s elements, seen through ops that only move them (None for
+    a function argument)."""
+    source = _defining_op(value)
+    while source is not None and source.name in _VIEWS:  # type: ignore[attr-defined]
+        source = _defining_op(source.operands[0])  # type: ignore[attr-defined]
+    return source
+
+
+def _barrier(value: object, point: object) -> object:
+    """An ``optimization_barrier`` of ``value`` created at ``point``: IREE fuses nothing across it."""
+    from torch_mlir import ir
+
+    return ir.Operation.create("stablehlo.optimization_barrier", results=[value.type],  # type: ignore[attr-defined]
+                               operands=[value], ip=point)
+
+
+def _materialize_operand(op: object, position: int) -> None:
+    """Make ``op`` read its operand ``position`` through a barrier (a tensor of its own)."""
+    from torch_mlir import ir
+
+    op.operands[position] = _barrier(op.operands[position], ir.InsertionPoint(op)).result  # type: ignore[attr-defined]
+
+
+#: StableHLO ops that IREE runs in place, and the operand positions whose buffer each one writes
+#: its result into: every input of a scatter (``(inputs..., indices, updates...)``), the operand of
+#: a ``dynamic_update_slice`` (a ``flow.tensor.update``), every operand of a sort.
+_IN_PLACE: dict[str, Callable[[int], range]] = {
+    "stablehlo.scatter": lambda count: range(count // 2),
+    "stablehlo.dynamic_update_slice": lambda count: range(1),
+    "stablehlo.sort": lambda count: range(count),
+}
+
+
+def _is_constant(value: object) -> bool:
+    """Whether ``value`` is a ``stablehlo.constant``, or a splat one seen through ops that only move elements."""
+    from torch_mlir import ir
+
+    source = _defining_op(value)
+    if source is not None and source.name == "stablehlo.constant":  # type: ignore[attr-defined]
+        return True
+    source = _view_source(value)
+    if source is None or source.name != "stablehlo.constant":  # type: ignore[attr-defined]
+        return False
+    elements = source.attributes["value"]  # type: ignore[attr-defined]
+    return isinstance(elements, ir.DenseElementsAttr) and elements.is_splat
+
+
+def _views_an_argument(value: object) -> bool:
+    """Whether ``value`` is a function argument seen through ops that only move elements."""
+    return _view_source(value) is None
+
+
+def _read_elsewhere(value: object) -> bool:
+    """Whether the op-computed, non-constant ``value`` has more than one use (an in-place op's being one)."""
+    uses = len(list(value.uses))  # type: ignore[attr-defined]
+    return uses > 1 and not _views_an_argument(value) and not _is_constant(value)
+
+
+def _copy_shared_in_place_operands(module: object) -> None:
+    """Route a tensor that an in-place op writes into, and something else also reads, through a barrier.
+
+    IREE 3.13 runs scatters, sorts and ``dynamic_update_slice`` in place: the result is written
+    into the operand's buffer, and its stream copy-on-write pass gives each such use of a tensor
+    that has other users a clone. Where the tensor comes from a dispatch that reads no buffer
+    (built from constants that IREE did not hoist into a global: it hoists no ``i1`` tensor, nor
+    one whose hoisting would grow the module by more than 1 MiB, such as ``arange(300000) * 2``),
+    the canonicalizer replaces each clone by a recomputation (``PropagateCloneableOps``:
+    ``AsyncDispatchOp::preferCloneToConsumers`` holds for a dispatch that reads no resource), and
+    the next CSE merges the recomputations back into one, as ``stream.async.dispatch`` is a pure op
+    (iree-org/iree#23665, open). The clones are gone, and all the in-place ops write into one
+    buffer: two ``index_put`` into ``arange(6) == 0`` gave zeros for one and both updates in the
+    other; the base, when returned too, came back with the updates in it. (Constants are
+    unaffected: a splat one, also seen through a broadcast, becomes a ``stream.async.splat``, which
+    is not pure, and IREE always clones any other; so are function arguments, which are imports.)
+    A function argument seen through a reshape or another view gets no barrier either (a transpose
+    or broadcast of one is a dispatch that reads a buffer, which the hazard above spares); after a
+    reshape the barrier is of the imported buffer itself, and IREE then elided the in-place op's clone of it:
+    ``x.scatter(0, index, -1.0, reduce="add")`` of a flattened input wrote into ``x``'s buffer
+    before a multiplying scatter of ``x`` in the same graph read it, and its result came back
+    with the additions in it.
+
+    Behind one ``optimization_barrier`` that every user reads the tensor through, the clones are
+    of the barrier's result, which no dispatch recomputes: they stay, and each in-place op gets a
+    copy of its own. A tensor with a single user keeps its producer fused into the op.
+    """
+    from torch_mlir import ir
+
+    shared: list[object] = []
+    for name, positions in _IN_PLACE.items():
+        for op in _ops_named(module, name):
+            for position in positions(len(op.operands)):  # type: ignore[attr-defined]
+                value = op.operands[position]  # type: ignore[attr-defined]
+                if value not in shared and _read_elsewhere(value):
+                    shared.append(value)
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        for value in shared:
+            barrier = _barrier(value, ir.InsertionPoint.after(_defining_op(value)))
+            value.replace_all_uses_except(barrier.result, barrier)  # type: ignore[attr-defined]
+
+
+def _reads_a_slice(value: object) -> bool:
+    """Whether ``value`` is a slice seen through ops that only move elements (a strided view)."""
+    source = _view_source(value)
+    return source is not None and source.name == "stablehlo.slice"  # type: ignore[attr-defined]
+
+
+_DOT_DIMS = re.compile(r"(lhs|rhs)_(batching|contracting)_dimensions = \[([\d, ]*)\]")
+
+
+def _vector_operands(dot: object) -> list[int]:
+    """The operand positions of a ``dot_general`` that are vectors: one element outside batch and contracted dims."""
+    from torch_mlir import ir
+
+    used: dict[str, set[int]] = {"lhs": set(), "rhs": set()}
+    for side, _, dims in _DOT_DIMS.findall(str(dot.attributes["dot_dimension_numbers"])):  # type: ignore[attr-defined]
+        used[side].update(int(d) for d in dims.split(",") if d.strip())
+    vectors = []
+    for position, side in enumerate(("lhs", "rhs")):
+        shape = ir.RankedTensorType(dot.operands[position].type).shape  # type: ignore[attr-defined]
+        if math.prod(size for d, size in enumerate(shape) if d not in used[side]) == 1:
+            vectors.append(position)
+    return vectors
+
+
+def _materialize_sliced_operands(module: object) -> None:
+    """Put an ``optimization_barrier`` between a slice and the gathers and vector products that read it.
+
+    IREE 3.13 fuses the slice into its consumer's dispatch as a strided load, and then
+    - fails to vectorize a gather from that strided buffer ("LLVM Translation failed for
+      operation: builtin.unrealized_conversion_cast", iree-org/iree#15364):
+      ``torch.gather(x[..., 0], ...)`` of an input;
+    - computes a matrix-vector product whose vector is that strided view wrongly (its
+      data-tiled ``mmt4d`` path): ``x[:, 0] @ m`` returned garbage, as did the backward of
+      ``householder_product``. Products of two matrices read strided slices correctly.
+    The barrier makes the slice a contiguous tensor first.
+    """
+    from torch_mlir import ir
+
+    reads: list[tuple[object, int]] = [(op, 0) for op in _ops_named(module, "stablehlo.gather")]
+    for dot in _ops_named(module, "stablehlo.dot_general"):
+        reads += [(dot, position) for position in _vector_operands(dot)]
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        for op, position in reads:
+            if _reads_a_slice(op.operands[position]):  # type: ignore[attr-defined]
+                _materialize_operand(op, position)
+
+
+def _broadcast_vector(value: object) -> bool:
+    """Whether ``value`` broadcasts a lower-rank tensor that is not a single element."""
+    from torch_mlir import ir
+
+    source = _defining_op(value)
+    if source is None or source.name != "stablehlo.broadcast_in_dim":  # type: ignore[attr-defined]
+        return False
+    shape = ir.RankedTensorType(source.operands[0].type).shape  # type: ignore[attr-defined]
+    return len(shape) < ir.RankedTensorType(value.type).rank and math.prod(shape) > 1  # type: ignore[attr-defined]
+
+
+def _materialize_broadcast_products_of_full_sums(module: object) -> None:
+    """Put an ``optimization_barrier`` between a sum to a scalar and a product with a broadcast it reads.
+
+    IREE 3.13 takes ``reduce(add, x * broadcast(w))`` over every dim for a contraction and
+    fails to compile it ("'vector.contract' op invalid accumulator/result vector shape"):
+    ``(x * w).sum()`` with ``w`` broadcast over rows, ``F.binary_cross_entropy`` with a
+    ``weight`` and mean reduction. With the product materialized, the sum is a plain reduction.
+    """
+    from torch_mlir import ir
+
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        for reduce in _ops_named(module, "stablehlo.reduce"):
+            operands = reduce.operands  # type: ignore[attr-defined]
+            if len(operands) != 2 or ir.RankedTensorType(reduce.results[0].type).rank != 0:  # type: ignore[attr-defined]
+                continue
+            product = _defining_op(operands[0])
+            if product is None or product.name != "stablehlo.multiply":  # type: ignore[attr-defined]
+                continue
+            if any(_broadcast_vector(v) for v in product.operands):  # type: ignore[attr-defined]
+                _materialize_operand(reduce, 0)
+
+
+_UNSIGNED = ("ui8", "ui16", "ui32", "ui64")
+
+
+def _signed_unsigned_converts(module: object) -> None:
+    """Keep conversions from booleans and unsigned integers out of the ops that consume them.
+
+    IREE 3.13 sign-extends the narrow integer when it fuses the conversion into a
+    matmul's operand: ``torch.eye(5) @ v`` (eye is a comparison converted to float)
+    returned ``-v``, ``mask.float() @ x`` likewise, and a uint8 image's 200 became -56
+    in ``x.float() @ w``, ``x.double() @ w`` and ``x.long() @ m``. Booleans become a
+    ``select`` of 1 and 0 (static shapes); an unsigned conversion is followed by an
+    optimization barrier, so it runs as its own (correct) elementwise dispatch: chains
+    of conversions were folded back into the matmul otherwise.
+    """
+    from torch_mlir import ir
+
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        for convert in _ops_named(module, "stablehlo.convert"):
+            source = convert.operands[0]  # type: ignore[attr-defined]
+            kind = str(ir.RankedTensorType(source.type).element_type)
+            target_type = ir.RankedTensorType(convert.results[0].type)  # type: ignore[attr-defined]
+            target = str(target_type.element_type)
+            point = ir.InsertionPoint(convert)
+            if kind == "i1" and target != "i1" and target_type.has_static_shape:
+                replacement = _select_one_zero(source, target_type, point)
+            elif kind in _UNSIGNED and target not in _UNSIGNED:
+                converted = ir.Operation.create("stablehlo.convert", results=[target_type], operands=[source],
+                                                ip=point)
+                replacement = _barrier(converted.result, point)
+            else:
+                continue
+            convert.results[0].replace_all_uses_with(replacement.result)  # type: ignore[attr-defined]
+            convert.erase()  # type: ignore[attr-defined]
+
+
+def _select_one_zero(condition: object, target_type: object, point: object) -> object:
+    """``select(condition, 1, 0)`` in ``target_type`` (a statically shaped tensor type)."""
+    from torch_mlir import ir
+
+    element = target_type.element_type  # type: ignore[attr-defined]
+    if str(element).startswith(("i", "si", "ui")):
+        one, zero = (ir.IntegerAttr.get(element, v) for v in (1, 0))
+    else:
+        one, zero = (ir.FloatAttr.get(element, v) for v in (1.0, 0.0))
+    ones, zeros = (ir.Operation.create("stablehlo.constant", results=[target_type],
+                                       attributes={"value": ir.DenseElementsAttr.get_splat(target_type, v)},
+                                       ip=point) for v in (one, zero))
+    return ir.Operation.create("stablehlo.select", results=[target_type],
+                               operands=[condition, ones.result, zeros.result], ip=point)
+
+
+
+# -- the worker protocol -------------------------------------------------------------

@@ -1,0 +1,174 @@
+"""Named events and spans with listeners: the one instrumentation point of every layer.
+
+Every layer reports here and imports nothing above it; metric tables and the
+profiler (and tests) are listeners that nothing below imports. With no listener
+the cost is one flag check: :data:`state` ``.active`` is False, :func:`emit`
+returns at once and :func:`span` hands back a shared do-nothing context. Hot
+paths (a NEFF launch, an allocation) test ``state.active`` themselves before
+building any event.
+
+Counters (:func:`count`) are always kept, listeners or not: they are the
+process-wide totals ``torch_neuronx.metrics`` reports. A layer that keeps its own
+totals (the caches) reports its counts with :func:`tally`, to the listeners only. Every name must be
+registered in :mod:`torch_neuronx.observe.names`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from torch_neuronx.observe import names
+
+_log = logging.getLogger("torch_neuronx.observe")
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One thing that happened: ``kind`` is ``"count"``, ``"event"`` or ``"span"``.
+
+    ``start_ns`` is ``time.perf_counter_ns()`` at the event (a span's start);
+    ``duration_ns`` is a span's length (0 otherwise); ``value`` a count's amount or an
+    event's size (bytes, for transfers and allocations); ``fields`` what else the
+    reporter knew (graph name, device, stream, ...). ``thread`` is the reporting thread's id.
+    """
+
+    name: str
+    kind: str
+    start_ns: int
+    duration_ns: int = 0
+    value: int = 0
+    thread: int = 0
+    fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+Listener = Callable[[Event], None]
+
+
+class _State:
+    """Whether anything listens (read on hot paths) and who."""
+
+    __slots__ = ("active", "listeners")
+
+    def __init__(self) -> None:
+        self.active = False
+        self.listeners: tuple[Listener, ...] = ()
+
+
+state = _State()
+_lock = threading.Lock()
+_counters: Counter[str] = Counter()
+
+
+def subscribe(listener: Listener) -> Listener:
+    """Call ``listener`` with every event from now on; returns it (to :func:`unsubscribe`)."""
+    with _lock:
+        state.listeners = (*state.listeners, listener)
+        state.active = True
+    return listener
+
+
+def unsubscribe(listener: Listener) -> None:
+    """Stop calling ``listener`` (nothing happens when it was not subscribed)."""
+    with _lock:
+        state.listeners = tuple(x for x in state.listeners if x is not listener)
+        state.active = bool(state.listeners)
+
+
+@contextlib.contextmanager
+def listening(listener: Listener) -> Iterator[Listener]:
+    """``listener`` subscribed inside the block."""
+    subscribe(listener)
+    try:
+        yield listener
+    finally:
+        unsubscribe(listener)
+
+
+def _deliver(event: Event) -> None:
+    for listener in state.listeners:
+        try:
+            listener(event)
+        except Exception:  # a listener's bug must never fail the user's program
+            _log.exception("observe listener %r failed on %s", listener, event.name)
+
+
+def emit(name: str, value: int = 0, **fields: Any) -> None:
+    """Report the event ``name`` (registered) to the listeners; a flag check when none listens."""
+    if not state.active:
+        return
+    names.check(name)
+    _deliver(Event(name, "event", time.perf_counter_ns(), 0, value, threading.get_ident(), fields))
+
+
+def count(name: str, amount: int = 1, **fields: Any) -> None:
+    """Add ``amount`` to the counter ``name`` (registered), and tell the listeners."""
+    names.check(name)
+    with _lock:
+        _counters[name] += amount
+    if state.active:
+        _deliver(Event(name, "count", time.perf_counter_ns(), 0, amount, threading.get_ident(), fields))
+
+
+def tally(name: str, amount: int = 1, **fields: Any) -> None:
+    """Tell the listeners of a count whose running total another layer keeps (a cache instance's
+    counters, :mod:`torch_neuronx.cache.stats`): reported as a ``"count"`` event, not summed here."""
+    if not state.active:
+        return
+    names.check(name)
+    _deliver(Event(name, "count", time.perf_counter_ns(), 0, amount, threading.get_ident(), fields))
+
+
+def counter(name: str) -> int:
+    """The current value of the counter ``name`` (0 when never counted)."""
+    return _counters[name]
+
+
+def counters() -> dict[str, int]:
+    """A snapshot of every counter counted so far."""
+    with _lock:
+        return dict(_counters)
+
+
+def reset_counters() -> None:
+    """Set every counter back to zero."""
+    with _lock:
+        _counters.clear()
+
+
+class _Span:
+    __slots__ = ("name", "fields", "start")
+
+    def __init__(self, name: str, fields: dict[str, Any]) -> None:
+        self.name, self.fields = name, fields
+
+    def __enter__(self) -> _Span:
+        self.start = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        end = time.perf_counter_ns()
+        if exc is not None:
+            self.fields["error"] = f"{type(exc).__name__}: {exc}"
+        _deliver(Event(self.name, "span", self.start, end - self.start, 0, threading.get_ident(), self.fields))
+
+
+_NO_SPAN = contextlib.nullcontext()
+
+
+def span(name: str, **fields: Any) -> contextlib.AbstractContextManager[Any]:
+    """A timed span ``name`` (registered) around a block, reported when the block ends.
+
+    With no listener it is a shared do-nothing context. A span left by an exception
+    carries it in ``fields["error"]``.
+    """
+    if not state.active:
+        return _NO_SPAN
+    names.check(name)
+    return _Span(name, fields)

@@ -1,0 +1,247 @@
+"""The compiled graph every frontend runs: a plan's NEFF (cache or compiler) behind a callable.
+
+:func:`build_graph` takes an FX graph through the whole pipeline (plan, NEFF,
+executable); :func:`executable_graph` and :func:`from_plan` start from a stored
+plan (warm starts, the precompile cache, the kernel trace cache, eager HLO-cache
+hits). :class:`CompiledGraph` follows aot_autograd's boxed calling convention
+and loads its executable on the first call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from torch_neuronx import config, observe
+from torch_neuronx.compiler import resident
+from torch_neuronx.compiler.errors import NeuronCompileError
+from torch_neuronx.compiler.options import ResolvedOptions, compile_only_enabled
+from torch_neuronx.compiler.passes import host_checks, random_inputs
+from torch_neuronx.compiler.targets import driver_available
+from torch_neuronx.pipeline.artifacts import GraphArtifacts
+from torch_neuronx.pipeline.neffs import NeffRequest, get_neff
+from torch_neuronx.pipeline.plan import Plan, build_plan
+from torch_neuronx.runtime.errors import NeffLoadError
+from torch_neuronx.runtime.executable import Executable
+
+_log = logging.getLogger("torch_neuronx.pipeline")
+
+
+class CompiledGraph:
+    """A compiled graph: aot_autograd's boxed calling convention over a NEFF executable."""
+
+    _boxed_call = True
+
+    def __init__(self, name: str, neff: Any, driver: str,
+                 template: list[Any], outputs: list[Any], artifacts: GraphArtifacts,
+                 complex_inputs: Sequence[int] = (), complex_outputs: Sequence[int] = (),
+                 copy_inputs: bool = False, argument_neff: Callable[[], Any] | None = None,
+                 random_inputs: Sequence[dict[str, Any]] = (),
+                 checks: Sequence[dict[str, Any]] = (), layouts: Sequence[Sequence[Any]] = ()) -> None:
+        self.name = name
+        # Outputs returned in memory order, permuted back to their traced strides on the host.
+        self._layouts = tuple((int(i), tuple(inverse)) for i, inverse in layouts)
+        # Error checks of the trailing outputs, run on the host after every call (passes/host_checks.py).
+        self._checks = tuple(checks)
+        # Random values the graph takes as its last inputs, drawn on the host at every call.
+        self._random_inputs = tuple(random_inputs)
+        # For a NEFF with resident parameters: how to get the one that takes them as arguments.
+        self._argument_neff = argument_neff
+        self._copy_inputs = copy_inputs
+        # Complex tensors cross as their (..., 2) real views (see passes/complex_to_real.py).
+        self._complex_inputs = tuple(complex_inputs)
+        self._complex_outputs = tuple(complex_outputs)
+        self._neff = neff
+        self._driver = driver
+        self._template = template
+        self._outputs = outputs  # (shape, dtype) of each compiled output
+        self._artifacts: GraphArtifacts | None = artifacts
+        self._executable = None
+        self._calls = 0
+        # No complex conversion, no constant outputs: results go back exactly as the NEFF returns them.
+        self._plain = not (self._complex_inputs or self._complex_outputs or copy_inputs or random_inputs
+                           or checks or self._layouts) and all(slot is None for slot in template)
+        # Whether some outputs are inputs themselves (see _strip_outputs).
+        self._returns_inputs = any(slot is not None and slot[0] == "input" for slot in template)
+
+    def _load(self) -> Executable:
+        on_volatile = self._pass_parameters_as_arguments if self._argument_neff is not None else None
+        try:
+            with observe.span("runtime.load", graph=self.name):
+                self._executable = Executable(self._neff, self._driver, on_volatile=on_volatile)
+        except NeffLoadError as exc:
+            raise NeuronCompileError("load", str(exc), graph=self.name, artifacts=exc.path) from exc
+        return self._executable
+
+    def _pass_parameters_as_arguments(self) -> None:
+        """The weights change between calls: switch to the NEFF that takes them as arguments.
+
+        Rebinding resident parameters costs a new VM context per call, more than packing
+        them in the call; the switch happens once (calls in flight finish on the old NEFF).
+        """
+        make, self._argument_neff = self._argument_neff, None
+        if make is None:
+            return
+        try:
+            neff = make()
+            executable = Executable(neff, self._driver)
+        except Exception as exc:  # keep the resident NEFF, which works, just slower here
+            _log.warning("%s: could not switch to parameters as arguments: %s", self.name, exc)
+            return
+        _log.info("%s: parameters change between calls; passing them as call arguments from now on",
+                  self.name)
+        self._neff, self._executable = neff, executable
+        observe.count("volatile_parameter_graphs")
+
+    def _zeros(self, device: torch.device) -> list[torch.Tensor]:
+        zeros = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in self._outputs]
+        for i in self._complex_outputs:  # outputs are the (..., 2) real views of complex results
+            zeros[i] = torch.view_as_complex(zeros[i])
+        return self._relayout(zeros)
+
+    def _relayout(self, results: list[torch.Tensor]) -> list[torch.Tensor]:
+        for i, inverse in self._layouts:
+            results[i] = results[i].permute(inverse)
+        return results
+
+    def _execute(self, executable: Any, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        tensors.extend(random_inputs.draw(spec) for spec in self._random_inputs)
+        if self._copy_inputs:  # the NEFF may write into its inputs: give it copies
+            tensors = [t.clone(memory_format=torch.contiguous_format) for t in tensors]
+        for i in self._complex_inputs:
+            tensors[i] = torch.view_as_real(tensors[i].resolve_conj())
+        results = executable(tensors)
+        for i in self._complex_outputs:
+            results[i] = torch.view_as_complex(results[i])
+        return self._relayout(results)
+
+    def _restore(self, results: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[Any]:
+        """The graph's outputs: the NEFF's ``results`` in their slots, constants and inputs in theirs."""
+        it = iter(results)
+        return [next(it) if slot is None else inputs[slot[1]] if slot[0] == "input" else slot[1]
+                for slot in self._template]
+
+    def call_unboxed(self, *args: Any) -> list[Any]:
+        """Dynamo's calling convention (inference graphs run without aot_autograd's wrapper)."""
+        executable = self._executable
+        if executable is not None and self._plain and not config.get("TORCH_NEURONX_COMPILE_ONLY"):
+            return executable(args)  # the hot path: as few Python frames as possible
+        return self(list(args))
+
+    # A backward runs where the user calls .backward(): inside a compiled function's graph
+    # break, Dynamo would trace this code (and the lazy backward compile) as user code.
+    @torch._dynamo.disable
+    def __call__(self, args: list[Any]) -> list[Any]:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        args.clear()  # boxed convention: let inputs die as early as possible
+        if compile_only_enabled():
+            # Outputs live where the inputs do: meta inputs (shapes only) give meta outputs.
+            return self._restore(self._zeros(tensors[0].device if tensors else torch.device("cpu")), tensors)
+        executable = self._executable
+        if executable is not None and self._plain:  # the hot path: nothing to convert or record
+            return executable(tensors)
+        executable = executable or self._load()
+        artifacts = self._artifacts
+        if artifacts is not None and artifacts.dumps:
+            artifacts.dump_tensors("inputs", self._calls, tensors)
+        inputs = tuple(tensors) if self._returns_inputs else ()  # _execute replaces some in the list
+        results = self._execute(executable, tensors)
+        if artifacts is not None:
+            if artifacts.dumps:
+                artifacts.dump_tensors("outputs", self._calls, results)
+            else:
+                artifacts.release()
+                self._artifacts = None
+        self._calls += 1
+        if self._checks:
+            results = host_checks.run_checks(self._checks, results)
+        if self._artifacts is not None:
+            self._plain = False  # keep dumping tensors on every call
+        return self._restore(results, inputs)
+
+
+def _with_resident_parameters(plan: Plan) -> tuple[str, list[int]]:
+    """The StableHLO to compile for ``plan`` and the input positions bound as parameters."""
+    if not plan.resident or plan.copy_inputs or not config.get("TORCH_NEURONX_RESIDENT_PARAMETERS"):
+        return plan.stablehlo, []
+    kept = sorted(set(plan.resident) - set(plan.complex_inputs))
+    rewritten = resident.bind_parameters(plan.stablehlo, kept) if kept else None
+    if rewritten is None:
+        _log.debug("%s: parameters stay call arguments (module signature not rewritable)", plan.graph_name)
+        return plan.stablehlo, []
+    return rewritten, kept
+
+
+def executable_graph(plan: Plan, options: ResolvedOptions, artifacts: GraphArtifacts) -> CompiledGraph:
+    """Get the NEFF of a lowered graph (cache or compiler) and wrap it for execution."""
+    target = options.target
+    stablehlo, kept = _with_resident_parameters(plan)
+    inputs = [dict(spec, resident=True) if i in kept else spec for i, spec in enumerate(plan.inputs)]
+    signature = {"inputs": inputs, "outputs": plan.outputs, **({"resident": kept} if kept else {})}
+    request = NeffRequest(stablehlo=stablehlo, options=options, graph_name=plan.graph_name,
+                          base_repr=plan.raw, signature=signature, keep_f64=plan.keep_f64)
+    neff = get_neff(request)
+    argument_neff = None
+    if kept:
+        arguments = dataclasses.replace(request, stablehlo=plan.stablehlo,
+                                        signature={"inputs": plan.inputs, "outputs": plan.outputs})
+
+        def argument_neff() -> Any:
+            return get_neff(arguments)
+    driver = target.driver_for(plan.flops)
+    if not compile_only_enabled() and not driver_available(driver):
+        raise NeuronCompileError("load", f"NEFFs of target {target.name!r} cannot execute on this host; "
+                                 "use TORCH_NEURONX_COMPILE_ONLY=1 to cross-compile", graph=plan.graph_name)
+    outputs = [(tuple(o["shape"]), getattr(torch, o["dtype"])) for o in plan.outputs]
+    return CompiledGraph(plan.graph_name, neff, driver, plan.template, outputs, artifacts,
+                         plan.complex_inputs, plan.complex_outputs, copy_inputs=plan.copy_inputs,
+                         argument_neff=argument_neff, random_inputs=plan.random_inputs,
+                         checks=plan.host_checks, layouts=plan.output_layouts)
+
+
+def build_graph(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str,
+                artifacts: GraphArtifacts, *, hlo_cache: bool = True,
+                resident: Sequence[int] = (), inputs_as_outputs: bool = False) -> tuple[CompiledGraph, Plan]:
+    """Compile an aot_autograd-style graph: FX passes, lowering (HLO cache), NEFF; return it and its plan.
+
+    ``hlo_cache=False`` lowers without reading or writing the HLO cache. ``resident``: input
+    positions to keep resident in the runtime (the graph's parameters).
+    ``inputs_as_outputs``: outputs that are inputs come back as those very tensors (for
+    aot_autograd's graphs, whose wrapper owns the aliasing of outputs; see
+    :func:`~torch_neuronx.pipeline.plan.strip_outputs`); otherwise every tensor output is a new
+    tensor. A :class:`NeuronCompileError` leaves with the graph's name and artifact directory
+    filled in.
+    """
+    try:
+        plan = build_plan(gm, name, artifacts, hlo_cache=hlo_cache, resident=resident,
+                          inputs_as_outputs=inputs_as_outputs)
+        return executable_graph(plan, options, artifacts), plan
+    except NeuronCompileError as err:
+        err.graph = err.graph or name
+        err.artifacts = err.artifacts or artifacts.root
+        raise
+
+
+def from_plan(plan: Plan, options: ResolvedOptions, gm: torch.fx.GraphModule | None = None,
+              name: str | None = None) -> CompiledGraph:
+    """A warm start: the compiled graph of a stored plan, without tracing or lowering.
+
+    ``name``: this compilation's graph name (artifact file names), when it differs from
+    the name of the compilation that stored the plan.
+    """
+    if name is not None:
+        plan = dataclasses.replace(plan, graph_name=name)
+    artifacts = GraphArtifacts(plan.graph_name, options.preserve_artifacts)
+    if artifacts.preserve:
+        if gm is not None:
+            artifacts.fx_graph(gm)
+        artifacts.raw(plan.raw)
+        artifacts.stablehlo(plan.stablehlo)
+    compiled = executable_graph(plan, options, artifacts)
+    observe.count("compiled_graphs")
+    observe.count("warm_start_plans")
+    return compiled

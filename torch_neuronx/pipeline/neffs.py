@@ -1,0 +1,49 @@
+"""From StableHLO to a verified NEFF: cache key, cache lookup, compiler driver on a miss.
+
+The single way every frontend (torch.compile graphs, eager ops, user kernels)
+obtains a NEFF.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch_neuronx import observe
+from torch_neuronx.cache import keys, store
+from torch_neuronx.compiler import driver
+from torch_neuronx.compiler.options import ResolvedOptions
+from torch_neuronx.format import neff
+
+
+@dataclasses.dataclass(frozen=True)
+class NeffRequest:
+    """One graph to obtain a NEFF for."""
+
+    stablehlo: str
+    options: ResolvedOptions
+    graph_name: str
+    base_repr: str  # graph structure, for the in-memory base key (TORCH_NEURONX_NEFF_KEY_FROM_HLO=0)
+    signature: dict[str, Any]
+    keep_f64: bool = False  # the graph has float64 tensors (see targets.KEEP_F64_FLAGS)
+
+
+def get_neff(request: NeffRequest) -> neff.Neff:
+    """The NEFF for ``request``: from the cache when present, else compiled and stored."""
+    options, target = request.options, request.options.target
+    version = driver.compiler_version(target)
+    key = keys.cache_key(hlo=request.stablehlo, graph_repr=request.base_repr,
+                         input_specs=request.signature["inputs"],
+                         compiler_config=options.compiler_config(keep_f64=request.keep_f64),
+                         compiler_version=version, graph_id=request.graph_name)
+
+    def compile_fn() -> bytes:
+        job = driver.CompileJob(stablehlo=request.stablehlo, target=target,
+                                flags=tuple(options.compiler_flags(keep_f64=request.keep_f64)),
+                                key=key.digest, graph_name=request.graph_name,
+                                signature=request.signature, preserve=options.preserve_artifacts)
+        with observe.span("compiler.compile", graph=request.graph_name):
+            return driver.compile_neff(job)
+
+    with observe.span("pipeline.neff", graph=request.graph_name):
+        return store.neff_cache().get_or_compile(key, compile_fn)

@@ -1,0 +1,122 @@
+"""Process identity: which rank of which job this process is, and which neuron devices it sees.
+
+One small module every layer may ask: :func:`rank`, :func:`local_rank` and
+:func:`world_size` come from torch.distributed once it is initialized, else from
+torchrun's RANK / LOCAL_RANK / WORLD_SIZE; :func:`job_id` names this run (start
+time and pid, so concurrent jobs never share a directory); :func:`rank_dir` is a
+per-rank directory under a root (the artifact tree, the profiles, the metric
+tables). :func:`device_index` parses the many ways a neuron device is named, and
+:func:`device_count` says how many this process sees (TORCH_NEURONX_VISIBLE_DEVICES).
+
+Nothing here imports torch at module import: torch.distributed is consulted only
+when torch is already loaded.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from typing import Any
+
+from torch_neuronx import config
+
+_job_id: str | None = None
+
+
+def _distributed() -> Any | None:
+    """torch.distributed when it is loaded and initialized, else None."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return dist
+    except Exception:  # a half-torn-down process group at exit
+        return None
+    return None
+
+
+def rank() -> int:
+    """The global rank of this process (0 when not distributed)."""
+    dist = _distributed()
+    return dist.get_rank() if dist is not None else config.get("RANK")
+
+
+def world_size() -> int:
+    """How many ranks the job has (1 when not distributed)."""
+    dist = _distributed()
+    return dist.get_world_size() if dist is not None else config.get("WORLD_SIZE")
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks of its host (torchrun's LOCAL_RANK; 0 when unset)."""
+    return config.get("LOCAL_RANK")
+
+
+def is_distributed() -> bool:
+    """Whether this process is one rank of several (by torch.distributed or torchrun's environment)."""
+    return world_size() > 1 or "RANK" in os.environ
+
+
+def job_id() -> str:
+    """This process's job id: ``%Y%m%d_%H%M%S_{pid}``, fixed at its first use."""
+    global _job_id
+    if _job_id is None:
+        _job_id = f"{datetime.datetime.now():%Y%m%d_%H%M%S}_{os.getpid()}"
+    return _job_id
+
+
+def rank_dir(root: str, *parts: str) -> str:
+    """``{root}/rank{rank}/{parts...}``: where this rank writes under a shared ``root``."""
+    return os.path.join(root, f"rank{rank()}", *parts)
+
+
+# -- neuron devices -------------------------------------------------------------------
+
+
+def device_count() -> int:
+    """The number of neuron devices this process sees: TORCH_NEURONX_VISIBLE_DEVICES, else 1.
+
+    The variable is a count (``4``) or a list of indices and ranges (``0,1``, ``0-3``), as
+    NEURON_RT_VISIBLE_CORES is; this process numbers the devices it sees from 0.
+    """
+    return len(config.get("TORCH_NEURONX_VISIBLE_DEVICES")) or 1
+
+
+def device_index(device: Any = None) -> int:
+    """A neuron device index from None (device 0), an int, "neuron[:N]" or a ``torch.device``."""
+    if device is None:
+        return 0
+    if isinstance(device, bool):
+        raise ValueError(f"expected a neuron device, got {device!r}")
+    if isinstance(device, int):
+        index = device
+    else:
+        kind, index = _device_parts(device)
+        if kind != "neuron":
+            raise ValueError(f"expected a neuron device (an int, 'neuron', 'neuron:N' or "
+                             f"torch.device('neuron', N)), got {device!r}")
+        index = 0 if index is None else index
+    if index < 0:
+        raise ValueError(f"device index must be non-negative, got {device!r}")
+    return index
+
+
+def checked_device_index(device: Any = None) -> int:
+    """:func:`device_index`, which must also name a device this process sees."""
+    index = device_index(device)
+    count = device_count()
+    if index >= count:
+        raise ValueError(f"neuron device {index} does not exist; device_count() is {count} "
+                         "(TORCH_NEURONX_VISIBLE_DEVICES sets how many this process sees)")
+    return index
+
+
+def _device_parts(device: Any) -> tuple[str, int | None]:
+    if isinstance(device, str):
+        kind, _, index = device.partition(":")
+        if index and not index.isdigit():
+            raise ValueError(f"malformed device string {device!r}; expected 'neuron' or 'neuron:N'")
+        return kind, int(index) if index else None
+    if hasattr(device, "type") and hasattr(device, "index"):  # torch.device, without importing torch
+        return device.type, device.index
+    raise ValueError(f"expected a neuron device (an int, 'neuron:N' or torch.device), got {device!r}")
