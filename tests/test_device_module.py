@@ -23,6 +23,7 @@ def test_stream_queries_run_no_python_frame_of_ours():
     """Dynamo asks for the current stream at the start of every compiled call: the device
     guard answers from C, without a Python frame Dynamo would intercept each time."""
     device = torch.device("neuron", 0)
+    torch.accelerator.current_stream(device)  # the first query initializes the device (init) once
     ours = []
 
     def watch(frame, event, arg):

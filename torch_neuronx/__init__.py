@@ -1,14 +1,37 @@
 """torch_neuronx: TorchNeuron's ``neuron`` backend, running on CPUs and NVIDIA GPUs.
 
-``torch.compile(model, backend="neuron")`` works after installation without
-importing this package (the backend is registered as a ``torch_dynamo_backends``
-entry point). Configuration lives in :mod:`torch_neuronx.config`;
+``torch.compile(model, backend="neuron")`` and ``device="neuron"`` work after
+installation without importing this package: the backend is a
+``torch_dynamo_backends`` entry point, and ``import torch`` loads this package
+through torch's ``torch.backends`` entry point (:func:`_autoload`; set
+TORCH_DEVICE_BACKEND_AUTOLOAD=0 to skip it). Configuration lives in :mod:`torch_neuronx.config`;
 ``@torch_neuronx.kernel`` compiles a user function as its own NEFF (:mod:`torch_neuronx.kernels`).
 Importing the package names PyTorch's PrivateUse1 device ``neuron`` and registers
 ``torch.neuron`` (memory statistics, streams; see :mod:`torch_neuronx.device`).
 """
 
-from torch_neuronx import log as _log
+_initialized = False  # set at the end of this file
+
+
+def _autoload() -> None:
+    """torch's device-backend entry point (``import torch``): register the neuron device.
+
+    Defined before anything else here: when this package's own import is what imports torch,
+    torch calls this on the partially initialized package, and the import registers the
+    device itself once torch is ready. An error here would make ``import torch`` fail for
+    every program of this environment, so none leaves: it is logged, and ``neuron`` is then
+    unavailable until ``import torch_neuronx`` says why.
+    """
+    if not _initialized:
+        return
+    try:
+        if not _register_device():
+            _log.logger().warning("the neuron device was not registered (PrivateUse1 is taken)")
+    except Exception as exc:  # never break `import torch`
+        _log.logger().warning("could not register the neuron device at `import torch`: %s", exc)
+
+
+from torch_neuronx import log as _log  # noqa: E402
 
 _log.configure()
 
@@ -31,3 +54,5 @@ def __getattr__(name: str) -> object:
 
         return getattr(kernels, name)
     raise AttributeError(f"module 'torch_neuronx' has no attribute {name!r}")
+
+_initialized = True

@@ -234,8 +234,9 @@ register(
 register(
     Var("TORCH_NEURONX_ENABLE_SCALAR_CACHE", "bool", True,
         "When 1 (the default), caches device-side scalar constants to avoid repeated host-to-device "
-        "copies.",
-        _MEMORY, parse_bool, status="planned: needs the eager neuron device"),
+        "copies. (Here: the 0-d tensors that carry an eager op's Python floats into its kernel, per "
+        "value and dtype.)",
+        _MEMORY, parse_bool),
     Var("TORCH_NEURONX_SEGMENT_ALLOCATOR_CONFIG", "str", "",
         "Comma-separated key=value tuning knobs of the caching allocator's segment pool (kPoolBoundary, "
         "kSmallSegmentSize, kMediumSegmentSize, kMediumThreshold, kSegmentAlignment, kMinRoundedSize, "

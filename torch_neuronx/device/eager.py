@@ -35,7 +35,7 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch_neuronx import config, observe
 from torch_neuronx.cache import store
 from torch_neuronx.compiler.hlo import lowering_versions
-from torch_neuronx.device import random
+from torch_neuronx.device import random, scalars
 from torch_neuronx.pipeline import trace as tracing
 from torch_neuronx.process import checked_device_index
 from torch_neuronx.runtime.device import current_index as current_device
@@ -203,7 +203,7 @@ def _compile(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any])
         for i, t in zip(positions, tensors):
             filled[i] = t
         call_args, call_kwargs = pytree.tree_unflatten(filled, spec)
-        return func(*call_args, **call_kwargs)
+        return scalars.call(func, call_args, call_kwargs)
 
     cpu_tensors = [_cpu(leaves[i]) for i in positions]
     compiled, stored, out_spec = tracing.trace(call, name, cpu_tensors, hlo_cache=use_hlo_cache)
@@ -230,6 +230,9 @@ def _fallback(func: Any, args: Sequence[Any], kwargs: dict[str, Any], reason: st
 
 
 def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``func`` on neuron tensors through its compiled kernel (floats as runtime inputs: :mod:`.scalars`)."""
+    given = args, kwargs  # what a fallback runs on
+    args, kwargs = scalars.as_inputs(func, args, kwargs)
     key = dispatch_key(func, args, kwargs)
     kernel = _kernels.get(key)
     if kernel is None:
@@ -245,7 +248,7 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
                     kernel = _UNIMPLEMENTED
                 _kernels[key] = kernel
     if kernel is _UNIMPLEMENTED:
-        return _fallback(func, args, kwargs, "not implemented by the neuron compiler")
+        return _fallback(func, *given, "not implemented by the neuron compiler")
     compiled, out_spec = kernel
     if kwargs or any(isinstance(a, list | tuple) for a in args):
         leaves = pytree.tree_leaves((list(args), kwargs))
@@ -267,7 +270,7 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
         # Bad input (an index out of range, a singular matrix) raises eager's error, never a fallback.
         if getattr(exc, "neuron_input_error", False) or config.get("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"):
             raise
-        return _fallback(func, args, kwargs, f"execution failed: {exc}")
+        return _fallback(func, *given, f"execution failed: {exc}")
     if out_spec.is_leaf():
         return _to_device(results[0], index)
     return pytree.tree_map(_on_device(index), pytree.tree_unflatten(results, out_spec))

@@ -1,0 +1,112 @@
+"""Python floats of eager ops are runtime inputs of their kernels: training loops stop compiling."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import torch_neuronx  # noqa: F401  (registers the neuron device)
+from torch_neuronx import config
+from torch_neuronx.device import eager, scalars
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 2))
+
+
+def _optimizers():
+    return {
+        "adamw": lambda p: (torch.optim.AdamW(p, lr=1e-2), None),
+        "adam": lambda p: (torch.optim.Adam(p, lr=1e-2, weight_decay=1e-3), None),
+        "sgd_scheduled": lambda p: (opt := torch.optim.SGD(p, lr=0.1, momentum=0.9),
+                                    torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.7)),
+    }
+
+
+def _train(device: str, make, steps: int, compiled_after: list[int] | None = None) -> list[torch.Tensor]:
+    model = _model().to(device)
+    opt, scheduler = make(model.parameters())
+    torch.manual_seed(1)
+    x, y = torch.randn(4, 6), torch.randn(4, 2)
+    x, y = x.to(device), y.to(device)
+    for _ in range(steps):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        if scheduler is not None:
+            scheduler.step()
+        if compiled_after is not None:
+            compiled_after.append(len(eager._kernels))
+    return [p.detach().cpu() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("name", list(_optimizers()))
+def test_training_loops_stop_compiling_after_their_first_steps(name):
+    make = _optimizers()[name]
+    kernels: list[int] = []
+    on_neuron = _train("neuron", make, 6, kernels)
+    on_cpu = _train("cpu", make, 6)
+    assert kernels[2:] == [kernels[1]] * 4, f"kernels compiled after step 2: {kernels}"
+    for a, b in zip(on_neuron, on_cpu):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+_CASES = {
+    "add_alpha": lambda x, y: torch.add(x, y, alpha=0.37),
+    "sub_alpha": lambda x, y: torch.sub(x, y, alpha=-1.5),
+    "addcdiv": lambda x, y: torch.addcdiv(x, y, y.abs() + 1, value=-0.0123),
+    "addcmul": lambda x, y: torch.addcmul(x, y, y, value=0.25),
+    "lerp": lambda x, y: torch.lerp(x, y, 0.3),
+    "mul_scalar": lambda x, y: x.mul(2.5),
+    "div_scalar": lambda x, y: x.div(0.7),
+    "div_tensor_slot": lambda x, y: x / 0.0547,
+    "rsub": lambda x, y: 1.25 - x,
+    "where": lambda x, y: torch.where(x > 0, x, -0.5),
+    "minus_zero": lambda x, y: x * -0.0,
+    "nan": lambda x, y: x + math.nan,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", list(_CASES))
+def test_runtime_scalars_compute_what_eager_does(case, dtype):
+    torch.manual_seed(2)
+    x, y = torch.randn(3, 4, dtype=dtype), torch.randn(3, 4, dtype=dtype)
+    expected = _CASES[case](x, y)
+    got = _CASES[case](x.to("neuron"), y.to("neuron"))
+    assert got.dtype == expected.dtype
+    torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
+    if case == "minus_zero":
+        assert torch.equal(torch.signbit(got.cpu()), torch.signbit(expected))
+
+
+def test_one_kernel_serves_every_value():
+    x = torch.randn(5, 3).to("neuron")
+    results = [(x * v).cpu() for v in (0.5, 1.5, -2.25)]
+    before = len(eager._kernels)
+    more = [(x * v).cpu() for v in (3.5, 7.0, -0.125)]
+    assert len(eager._kernels) == before
+    for v, got in zip((0.5, 1.5, -2.25, 3.5, 7.0, -0.125), results + more):
+        torch.testing.assert_close(got, x.cpu() * v)
+
+
+@pytest.mark.parametrize(("make", "expected_dtype"), [
+    (lambda: torch.arange(4).to("neuron") * 0.5, torch.float32),                         # ints keep constants
+    (lambda: torch.tensor(3.0).to("neuron") * 0.1, torch.float32),                       # 0-d float32
+    (lambda: torch.tensor(3.0, dtype=torch.bfloat16).to("neuron") * 0.1, torch.bfloat16),  # half types too
+])
+def test_result_dtypes_follow_eagers_promotion(make, expected_dtype):
+    assert make().dtype == expected_dtype
+
+
+def test_scalar_tensors_are_cached_per_value_and_dtype(monkeypatch):
+    a = scalars.scalar_tensor(0.123, torch.float32)
+    assert scalars.scalar_tensor(0.123, torch.float32) is a
+    assert scalars.scalar_tensor(0.123, torch.float64) is not a
+    assert scalars.scalar_tensor(-0.0, torch.float32) is not scalars.scalar_tensor(0.0, torch.float32)
+    with config.override(TORCH_NEURONX_ENABLE_SCALAR_CACHE=False):
+        assert scalars.scalar_tensor(0.123, torch.float32) is not a

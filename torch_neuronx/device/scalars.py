@@ -1,0 +1,168 @@
+"""Python scalars of eager ops as runtime inputs of their kernels, not constants baked into them.
+
+An optimizer's step-dependent floats (AdamW's ``value=-step_size`` and bias
+corrections, a scheduler's learning rate) would otherwise be part of each op's
+dispatch key, so every step would compile new kernels. A float argument of an op
+on float32/float64 tensors becomes a 0-d tensor input of the kernel instead:
+
+- in an argument the schema types ``Tensor`` (``t / 0.05``) it is passed as is: a
+  0-d tensor of the same dtype category never changes the result dtype of
+  dimensioned tensors, as a Python number does not;
+- in a ``Scalar`` argument (``addcdiv(..., value=s)``, ``add(..., alpha=s)``,
+  ``lerp(..., weight=s)``, ``mul.Scalar``) the op is traced as the arithmetic it
+  performs with that tensor (:data:`REWRITES`); other ``Scalar`` arguments stay
+  constants of the kernel.
+
+The 0-d tensors are cached per value and dtype (TORCH_NEURONX_ENABLE_SCALAR_CACHE,
+default 1), so a loop does not build them again. Integers and booleans stay
+constants: they are sizes, dimensions and flags far more often than data.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from torch_neuronx import config
+
+aten = torch.ops.aten
+_RUNTIME_DTYPES = (torch.float32, torch.float64)
+_CACHE_ENTRIES = 4096
+
+
+def _add(self: Any, other: Any, *, alpha: Any = 1) -> Any:
+    return aten.add.Tensor(self, aten.mul.Tensor(other, alpha)) if isinstance(alpha, torch.Tensor) \
+        else aten.add.Tensor(self, other, alpha=alpha)
+
+
+def _sub(self: Any, other: Any, *, alpha: Any = 1) -> Any:
+    return aten.sub.Tensor(self, aten.mul.Tensor(other, alpha)) if isinstance(alpha, torch.Tensor) \
+        else aten.sub.Tensor(self, other, alpha=alpha)
+
+
+def _addcdiv(self: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Any:
+    # Eager's kernel: self + value * (tensor1 / tensor2).
+    return aten.add.Tensor(self, aten.mul.Tensor(aten.div.Tensor(tensor1, tensor2), value))
+
+
+def _addcmul(self: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Any:
+    # Eager's kernel: self + value * tensor1 * tensor2, the product taken left to right.
+    return aten.add.Tensor(self, aten.mul.Tensor(aten.mul.Tensor(tensor1, value), tensor2))
+
+
+def _lerp(self: Any, end: Any, weight: Any) -> Any:
+    return aten.lerp.Tensor(self, end, aten._to_copy.default(weight, dtype=self.dtype))
+
+
+#: Functional ops whose ``Scalar`` arguments may be runtime tensors, traced as this arithmetic.
+REWRITES: dict[Any, Callable[..., Any]] = {
+    aten.add.Tensor: _add,
+    aten.sub.Tensor: _sub,
+    aten.addcdiv.default: _addcdiv,
+    aten.addcmul.default: _addcmul,
+    aten.lerp.Scalar: _lerp,
+    aten.mul.Scalar: lambda self, other: aten.mul.Tensor(self, other),
+    aten.div.Scalar: lambda self, other: aten.div.Tensor(self, other),
+}
+
+
+@functools.cache
+def _slots(func: Any) -> tuple[frozenset[int], frozenset[str]]:
+    """Positions and names of ``func``'s arguments that may take a runtime scalar."""
+    positions, names = set(), set()
+    rewritable = func in REWRITES
+    for i, argument in enumerate(func._schema.arguments):
+        kind = str(argument.type)
+        if kind == "Tensor" or (kind in ("Scalar", "number") and rewritable):
+            (names if argument.kwarg_only else positions).add(i)
+            names.add(argument.name)
+    return frozenset(positions), frozenset(names)
+
+
+def _runtime_dtype(values: Sequence[Any]) -> torch.dtype | None:
+    """The dtype of the 0-d tensors standing for scalars among ``values``' tensors, or None to keep
+    constants (a tensor that is not float32/float64, or 0-d operands only, which a 0-d tensor of
+    another dtype would promote where a Python float does not)."""
+    dtype, dimensioned, zero_d = None, False, set()
+    for value in values:
+        if not isinstance(value, torch.Tensor):
+            continue
+        inner = getattr(value, "_data", value)  # a neuron tensor's metadata, without dispatch
+        kind = inner.dtype
+        if kind not in _RUNTIME_DTYPES:
+            return None
+        if dtype is not torch.float64:
+            dtype = kind
+        if inner.dim():
+            dimensioned = True
+        else:
+            zero_d.add(kind)
+    if dtype is None or (not dimensioned and zero_d != {dtype}):
+        return None
+    return dtype
+
+
+def as_inputs(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Sequence[Any], dict[str, Any]]:
+    """``args`` and ``kwargs`` with each float that can be a runtime input replaced by a 0-d tensor."""
+    floats = [i for i, a in enumerate(args) if type(a) is float]
+    keys = [k for k, v in kwargs.items() if type(v) is float] if kwargs else ()
+    if not floats and not keys:
+        return args, kwargs
+    positions, names = _slots(func)
+    floats = [i for i in floats if i in positions]
+    keys = [k for k in keys if k in names]
+    if not floats and not keys:
+        return args, kwargs
+    dtype = _runtime_dtype((*args, *kwargs.values()))
+    if dtype is None:
+        return args, kwargs
+    if floats:
+        args = list(args)
+        for i in floats:
+            args[i] = scalar_tensor(args[i], dtype)
+    if keys:
+        kwargs = {k: scalar_tensor(v, dtype) if k in keys else v for k, v in kwargs.items()}
+    return args, kwargs
+
+
+def call(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``func(*args, **kwargs)`` as traced into a kernel: through its rewrite when it has one."""
+    rewrite = REWRITES.get(func)
+    return func(*args, **kwargs) if rewrite is None else rewrite(*args, **kwargs)
+
+
+class _Cache:
+    """0-d CPU tensors per (value, dtype); past :data:`_CACHE_ENTRIES` the oldest go first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # for writers; a read is one dict lookup
+        self._entries: dict[tuple[Any, torch.dtype], torch.Tensor] = {}
+
+    def get(self, value: float, dtype: torch.dtype) -> torch.Tensor:
+        # Zeros and NaN by their spelling: -0.0 is not 0.0, and NaN finds itself.
+        key = (value, dtype) if value == value and value != 0.0 else (value.hex(), dtype)
+        found = self._entries.get(key)
+        if found is None:
+            found = torch.tensor(value, dtype=dtype)
+            with self._lock:
+                if len(self._entries) >= _CACHE_ENTRIES:
+                    del self._entries[next(iter(self._entries))]
+                self._entries[key] = found
+        return found
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+cache = _Cache()
+
+
+def scalar_tensor(value: float, dtype: torch.dtype) -> torch.Tensor:
+    """The 0-d tensor of ``value`` that a kernel takes: cached unless TORCH_NEURONX_ENABLE_SCALAR_CACHE=0."""
+    if not config.get("TORCH_NEURONX_ENABLE_SCALAR_CACHE"):
+        return torch.tensor(value, dtype=dtype)
+    return cache.get(value, dtype)
