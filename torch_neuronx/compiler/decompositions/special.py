@@ -10,13 +10,8 @@ and ``aten.frexp``. Each is written here in arithmetic, ``exp``, ``log``,
 operations on the bits), evaluated in the input's dtype (float16 and bfloat16
 in float32, cast back; integers in the default dtype):
 
-- ``erfc``, ``erfcx``, ``erfinv`` (written in :mod:`.erf`): Cephes' rational approximations (``1 - erf`` near 0, then
-  ``exp(-x**2) P(x) / Q(x)``), with ``exp(-x**2)`` split so the rounding of
-  ``x**2`` is not magnified: relative accuracy holds into the tail.
-- ``erfinv``: Giles' single-precision approximation (an asymptotic inversion of
-  erfc past its range in float64) refined by Halley steps whose residual uses
-  ``erfc`` where ``erf`` would round to 1.
-- ``erfcx``: erfc's tail rationals without the exponential.
+- ``erfc``, ``erfcx``, ``erfinv``: written (and their methods described) in :mod:`.erf`;
+  registered here.
 - ``lgamma`` and ``digamma``: Stirling's series after shifting the argument
   past 10 (6 in float32), the reflection formula below 0 with ``sin(pi x)``
   from a polynomial of the distance to the nearest integer (IREE's ``sin`` is
