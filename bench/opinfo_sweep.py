@@ -1,8 +1,13 @@
 """Sweep of PyTorch's OpInfo database through ``torch.compile(backend="neuron")``.
 
-Every op of ``op_db`` whose CPU variant supports float32 (no CUDA-only jiterator ops, no sparse
-layouts) runs its first two float32 samples eagerly and compiled (``fullgraph=False``, a fresh
-``torch._dynamo.reset()`` per op), and is classified:
+Every op of ``op_db`` whose CPU variant supports the dtype (``--dtype``, default float32; no
+CUDA-only jiterator ops, no sparse layouts) runs its first ``--samples`` samples (default 2; 0: all)
+on the CPU and through one of two routes (``--mode``), and is classified:
+
+- ``compile`` (default): ``torch.compile(backend="neuron", fullgraph=False)`` of the op on CPU
+  tensors, a fresh ``torch._dynamo.reset()`` per op;
+- ``eager``: the op on the eager ``neuron`` device, its sample's tensors copied there (outputs
+  that are neuron tensors are read back, inputs the op wrote into compared too).
 
 - ``correct``: every output matches eager (``assert_close`` with the op's float32 tolerance
   overrides, at least rtol=1e-4 / atol=1e-5, ``equal_nan=True``), or, where it does not, lies
@@ -54,7 +59,9 @@ from opinfo_compare import (
 )
 
 CLASSES = ("correct", "wrong", "error", "death", "timeout", "skipped")
-SAMPLES = 2
+SAMPLES = int(os.environ.get("OPINFO_SWEEP_SAMPLES", "2")) or None  # None: every sample
+DTYPE = os.environ.get("OPINFO_SWEEP_DTYPE", "float32")
+MODE = os.environ.get("OPINFO_SWEEP_MODE", "compile")
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-4, 1e-5
 #: Ops returning uninitialized memory, and random ops (prefixes of OpInfo names).
 UNINITIALIZED = ("empty", "new_empty")
@@ -72,12 +79,13 @@ def op_key(op) -> str:
 
 
 def load_ops() -> dict:
-    """The sweepable OpInfos by key: float32 on CPU, no jiterator ops, no sparse layouts."""
+    """The sweepable OpInfos by key: :data:`DTYPE` on CPU, no jiterator ops, no sparse layouts."""
     import torch
     from torch.testing._internal.common_methods_invocations import op_db
 
+    dtype = getattr(torch, DTYPE)
     return {op_key(op): op for op in op_db
-            if torch.float32 in op.supported_dtypes("cpu") and "jiterator" not in op.name and "sparse" not in op.name}
+            if dtype in op.supported_dtypes("cpu") and "jiterator" not in op.name and "sparse" not in op.name}
 
 
 def select(keys: list[str], wanted: str | None) -> list[str]:
@@ -92,16 +100,19 @@ def select(keys: list[str], wanted: str | None) -> list[str]:
 
 
 def tolerances(op) -> tuple[float, float]:
-    """(rtol, atol): the largest float32 ``toleranceOverride`` among the op's decorators, at
-    least the defaults."""
+    """(rtol, atol): the largest ``toleranceOverride`` of :data:`DTYPE` among the op's decorators, at
+    least the defaults (torch's own defaults for the dtype where they are looser)."""
     import torch
+    from torch.testing._comparison import default_tolerances
     from torch.testing._internal.common_device_type import toleranceOverride
 
-    rtol, atol = DEFAULT_RTOL, DEFAULT_ATOL
+    dtype = getattr(torch, DTYPE)
+    rtol, atol = default_tolerances(dtype)
+    rtol, atol = max(rtol, DEFAULT_RTOL), max(atol, DEFAULT_ATOL)
     for info in op.decorators:
         for decorator in getattr(info, "decorators", [info]):
-            if isinstance(decorator, toleranceOverride) and torch.float32 in decorator.d:
-                rtol, atol = max(rtol, decorator.d[torch.float32].rtol), max(atol, decorator.d[torch.float32].atol)
+            if isinstance(decorator, toleranceOverride) and dtype in decorator.d:
+                rtol, atol = max(rtol, decorator.d[dtype].rtol), max(atol, decorator.d[dtype].atol)
     return rtol, atol
 
 
@@ -148,14 +159,17 @@ def run_op(op) -> dict:
     counters.clear()
     record: dict = {"op": op_key(op), "status": "correct", "samples": 0}
     try:
-        samples = list(itertools.islice(op.sample_inputs("cpu", torch.float32, requires_grad=False), SAMPLES))
+        samples = list(itertools.islice(op.sample_inputs("cpu", getattr(torch, DTYPE), requires_grad=False), SAMPLES))
     except Exception as e:  # noqa: BLE001 - any failure of the sample generator
         return {**record, "status": "skipped", "reason": f"sample_inputs: {describe(e)[0]}"}
     samples = [s for s in samples if strided(s)]
     if not samples:
-        return {**record, "status": "skipped", "reason": "no strided float32 sample"}
+        return {**record, "status": "skipped", "reason": f"no strided {DTYPE} sample"}
     rtol, atol = tolerances(op)
-    compiled = torch.compile(lambda *a, **k: op.op(*a, **k), backend="neuron", fullgraph=False)
+    if MODE == "eager":
+        compiled = on_neuron(op.op)
+    else:
+        compiled = torch.compile(lambda *a, **k: op.op(*a, **k), backend="neuron", fullgraph=False)
     for sample in samples:
         x, args, kwargs = clone_sample(sample)
         try:
@@ -174,6 +188,26 @@ def run_op(op) -> dict:
                     "max_diff": float(diff.group(1)) if diff else None}
     record["graphs"] = int(counters["stats"]["unique_graphs"])
     return record
+
+
+def on_neuron(fn):
+    """``fn`` run on the eager ``neuron`` device: tensor arguments copied there, neuron outputs read
+    back, and the CPU inputs given the values the op wrote into their neuron copies (in-place ops)."""
+    import torch
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    def to_neuron(t):
+        return t.to("neuron") if isinstance(t, torch.Tensor) and t.device.type == "cpu" else t
+
+    def run(*args, **kwargs):
+        moved_args, moved_kwargs = tree_map(to_neuron, (args, kwargs))
+        out = fn(*moved_args, **moved_kwargs)
+        for given, moved in zip(tree_leaves((args, kwargs)), tree_leaves((moved_args, moved_kwargs))):
+            if isinstance(given, torch.Tensor) and moved is not given:
+                given.copy_(moved.cpu())
+        return tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) and t.device.type == "neuron" else t, out)
+
+    return run
 
 
 def check(op, sample, expected, compiled, rtol: float, atol: float) -> str | None:
@@ -404,11 +438,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--report", action="store_true", help="only summarize --out, run nothing")
     p.add_argument("--markdown", help="also write the summary as markdown to this file")
     p.add_argument("--cache", action="store_true", help="use the configured caches, not a throwaway one")
+    p.add_argument("--mode", choices=("compile", "eager"), default="compile",
+                   help="torch.compile(backend='neuron') on CPU tensors, or the eager neuron device")
+    p.add_argument("--dtype", default="float32", help="the samples' dtype (default float32)")
+    p.add_argument("--samples", type=int, default=2, help="samples per op (default 2; 0: all)")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    # The workers are spawned: they read these when they import this module.
+    os.environ.update(OPINFO_SWEEP_MODE=args.mode, OPINFO_SWEEP_DTYPE=args.dtype,
+                      OPINFO_SWEEP_SAMPLES=str(args.samples))
+    global SAMPLES, DTYPE, MODE
+    SAMPLES, DTYPE, MODE = args.samples or None, args.dtype, args.mode
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup of sweep()
     if not args.report:
         selected = select(list(load_ops()), args.ops)

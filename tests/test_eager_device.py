@@ -159,27 +159,34 @@ def test_eager_lowerings_persist_in_the_hlo_cache(tmp_path, hlo_cache):
 
 @pytest.mark.parametrize("only_unimplemented", ["0", "1"])
 def test_execution_errors_follow_the_fallback_policy(only_unimplemented, monkeypatch):
+    """A kernel that fails when it runs (on its stream, after the op returned) falls back to the
+    CPU into the op's outputs; with TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS=1 the error
+    reaches the next synchronization instead (a host read of the result)."""
+    import types
+
     from torch_neuronx.device import eager
     from torch_neuronx.runtime.executable import NeuronRuntimeError
 
     x = torch.full((3,), 2.0).to("neuron")
     (x - 0.5).cpu()  # compile aten.sub.Tensor for this dispatch key
     key = next(k for k in eager._kernels if k[0] == "aten.sub.Tensor" and k[1][0][1] == (3,))
-    compiled, spec = eager._kernels[key]
+    kernel = eager._kernels[key]
 
     def failing(tensors):  # fault injection at the runtime boundary: the device rejects the work
         raise NeuronRuntimeError("injected device fault")
 
-    monkeypatch.setitem(eager._kernels, key, (failing, spec))
+    injected = types.SimpleNamespace(compiled=failing, out_spec=kernel.out_spec, metas=kernel.metas, name=kernel.name)
+    monkeypatch.setitem(eager._kernels, key, injected)
     monkeypatch.setenv("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", only_unimplemented)
     monkeypatch.setattr(eager, "_warned", set())
     if only_unimplemented == "1":
-        with pytest.raises(NeuronRuntimeError, match="injected device fault"):
-            x - 0.5
+        out = x - 0.5
+        with pytest.raises(NeuronRuntimeError, match="aten.sub.Tensor failed.*injected device fault"):
+            out.cpu()
     else:
         with pytest.warns(RuntimeWarning, match="execution failed: injected device fault"):
             out = x - 0.5
-        assert torch.equal(out.cpu(), torch.full((3,), 1.5))
+            assert torch.equal(out.cpu(), torch.full((3,), 1.5))
 
 
 def test_runtime_refuses_tensor_subclasses_instead_of_reading_wild_memory():

@@ -40,7 +40,7 @@ def register() -> bool:
     from torch_neuronx.device import accelerator, autocast, backward_errors, eager
     from torch_neuronx.runtime import tensor
 
-    tensor.register_dispatcher(eager.dispatch, on_error=backward_errors.note)
+    tensor.register_dispatcher(eager.dispatch, on_error=backward_errors.note, host_read=eager.host_read)
 
     autocast.register()
     accelerator.install()
@@ -59,6 +59,7 @@ def _register_kernels() -> None:
 
     from torch_neuronx import observe
     from torch_neuronx.device import eager
+    from torch_neuronx.device.queued import on_host
     from torch_neuronx.runtime.tensor import NeuronTensor
 
     def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
@@ -72,11 +73,15 @@ def _register_kernels() -> None:
             to_device = isinstance(dst, NeuronTensor)
             observe.emit("transfer.host_to_device" if to_device else "transfer.device_to_host", src.nbytes,
                          device=(dst if to_device else src).device.index)
-        source = src._data if isinstance(src, NeuronTensor) else src
-        target = dst._data if isinstance(dst, NeuronTensor) else dst
-        target.copy_(source)
-        eager.wrote(dst)
-        return dst
+        def copy() -> torch.Tensor:
+            source = src._data if isinstance(src, NeuronTensor) else src
+            target = dst._data if isinstance(dst, NeuronTensor) else dst
+            target.copy_(source)
+            eager.wrote(dst)
+            return dst
+
+        neuron = dst if isinstance(dst, NeuronTensor) else src
+        return on_host(neuron._index, [src, dst], copy)
 
     # Never traced by Dynamo (as torch does for __torch_dispatch__): eager code inside a
     # compiled region, after a graph break (nn.LSTM's initial states), calls them too.

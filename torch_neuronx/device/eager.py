@@ -4,7 +4,8 @@ Each functional op is keyed by its *dispatch key*: the op overload, the
 shape/stride/dtype of each tensor argument and the value of every other
 argument. The first call of a key traces the op, lowers it through the compile
 path (FX passes, torch-mlir, StableHLO) and gets its NEFF from the NEFF cache;
-later calls run the executable. With TORCH_NEURONX_HLO_CACHE=1 (the default)
+later calls run the executable, queued on the current stream (:mod:`.queued`): the op
+returns its outputs, allocated up front, before it runs. With TORCH_NEURONX_HLO_CACHE=1 (the default)
 the lowering is stored in TORCH_NEURONX_HLO_CACHE_DIR under the dispatch key,
 so a new process neither traces nor lowers an op any process has run before.
 
@@ -35,7 +36,9 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 from torch_neuronx import config, observe
 from torch_neuronx.cache import store
 from torch_neuronx.compiler.hlo import lowering_versions
-from torch_neuronx.device import random, scalars
+from torch_neuronx.compiler.options import compile_only_enabled
+from torch_neuronx.device import queued, random, scalars
+from torch_neuronx.device.queued import on_host
 from torch_neuronx.pipeline import trace as tracing
 from torch_neuronx.process import checked_device_index
 from torch_neuronx.runtime.device import current_index as current_device
@@ -45,7 +48,7 @@ _log = logging.getLogger("torch_neuronx.device.eager")
 aten = torch.ops.aten
 
 _lock = threading.Lock()
-_kernels: dict[tuple, Any] = {}  # dispatch key -> (compiled graph, output treespec) or _UNIMPLEMENTED
+_kernels: dict[tuple, Any] = {}  # dispatch key -> Kernel or _UNIMPLEMENTED
 _UNIMPLEMENTED = object()
 _warned: set[str] = set()
 
@@ -74,10 +77,57 @@ def _first_neuron(args: Any) -> NeuronTensor:
     return next(a for a in pytree.tree_leaves(args) if isinstance(a, NeuronTensor))
 
 
+def _neuron_leaves(args: Any) -> list[NeuronTensor]:
+    return [a for a in pytree.tree_leaves(args) if isinstance(a, NeuronTensor)]
+
+
+def _host_op(fn: Callable[[Sequence[Any], dict[str, Any]], Any]) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
+    """``fn(args, kwargs)``, which touches device memory on the host, run as a synchronization:
+    after the queued work of the current stream and of the ops writing its neuron tensors."""
+    def run(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        tensors = _neuron_leaves((args, kwargs))
+        return on_host(tensors[0]._index if tensors else current_device(), tensors, fn, args, kwargs)
+    return run
+
+
+def host_read(t: NeuronTensor) -> None:
+    """Wait until ``t``'s memory can be read on the host (printing reads it outside the dispatcher)."""
+    on_host(t._index, [t], lambda: None)
+
+
 # -- ops that are not computations -------------------------------------------------
 
 
+_PLAIN_FORMATS = (None, torch.preserve_format, torch.contiguous_format)
+
+
 def _to_copy(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+    source = args[0]
+    device = kwargs.get("device")
+    same_device = device is None or torch.device(device) == source.device
+    if (same_device and len(args) == 1 and kwargs.get("layout") in (None, torch.strided)
+            and kwargs.get("memory_format") in _PLAIN_FORMATS and not kwargs.get("pin_memory")):
+        # A dtype conversion or copy on the device: queued, as any op.
+        out = empty_on_device(source.shape, None, kwargs.get("dtype") or source.dtype, source.device)
+        _queue_copy(out, source, "aten::_to_copy")
+        return out
+    return on_host(source._index, [source], _to_copy_on_host, args, kwargs)
+
+
+def _queue_copy(dst: NeuronTensor, src: NeuronTensor, name: str) -> None:
+    """Queue ``dst.copy_(src)`` (both neuron tensors of one device) on the current stream.
+
+    What torch checks before copying is checked here, where the op is called: a shape that
+    does not broadcast raises torch's own error (from the same copy on meta tensors).
+    """
+    if src.shape != dst.shape:
+        torch.empty(dst.shape, dtype=dst.dtype, device="meta").copy_(torch.empty(src.shape, dtype=src.dtype,
+                                                                                 device="meta"))
+    queued.enqueue(dst._index, name, [src, dst], [dst._allocation], dst._data.copy_, src._data)
+    wrote(dst)
+
+
+def _to_copy_on_host(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     source = args[0]
     device = kwargs.get("device")
     plain = {k: v for k, v in kwargs.items() if k != "device"}
@@ -104,6 +154,14 @@ def wrote(*tensors: Any) -> None:
 
 def _copy_(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     dst, src = args[0], args[1]
+    if isinstance(dst, NeuronTensor) and isinstance(src, NeuronTensor) and dst._index == src._index:
+        _queue_copy(dst, src, "aten::copy_")  # device to device: queued
+        return dst
+    return _host_op(_copy_on_host)(args, kwargs)
+
+
+def _copy_on_host(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+    dst, src = args[0], args[1]
     _cpu(dst).copy_(_cpu(src), **kwargs)
     wrote(dst)
     return dst
@@ -116,7 +174,7 @@ def _local_scalar_dense(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
 _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
-    aten._local_scalar_dense.default: _local_scalar_dense,
+    aten._local_scalar_dense.default: _host_op(_local_scalar_dense),
 }
 
 
@@ -140,7 +198,7 @@ def _run_view(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return pytree.tree_map(lambda t: alias(t, source) if isinstance(t, torch.Tensor) else t, out)
 
 
-def _run_inplace_view(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+def _run_inplace_view(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:  # metadata only
     """An op that changes a tensor's sizes and strides in place: on the inner tensor, then on the
     wrapper itself (``return_and_correct_aliasing`` sets a wrapper's metadata without dispatching)."""
     func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
@@ -182,8 +240,25 @@ def _hlo_key(key: tuple) -> str:
     return "eager-" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def _compile(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+class Kernel:
+    """One dispatch key's compiled kernel: the graph, its result's structure, and its outputs'
+    metadata when the op can be queued (``metas``: per result leaf, a meta tensor or a constant;
+    None when the kernel must run where it is called, see ``CompiledGraph.output_metas``)."""
+
+    __slots__ = ("compiled", "out_spec", "metas", "name")
+
+    def __init__(self, compiled: Any, out_spec: pytree.TreeSpec, name: str) -> None:
+        self.compiled, self.out_spec, self.name = compiled, out_spec, name
+        metas = compiled.output_metas()
+        self.metas = metas if metas is not None and len(metas) == out_spec.num_leaves else None
+
+
+def _compile(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any]) -> Kernel:
     """The compiled kernel of ``func`` for this dispatch key (HLO cache, else trace and lower)."""
+    return Kernel(*_compile_graph(func, key, args, kwargs), name=str(func))
+
+
+def _compile_graph(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     use_hlo_cache = config.get("TORCH_NEURONX_HLO_CACHE") and not config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE")
     name = f"eager_{func._schema.name.split('::')[1]}"
     if use_hlo_cache:
@@ -220,11 +295,21 @@ def _compiler_thread() -> concurrent.futures.ThreadPoolExecutor:
 
 
 def _fallback(func: Any, args: Sequence[Any], kwargs: dict[str, Any], reason: str) -> Any:
+    """``func`` on the CPU over the neuron tensors' memory (a synchronization), results placed on the device."""
+    _warn_fallback(func, reason)
+    tensors = _neuron_leaves((args, kwargs))
+    return on_host(tensors[0]._index, tensors, _run_on_cpu, func, args, kwargs)
+
+
+def _warn_fallback(func: Any, reason: str) -> None:
     observe.count("eager_fallbacks")
     name = str(func)
     if name not in _warned:
         _warned.add(name)
-        warnings.warn(f"neuron: {name} runs on the CPU ({reason})", RuntimeWarning, stacklevel=4)
+        warnings.warn(f"neuron: {name} runs on the CPU ({reason})", RuntimeWarning, stacklevel=5)
+
+
+def _run_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
     return pytree.tree_map(_on_device(_first_neuron((args, kwargs))._index), out)
 
@@ -249,12 +334,11 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
                 _kernels[key] = kernel
     if kernel is _UNIMPLEMENTED:
         return _fallback(func, *given, "not implemented by the neuron compiler")
-    compiled, out_spec = kernel
     if kwargs or any(isinstance(a, list | tuple) for a in args):
         leaves = pytree.tree_leaves((list(args), kwargs))
     else:  # the common case, without pytree's cost: positional tensors and scalars
         leaves = args
-    tensors, index = [], -1
+    tensors, inputs, index = [], [], -1
     for leaf in leaves:
         if isinstance(leaf, NeuronTensor):
             if leaf._index != index:
@@ -262,18 +346,58 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
                     raise _mixed_devices(func, index, leaf._index)
                 index = leaf._index
             tensors.append(leaf._data)
+            inputs.append(leaf)
         elif isinstance(leaf, torch.Tensor):
             tensors.append(leaf)
+    metas = kernel.metas
+    if metas is None or compile_only_enabled():
+        return on_host(index, inputs, _execute_now, kernel, tensors, func, given, index)
+    outputs = [empty_on_device(m.shape, None, m.dtype, _device(index)) if isinstance(m, torch.Tensor) else m
+               for m in metas]
+    allocations = [o._allocation for o in outputs if isinstance(o, NeuronTensor)]
+    queued.enqueue(index, kernel.name, inputs, allocations, _execute_into, kernel, tensors, outputs, func, given)
+    if kernel.out_spec.is_leaf():
+        return outputs[0]
+    return pytree.tree_unflatten(outputs, kernel.out_spec)
+
+
+@functools.cache
+def _device(index: int) -> torch.device:
+    return torch.device("neuron", index)
+
+
+def _execute_now(kernel: Kernel, tensors: list[torch.Tensor], func: Any, given: tuple, index: int) -> Any:
+    """Run a kernel in the calling thread (one that checks its results on the host, or compile-only)."""
     try:
-        results = compiled(tensors)
+        results = kernel.compiled(tensors)
     except Exception as exc:
         # Bad input (an index out of range, a singular matrix) raises eager's error, never a fallback.
         if getattr(exc, "neuron_input_error", False) or config.get("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"):
             raise
-        return _fallback(func, *given, f"execution failed: {exc}")
-    if out_spec.is_leaf():
+        _warn_fallback(func, f"execution failed: {exc}")
+        return _run_on_cpu(func, *given)
+    if kernel.out_spec.is_leaf():
         return _to_device(results[0], index)
-    return pytree.tree_map(_on_device(index), pytree.tree_unflatten(results, out_spec))
+    return pytree.tree_map(_on_device(index), pytree.tree_unflatten(results, kernel.out_spec))
+
+
+def _execute_into(kernel: Kernel, tensors: list[torch.Tensor], outputs: list[Any], func: Any, given: tuple) -> None:
+    """A queued kernel's work, on its stream: run it and write its results into ``outputs``.
+
+    A kernel that fails to execute runs on the CPU instead (unless
+    TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS=1), with the same outputs.
+    """
+    try:
+        results = kernel.compiled(tensors)
+    except Exception as exc:
+        if config.get("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"):
+            raise
+        _warn_fallback(func, f"execution failed: {exc}")
+        args, kwargs = given
+        results = pytree.tree_leaves(func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs)))
+    for out, result in zip(outputs, results):
+        if isinstance(out, NeuronTensor):
+            out._data.copy_(result)
 
 
 _SPECIAL_OP, _COMPOSITE_VIEW, _INPLACE_VIEW, _VIEW, _RANDOM, _IN_PLACE, _NO_FUNCTIONAL, _FUNCTIONAL = range(8)
@@ -313,9 +437,13 @@ def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         return _run_compiled(func, args, kwargs)
     if kind == _IN_PLACE:
         result = _run_compiled(extra, args, kwargs)
-        _cpu(args[0]).copy_(_cpu(result))
-        wrote(args[0])
-        return args[0]
+        target = args[0]
+        if isinstance(result, NeuronTensor) and result._index == target._index:
+            _check_in_place(target, result)
+            _queue_copy(target, result, str(func))
+        else:
+            on_host(target._index, [target], _write_back, target, result)
+        return target
     if kind == _VIEW:
         return _run_view(func, args, kwargs)
     if kind == _COMPOSITE_VIEW:
@@ -325,14 +453,43 @@ def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     if kind == _SPECIAL_OP:
         return extra(args, kwargs)
     if kind == _RANDOM:
-        out = random.draw(func, pytree.tree_map(_cpu, args), pytree.tree_map(_cpu, kwargs), _first_neuron(args).device)
-        if extra:
-            wrote(args[0])
-            return args[0]
-        return pytree.tree_map(_on_device(_first_neuron(args)._index), out)
+        tensors = _neuron_leaves((args, kwargs))
+        return on_host(tensors[0]._index, tensors, _draw, func, args, kwargs, extra)
     out = _fallback(func, args, kwargs, "an in-place or out= variant without a functional form")
     wrote(*_written(func, args, kwargs))
     return out
+
+
+@functools.cache
+def _scalar_type(dtype: torch.dtype) -> str:
+    """The dtype's name in torch's error messages (``Float``, ``Long``, ``BFloat16``)."""
+    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
+
+
+def _check_in_place(target: NeuronTensor, result: NeuronTensor) -> None:
+    """Raise, as torch does when the op is called, when an in-place op's result cannot be written
+    back into its target: another shape (the target does not broadcast to it), or a dtype the
+    target's cannot hold (a float result into an integer tensor)."""
+    if result.shape != target.shape:
+        raise RuntimeError(f"output with shape {list(target.shape)} doesn't match the broadcast shape "
+                           f"{list(result.shape)}")
+    if result.dtype != target.dtype and not torch.can_cast(result.dtype, target.dtype):
+        raise RuntimeError(f"result type {_scalar_type(result.dtype)} can't be cast to the desired output type "
+                           f"{_scalar_type(target.dtype)}")
+
+
+def _write_back(target: NeuronTensor, result: Any) -> None:
+    _cpu(target).copy_(_cpu(result))
+    wrote(target)
+
+
+def _draw(func: Any, args: Sequence[Any], kwargs: dict[str, Any], in_place: bool) -> Any:
+    """A random op on the host, from its device's generator (in program order: a synchronization)."""
+    out = random.draw(func, pytree.tree_map(_cpu, args), pytree.tree_map(_cpu, kwargs), _first_neuron(args).device)
+    if in_place:
+        wrote(args[0])
+        return args[0]
+    return pytree.tree_map(_on_device(_first_neuron(args)._index), out)
 
 
 def _written(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:

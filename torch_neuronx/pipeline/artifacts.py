@@ -17,6 +17,7 @@ import datetime
 import itertools
 import os
 import shutil
+import threading
 from collections.abc import Sequence
 
 import torch
@@ -26,6 +27,9 @@ from torch_neuronx.process import job_id
 
 __all__ = ["GraphArtifacts", "job_dir", "job_id"]
 _seq = itertools.count()
+# Writes and the removal of emptied directories, from any thread: a graph's first call (on a
+# stream's thread) removes its files while the next graph is being written.
+_tree_lock = threading.Lock()
 
 
 def job_dir() -> str:
@@ -47,10 +51,11 @@ class GraphArtifacts:
 
     def _write(self, subdir: str, suffix: str, text: str) -> str:
         directory = os.path.join(self.root, subdir)
-        os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, self.stem + suffix)
-        with open(path, "w") as f:
-            f.write(text)
+        with _tree_lock:
+            os.makedirs(directory, exist_ok=True)
+            with open(path, "w") as f:
+                f.write(text)
         self._written.append(path)
         return path
 
@@ -74,22 +79,24 @@ class GraphArtifacts:
         if not self.dumps:
             return None
         directory = os.path.join(self.root, kind)
-        os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"{self.stem}_call{call}.pt")
-        torch.save([t.detach().cpu() if isinstance(t, torch.Tensor) else t for t in tensors], path)
+        with _tree_lock:
+            os.makedirs(directory, exist_ok=True)
+            torch.save([t.detach().cpu() if isinstance(t, torch.Tensor) else t for t in tensors], path)
         return path
 
     def release(self) -> None:
         """Remove this graph's files after execution unless they are to be preserved."""
         if self.preserve:
             return
-        for path in self._written:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-        self._written.clear()
-        _remove_empty_dirs(self.root)
+        with _tree_lock:
+            for path in self._written:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+            self._written.clear()
+            _remove_empty_dirs(self.root)
 
 
 def _remove_empty_dirs(root: str) -> None:

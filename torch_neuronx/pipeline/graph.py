@@ -103,6 +103,20 @@ class CompiledGraph:
             zeros[i] = torch.view_as_complex(zeros[i])
         return self._relayout(zeros)
 
+    def output_metas(self) -> list[Any] | None:
+        """The graph's outputs without running it: meta tensors (shape, dtype) and constants.
+
+        None when they cannot be known ahead of a call or the call must run where it is made:
+        the graph returns some of its inputs, checks its outputs on the host, or draws random
+        inputs from the host generator (whose order is the caller's program order).
+        """
+        if self._returns_inputs or self._checks or self._random_inputs:
+            return None
+        metas = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in self._outputs]
+        for i in self._complex_outputs:
+            metas[i] = torch.view_as_complex(metas[i])
+        return self._restore(self._relayout(metas), ())
+
     def _relayout(self, results: list[torch.Tensor]) -> list[torch.Tensor]:
         for i, inverse in self._layouts:
             results[i] = results[i].permute(inverse)

@@ -33,13 +33,36 @@ from typing import Any
 from torch_neuronx import config, memory, observe
 from torch_neuronx.observe.events import state as _observing
 from torch_neuronx.process import device_index
+from torch_neuronx.runtime.errors import NeuronRuntimeError
 
 _log = logging.getLogger("torch_neuronx.runtime.streams")
 _IDLE_EXIT_S = 5.0  # an idle worker thread exits; the next submit starts a new one
 
 
-class StreamError(RuntimeError):
+class StreamError(NeuronRuntimeError):
     """Work submitted to a stream raised; the original exception is the ``__cause__``."""
+
+
+_NO_KWARGS: dict[str, Any] = {}
+
+
+class Pending:
+    """A point in a stream's queue: complete once the work submitted up to it has run."""
+
+    __slots__ = ("queue", "seq")
+
+    def __init__(self, queue: _Queue, seq: int) -> None:
+        self.queue, self.seq = queue, seq
+
+    def done(self) -> bool:
+        """Whether the work up to this point has run."""
+        return self.queue.completed >= self.seq
+
+    def wait(self) -> None:
+        """Block until the work up to this point has run (its errors are the stream's to report)."""
+        queue = self.queue
+        if queue.completed < self.seq:
+            queue.wait(self.seq)
 
 
 class _Submitted:
@@ -116,6 +139,7 @@ class _Queue:
                 _log.error("work submitted to neuron:%d stream %d raised %r", self.device, self.id, exc)
                 if self._error is None:
                     self._error = exc
+            del fn, args, kwargs  # the work's tensors (device memory) go now, not at the next task
             with self._cond:
                 self.completed += 1
                 self._cond.notify_all()
@@ -128,7 +152,8 @@ class _Queue:
     def raise_error(self) -> None:
         error, self._error = self._error, None
         if error is not None:
-            raise StreamError(f"work on neuron:{self.device} stream {self.id} failed: {error!r}") from error
+            raise StreamError(f"work on neuron:{self.device} stream {self.id} failed: "
+                              f"{type(error).__name__}: {error}") from error
 
 
 _registry_lock = threading.Lock()
@@ -187,6 +212,26 @@ class Stream:
         if _observing.active:
             observe.emit("stream.submit", device=self._queue.device, stream=self._queue.id)
         self._queue.submit(fn, args, kwargs)
+
+    def enqueue(self, fn: Callable[..., Any], *args: Any) -> Pending | None:
+        """Queue ``fn(*args)`` (an op's work) and return the point it marks in this stream, which
+        completes once it has run; None when it already ran (launch blocking: synchronously, its
+        error raised to the caller)."""
+        queue = self._queue
+        if _local.in_worker:  # work a stream runs issues its ops synchronously (it is in order already)
+            fn(*args)
+            return None
+        if _observing.active:
+            observe.emit("stream.submit", device=queue.device, stream=queue.id)
+        seq = queue.submit(fn, args, _NO_KWARGS)
+        return None if queue.blocking else Pending(queue, seq)
+
+    def drain(self) -> None:
+        """Block until the work submitted so far has run (at once from a stream's own thread, whose
+        work issues its ops synchronously). Errors stay the stream's to report."""
+        queue = self._queue
+        if queue.completed < queue.submitted and not _local.in_worker:
+            queue.wait(queue.submitted)
 
     def query(self) -> bool:
         """True when all submitted work has completed."""

@@ -28,15 +28,21 @@ from torch_neuronx.observe.events import state as _observing
 Dispatcher = Callable[[Any, Sequence[Any], dict[str, Any]], Any]
 _dispatcher: Dispatcher | None = None
 _on_error: Callable[[BaseException], None] | None = None
+_host_read: Callable[[Any], None] = lambda t: None  # the eager device's wait before a host read
 
 
-def register_dispatcher(dispatch: Dispatcher, on_error: Callable[[BaseException], None] | None = None) -> None:
+def register_dispatcher(dispatch: Dispatcher, on_error: Callable[[BaseException], None] | None = None,
+                        host_read: Callable[[Any], None] | None = None) -> None:
     """Install the eager execution of ops on neuron tensors (``device/eager.py`` does, when registered).
 
-    ``on_error`` sees every exception an op raises before it propagates.
+    ``on_error`` sees every exception an op raises before it propagates; ``host_read(t)`` is
+    called before ``t``'s memory is read on the host outside the dispatcher (printing), and
+    waits for the queued work that writes it.
     """
-    global _dispatcher, _on_error
+    global _dispatcher, _on_error, _host_read
     _dispatcher, _on_error = dispatch, on_error
+    if host_read is not None:
+        _host_read = host_read
 
 
 def _no_dispatcher(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
@@ -45,13 +51,21 @@ def _no_dispatcher(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> An
 
 
 class Allocation:
-    """One caching-allocator block of the current stream; freed when the last tensor holding it is gone."""
+    """One caching-allocator block of the current stream; freed when the last tensor holding it is gone.
 
-    __slots__ = ("address", "nbytes", "index", "_allocator", "__weakref__")
+    ``writer`` is the last queued op that writes into the block (a :class:`PendingWrite`, or
+    None once nothing queued writes it); a host read waits for it (:func:`wait_for_host`).
+    ``error`` is set when that op failed: the block's values are undefined, and reading them
+    raises it (:class:`PoisonedTensorError`).
+    """
+
+    __slots__ = ("address", "nbytes", "index", "writer", "error", "_allocator", "__weakref__")
 
     def __init__(self, nbytes: int, index: int = 0) -> None:
         self.nbytes = nbytes
         self.index = index
+        self.writer: Any = None
+        self.error: BaseException | None = None
         self._allocator = memory.device_allocator(index)
         self.address = self._allocator.malloc(max(nbytes, 1), memory.current_stream_id(index))
 
@@ -60,6 +74,30 @@ class Allocation:
             self._allocator.free(self.address)
         except Exception:  # interpreter shutdown: the allocator may already be gone
             pass
+
+
+class PoisonedTensorError(RuntimeError):
+    """A neuron tensor's values were to be written by a queued op that failed."""
+
+
+def wait_for_host(tensors: Sequence[Any]) -> None:
+    """Make the device memory of the neuron tensors among ``tensors`` safe to read on the host.
+
+    Waits for the queued op that last writes each one (on whatever stream it was queued),
+    and raises :class:`PoisonedTensorError` for memory whose producing op failed. The caller
+    orders itself after its own stream's work (``Stream.run``); this covers the other streams.
+    """
+    for t in tensors:
+        allocation = getattr(t, "_allocation", None)
+        if allocation is None:
+            continue
+        writer = allocation.writer
+        if writer is not None:
+            writer.wait()
+            allocation.writer = None
+        if allocation.error is not None:
+            raise PoisonedTensorError(f"a neuron tensor ({tuple(t.shape)}, {t.dtype}) holds no values: "
+                                      f"{allocation.error}") from allocation.error
 
 
 def _span_bytes(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> int:
@@ -129,6 +167,7 @@ class NeuronTensor(torch.Tensor):
         return wrapper
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
+        _host_read(self)
         return f"{self._data!r}"[:-1] + f", device='{self.device}')"
 
     @property

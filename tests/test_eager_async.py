@@ -1,0 +1,220 @@
+"""Eager ops run asynchronously on streams: they return at once, host reads wait, errors surface later."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import types
+
+import pytest
+import torch
+
+import torch_neuronx  # noqa: F401
+from torch_neuronx.device import eager
+from torch_neuronx.runtime import streams
+from torch_neuronx.runtime.errors import NeuronRuntimeError
+from torch_neuronx.runtime.tensor import NeuronTensor, PoisonedTensorError
+
+WAIT = 60.0
+
+
+class _Gate(threading.Event):
+    def close(self, stream: streams.Stream | None = None) -> None:
+        """Hold ``stream`` (the default stream) back until the gate is set."""
+        (stream or streams.default_stream()).submit(self.wait, WAIT)
+
+
+@pytest.fixture
+def gated():
+    """A gate that holds a stream back once closed; always opened at the end."""
+    gate = _Gate()
+    yield gate
+    gate.set()
+    torch.neuron.synchronize()
+
+
+def _warm(*ops):
+    for op in ops:
+        op().cpu()  # compile each kernel before the gate closes: tracing is synchronous
+
+
+def test_an_op_returns_its_outputs_before_its_kernel_runs(gated):
+    x = torch.arange(6.0).reshape(2, 3).to("neuron")
+    _warm(lambda: x * 2 + 1)
+    gated.close()
+    before = torch.neuron.memory_allocated()
+    y = x * 2 + 1  # queued behind the gate: nothing ran yet
+    assert type(y) is NeuronTensor and y.shape == (2, 3) and y.dtype == torch.float32
+    assert not streams.default_stream().query()
+    assert torch.neuron.memory_allocated() > before  # its memory was allocated up front
+    gated.set()
+    assert torch.equal(y.cpu(), torch.arange(6.0).reshape(2, 3) * 2 + 1)
+
+
+@pytest.mark.parametrize("read", ["cpu", "item", "repr", "equal", "tolist", "synchronize"])
+def test_host_reads_wait_for_the_queued_ops_that_write_their_tensor(gated, read):
+    x = torch.arange(4.0).to("neuron")
+    _warm(lambda: (x + 1).sum(), lambda: torch.tensor(10.0).to("neuron"))
+    gated.close()
+    total = (x + 1).sum()
+    threading.Timer(0.05, gated.set).start()  # the read below must wait for the gate
+    if read == "cpu":
+        assert total.cpu().item() == 10.0
+    elif read == "item":
+        assert total.item() == 10.0
+    elif read == "repr":
+        assert "10." in repr(total)
+    elif read == "equal":
+        assert torch.equal(total, torch.tensor(10.0).to("neuron"))
+    elif read == "tolist":
+        assert total.tolist() == 10.0
+    else:
+        torch.neuron.synchronize()
+        assert streams.default_stream().query()
+        assert total._data.item() == 10.0
+
+
+def test_in_place_ops_and_copies_on_the_device_keep_program_order(gated):
+    x = torch.zeros(5).to("neuron")
+    y = torch.ones(5).to("neuron")
+    _warm(lambda: x.clone().add_(y), lambda: x.clone().mul_(3), lambda: y.to(torch.float64))
+    gated.close()
+    x.add_(y)
+    x.mul_(3)
+    y.copy_(x)
+    y.add_(1)
+    z = y.to(torch.float64)
+    gated.set()
+    assert torch.equal(x.cpu(), torch.full((5,), 3.0))
+    assert torch.equal(z.cpu(), torch.full((5,), 4.0, dtype=torch.float64))
+
+
+def test_an_op_reads_inputs_written_on_another_stream_after_they_are_written(gated):
+    side = torch.neuron.Stream()
+    x = torch.arange(3.0).to("neuron")
+    _warm(lambda: x * 10, lambda: x + 1)
+    gated.close(side)
+    with torch.neuron.stream(side):
+        produced = x * 10  # queued on the held-back side stream
+    consumed = produced + 1  # on the default stream, which does not wait for the side stream
+    threading.Timer(0.05, gated.set).start()
+    assert torch.equal(consumed.cpu(), torch.tensor([1.0, 11.0, 21.0]))
+    side.synchronize()
+
+
+def test_errors_torch_raises_from_metadata_are_raised_where_the_op_is_called():
+    x = torch.ones(3).to("neuron")
+    wide = torch.ones(2, 3).to("neuron")
+    with pytest.raises(RuntimeError, match=r"output with shape \[3\] doesn't match the broadcast shape \[2, 3\]"):
+        x.mul_(wide)
+    ints = torch.ones(3, dtype=torch.int64).to("neuron")
+    with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Long"):
+        ints.add_(torch.ones(3).to("neuron"))
+    with pytest.raises(RuntimeError, match="must match the size"):
+        x.copy_(torch.ones(4).to("neuron"))
+    assert torch.equal(x.cpu(), torch.ones(3)) and torch.equal(ints.cpu(), torch.ones(3, dtype=torch.int64))
+
+
+def _failing_kernel(key_op: str, shape: tuple, monkeypatch) -> None:
+    """Make the compiled kernel of ``key_op`` at ``shape`` fail when it runs (fault injection at the
+    runtime boundary: the device rejects the work), with execution errors not falling back."""
+    key = next(k for k in eager._kernels if k[0] == key_op and k[1][0][1] == shape)
+    kernel = eager._kernels[key]
+
+    def failing(tensors):
+        raise NeuronRuntimeError("injected device fault")
+
+    monkeypatch.setitem(eager._kernels, key, types.SimpleNamespace(
+        compiled=failing, out_spec=kernel.out_spec, metas=kernel.metas, name=kernel.name))
+    monkeypatch.setenv("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "1")
+
+
+def test_a_failed_queued_op_surfaces_at_the_next_synchronization_and_poisons_what_it_wrote(monkeypatch):
+    x = torch.full((7,), 2.0).to("neuron")
+    (x - 0.5).cpu()
+    (x * 4).cpu()
+    _failing_kernel("aten.sub.Tensor", (7,), monkeypatch)
+    bad = x - 0.5  # returns: the failure happens when the kernel runs
+    later = bad * 4  # reads the failed op's output: fails too, without running
+    fine = x * 4
+    with pytest.raises(NeuronRuntimeError, match=r"aten.sub.Tensor failed on neuron:0: .*injected device fault"):
+        torch.neuron.synchronize()
+    torch.neuron.synchronize()  # reported once
+    assert torch.equal(fine.cpu(), torch.full((7,), 8.0))  # unrelated work is unaffected
+    with pytest.raises(PoisonedTensorError, match="aten.sub.Tensor failed"):
+        bad.cpu()
+    with pytest.raises(PoisonedTensorError, match="aten.mul.Tensor did not run: an input's producing op failed"):
+        later.cpu()
+
+
+_CHILD = """
+import os, types, torch, torch_neuronx
+from torch_neuronx.device import eager
+from torch_neuronx.runtime.errors import NeuronRuntimeError
+x = torch.full((9,), 2.0).to("neuron")
+(x - 0.5).cpu()
+key = next(k for k in eager._kernels if k[0] == "aten.sub.Tensor")
+kernel = eager._kernels[key]
+def failing(tensors):
+    raise NeuronRuntimeError("injected device fault")
+eager._kernels[key] = types.SimpleNamespace(compiled=failing, out_spec=kernel.out_spec, metas=kernel.metas,
+                                            name=kernel.name)
+def users_training_step():
+    return x - 0.5  # THE FAILING LINE
+try:
+    out = users_training_step()
+    print("RETURNED")
+    out.cpu()
+except NeuronRuntimeError as e:
+    print("RAISED", type(e).__name__)
+    print(e)
+"""
+
+
+def _child(script, env: dict[str, str]) -> str:
+    full = {**os.environ, "TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS": "1", **env}
+    done = subprocess.run([sys.executable, str(script)], env=full, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_launch_blocking_raises_at_the_op_and_stack_traces_name_the_users_line(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(_CHILD))
+    blocking = _child(script, {"NEURON_LAUNCH_BLOCKING": "1"})
+    assert "RETURNED" not in blocking and "RAISED QueuedOpError" in blocking, blocking
+    queued = _child(script, {"TORCH_NEURONX_ENABLE_STACK_TRACE": "1"})
+    assert "RETURNED" in queued and "injected device fault" in queued, queued
+    assert "users_training_step" in queued and "THE FAILING LINE" in queued, queued
+    plain = _child(script, {})
+    assert "RETURNED" in plain and "THE FAILING LINE" not in plain
+    assert "TORCH_NEURONX_ENABLE_STACK_TRACE=1" in plain  # says how to find the line
+
+
+def test_a_training_loop_runs_ahead_of_its_kernels_and_matches_the_cpu():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    reference.load_state_dict(model.state_dict())
+    model.to("neuron")
+    data, target = torch.randn(32, 8), torch.randn(32, 1)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, reference)]
+    losses = []
+    for _ in range(6):
+        for m, opt, where in ((model, optimizers[0], "neuron"), (reference, optimizers[1], "cpu")):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(m(data.to(where)), target.to(where))
+            loss.backward()
+            opt.step()
+            losses.append(loss)
+    start = time.monotonic()
+    pairs = [(a.item(), b.item()) for a, b in zip(losses[::2], losses[1::2])]
+    assert time.monotonic() - start < WAIT
+    for got, want in pairs:
+        assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.cpu(), q.detach(), rtol=1e-4, atol=1e-5)

@@ -1,0 +1,135 @@
+"""Eager work on streams: an op returns its outputs at once and runs later, in stream order.
+
+An eager op whose kernel's outputs are known from its trace (shapes and dtypes: every
+static kernel without host-side checks or random inputs) is *queued*: its outputs are
+allocated from the caching allocator now, the kernel's execution is submitted to the
+current stream of the inputs' device (:meth:`~torch_neuronx.runtime.streams.Stream.enqueue`),
+and the outputs go back to Python before it runs. Each output's allocation remembers
+the queued op that writes it (``Allocation.writer``).
+
+Everything that reads or writes device memory on the host (``.cpu()``, ``.item()``,
+printing, ops that fall back to the CPU, copies from host memory) runs through
+:func:`on_host`: after the work queued on the current stream, and after the op that
+writes each tensor it touches, on whatever stream. Those are the synchronization
+points, as on CUDA.
+
+A queued op that fails *poisons* its outputs (``Allocation.error``): an op that reads
+them fails in turn without running, a host read raises :class:`PoisonedTensorError`,
+and the stream reports the first failure at its next synchronization
+(``torch.neuron.synchronize()``, or any host read on it), naming the op, and with
+TORCH_NEURONX_ENABLE_STACK_TRACE=1 the user's line that issued it. With
+NEURON_LAUNCH_BLOCKING=1 every op runs synchronously and raises where it is called.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from torch_neuronx import config
+from torch_neuronx.runtime.errors import NeuronRuntimeError
+from torch_neuronx.runtime.streams import current_stream
+from torch_neuronx.runtime.tensor import NeuronTensor, PoisonedTensorError, wait_for_host
+
+__all__ = ["QueuedOpError", "PoisonedTensorError", "on_host", "enqueue", "issuing_stack", "stack_traces"]
+
+_HERE = (__file__.rsplit("/", 2)[0],)  # frames inside torch_neuronx are not the user's
+_TORCH = (torch.__file__.rsplit("/", 1)[0],)
+_stack_traces: bool | None = None
+
+
+class QueuedOpError(NeuronRuntimeError):
+    """An op queued on a stream failed when it ran; raised at the next synchronization."""
+
+
+def stack_traces() -> bool:
+    """TORCH_NEURONX_ENABLE_STACK_TRACE, read once per process (ops check it on every call)."""
+    global _stack_traces
+    if _stack_traces is None:
+        _stack_traces = bool(config.get("TORCH_NEURONX_ENABLE_STACK_TRACE"))
+    return _stack_traces
+
+
+def issuing_stack() -> list[traceback.FrameSummary]:
+    """The Python frames that issued the current op, innermost last, without torch's and ours."""
+    frames = traceback.extract_stack()
+    return [f for f in frames if not f.filename.startswith(_HERE + _TORCH)]
+
+
+def describe_stack(stack: Sequence[traceback.FrameSummary] | None) -> str:
+    """The issuing stack as text for an error message (empty when it was not recorded)."""
+    if not stack:
+        return ("\n(set TORCH_NEURONX_ENABLE_STACK_TRACE=1 to see the line that issued it, or "
+                "NEURON_LAUNCH_BLOCKING=1 to raise it there)")
+    return "\nIssued at (most recent call last):\n" + "".join(traceback.format_list(stack)).rstrip()
+
+
+def on_host(index: int, tensors: Sequence[Any], fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` in the calling thread once device ``index``'s current stream has run its
+    queued work and the ops writing the neuron tensors among ``tensors`` have run.
+
+    A failure of queued work on that stream is raised here (this is a synchronization), as is
+    the failure that left one of ``tensors`` without values.
+    """
+    stream = current_stream(index)
+    stream.drain()
+    stream._queue.raise_error()
+    wait_for_host(tensors)
+    return fn(*args)
+
+
+def _poison(allocations: Sequence[Any], error: BaseException) -> None:
+    for allocation in allocations:
+        allocation.error = error
+
+
+def _check_inputs(inputs: Sequence[NeuronTensor], name: str, queue: Any) -> None:
+    """Wait for inputs written on other streams than ``queue`` (whose own writes are ordered
+    before this op, or are this op); fail when an input's producing op failed."""
+    for t in inputs:
+        allocation = t._allocation
+        if allocation is None:
+            continue
+        writer = allocation.writer
+        if writer is not None and writer.queue is not queue and not writer.done():
+            writer.wait()
+        if allocation.error is not None:
+            raise QueuedOpError(f"{name} did not run: an input's producing op failed "
+                                f"({allocation.error})") from allocation.error
+
+
+def enqueue(index: int, name: str, inputs: Sequence[NeuronTensor], outputs: Sequence[Any],
+            work: Callable[..., None], *args: Any) -> None:
+    """Queue ``work(*args)`` on device ``index``'s current stream as the op ``name`` that reads
+    ``inputs`` (neuron tensors) and writes the allocations ``outputs``.
+
+    ``work`` fills the outputs' memory. When it raises, the outputs are poisoned and the
+    stream records a :class:`QueuedOpError` naming the op (and, with stack traces on, the
+    line that issued it); with launch blocking it raises here instead.
+    """
+    stack = issuing_stack() if stack_traces() else None
+    stream = current_stream(index)
+
+    def run() -> None:
+        try:
+            _check_inputs(inputs, name, stream._queue)
+            # On the stream's thread, whose grad and inference modes are not the caller's: the
+            # work computes on raw device memory, which may hold inference tensors.
+            with torch.inference_mode():
+                work(*args)
+        except BaseException as exc:
+            if isinstance(exc, QueuedOpError):
+                _poison(outputs, exc)
+                raise
+            error = QueuedOpError(f"{name} failed on neuron:{index}: {type(exc).__name__}: {exc}"
+                                  f"{describe_stack(stack)}")
+            _poison(outputs, error)
+            raise error from exc
+
+    pending = stream.enqueue(run)
+    if pending is not None:
+        for allocation in outputs:
+            allocation.writer = pending
