@@ -125,11 +125,14 @@ def _failing_kernel(key_op: str, shape: tuple, monkeypatch) -> None:
     key = next(k for k in eager._kernels if k[0] == key_op and k[1][0][1] == shape)
     kernel = eager._kernels[key]
 
-    def failing(tensors):
-        raise NeuronRuntimeError("injected device fault")
+    class Failing:  # the device rejects the work
+        def __call__(self, tensors, outputs=None):
+            raise NeuronRuntimeError("injected device fault")
+
+        run_into = __call__
 
     monkeypatch.setitem(eager._kernels, key, types.SimpleNamespace(
-        compiled=failing, out_spec=kernel.out_spec, metas=kernel.metas, name=kernel.name))
+        compiled=Failing(), out_spec=kernel.out_spec, metas=kernel.metas, name=kernel.name))
     monkeypatch.setenv("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "1")
 
 
@@ -159,9 +162,11 @@ x = torch.full((9,), 2.0).to("neuron")
 (x - 0.5).cpu()
 key = next(k for k in eager._kernels if k[0] == "aten.sub.Tensor")
 kernel = eager._kernels[key]
-def failing(tensors):
-    raise NeuronRuntimeError("injected device fault")
-eager._kernels[key] = types.SimpleNamespace(compiled=failing, out_spec=kernel.out_spec, metas=kernel.metas,
+class Failing:
+    def __call__(self, tensors, outputs=None):
+        raise NeuronRuntimeError("injected device fault")
+    run_into = __call__
+eager._kernels[key] = types.SimpleNamespace(compiled=Failing(), out_spec=kernel.out_spec, metas=kernel.metas,
                                             name=kernel.name)
 def users_training_step():
     return x - 0.5  # THE FAILING LINE

@@ -172,10 +172,14 @@ def test_execution_errors_follow_the_fallback_policy(only_unimplemented, monkeyp
     key = next(k for k in eager._kernels if k[0] == "aten.sub.Tensor" and k[1][0][1] == (3,))
     kernel = eager._kernels[key]
 
-    def failing(tensors):  # fault injection at the runtime boundary: the device rejects the work
-        raise NeuronRuntimeError("injected device fault")
+    class Failing:  # fault injection at the runtime boundary: the device rejects the work
+        def __call__(self, tensors, outputs=None):
+            raise NeuronRuntimeError("injected device fault")
 
-    injected = types.SimpleNamespace(compiled=failing, out_spec=kernel.out_spec, metas=kernel.metas, name=kernel.name)
+        run_into = __call__
+
+    injected = types.SimpleNamespace(compiled=Failing(), out_spec=kernel.out_spec, metas=kernel.metas,
+                                     name=kernel.name)
     monkeypatch.setitem(eager._kernels, key, injected)
     monkeypatch.setenv("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", only_unimplemented)
     monkeypatch.setattr(eager, "_warned", set())

@@ -123,7 +123,7 @@ def _queue_copy(dst: NeuronTensor, src: NeuronTensor, name: str) -> None:
     if src.shape != dst.shape:
         torch.empty(dst.shape, dtype=dst.dtype, device="meta").copy_(torch.empty(src.shape, dtype=src.dtype,
                                                                                  device="meta"))
-    queued.enqueue(dst._index, name, [src, dst], [dst._allocation], dst._data.copy_, src._data)
+    queued.enqueue(dst._index, name, [src, dst], [dst._allocation], dst._data.detach().copy_, src._data.detach())
     wrote(dst)
 
 
@@ -171,7 +171,26 @@ def _local_scalar_dense(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return _cpu(args[0]).item()
 
 
+def _native_batch_norm(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``native_batch_norm``, whose schema does not say it writes the running statistics in
+    training (ATen's kernels do): traced as a functional op, their update would be lost. In
+    training with running statistics it runs as ``_native_batch_norm_legit_functional`` and
+    the new statistics are copied into the running ones."""
+    bound = dict(zip(("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps"),
+                     args), **kwargs)
+    running_mean, running_var = bound.get("running_mean"), bound.get("running_var")
+    if not (bound.get("training") and isinstance(running_mean, NeuronTensor) and isinstance(running_var, NeuronTensor)):
+        return _run_compiled(aten.native_batch_norm.default, args, kwargs)
+    out, mean, invstd, new_mean, new_var = _run_compiled(aten._native_batch_norm_legit_functional.default, (
+        bound["input"], bound["weight"], bound["bias"], running_mean, running_var, True, bound["momentum"],
+        bound["eps"]), {})
+    _queue_copy(running_mean, new_mean, "aten::native_batch_norm")
+    _queue_copy(running_var, new_var, "aten::native_batch_norm")
+    return out, mean, invstd
+
+
 _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
+    aten.native_batch_norm.default: _native_batch_norm,
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
     aten._local_scalar_dense.default: _host_op(_local_scalar_dense),
@@ -199,10 +218,16 @@ def _run_view(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
 
 
 def _run_inplace_view(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:  # metadata only
-    """An op that changes a tensor's sizes and strides in place: on the inner tensor, then on the
-    wrapper itself (``return_and_correct_aliasing`` sets a wrapper's metadata without dispatching)."""
-    func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
-    return return_and_correct_aliasing(func, args, kwargs, args[0])
+    """An op that changes a tensor's sizes and strides in place: on a new inner tensor over the same
+    memory, then on the wrapper itself (``return_and_correct_aliasing`` sets a wrapper's metadata
+    without dispatching). Queued ops hold the old inner tensor, whose shape must stay the one they
+    were issued with (a ``transpose_`` after ``cat`` must not change what the queued ``cat`` reads)."""
+    target = args[0]
+    inner = target._data
+    fresh = inner.as_strided(inner.shape, inner.stride(), inner.storage_offset())
+    func(fresh, *pytree.tree_map(_cpu, args[1:]), **pytree.tree_map(_cpu, kwargs))
+    target._data = fresh
+    return return_and_correct_aliasing(func, args, kwargs, target)
 
 
 def _functional_variant(func: Any) -> Any | None:
@@ -267,7 +292,7 @@ def _compile_graph(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str,
             try:
                 stored = tracing.Trace.from_json(text)
                 observe.count("eager_hlo_cache_hits")
-                return tracing.load(stored), stored.result_spec()
+                return tracing.load(stored, output_storage=True), stored.result_spec()
             except (ValueError, KeyError, TypeError):
                 _log.warning("ignoring a malformed eager HLO cache entry for %s", func)
     leaves, spec = pytree.tree_flatten((list(args), kwargs))
@@ -281,7 +306,7 @@ def _compile_graph(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str,
         return scalars.call(func, call_args, call_kwargs)
 
     cpu_tensors = [_cpu(leaves[i]) for i in positions]
-    compiled, stored, out_spec = tracing.trace(call, name, cpu_tensors, hlo_cache=use_hlo_cache)
+    compiled, stored, out_spec = tracing.trace(call, name, cpu_tensors, hlo_cache=use_hlo_cache, output_storage=True)
     observe.count("eager_ops_compiled")
     text = stored.to_json()
     if use_hlo_cache and text is not None:
@@ -355,7 +380,11 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
     outputs = [empty_on_device(m.shape, None, m.dtype, _device(index)) if isinstance(m, torch.Tensor) else m
                for m in metas]
     allocations = [o._allocation for o in outputs if isinstance(o, NeuronTensor)]
-    queued.enqueue(index, kernel.name, inputs, allocations, _execute_into, kernel, tensors, outputs, func, given)
+    # The queued work gets inner tensors of its own: metadata changed in place later (``transpose_``,
+    # aot_autograd's ``as_strided_`` on a compiled graph's inputs) must not change what it reads or writes.
+    storage = [o._data.detach() if isinstance(o, NeuronTensor) else None for o in outputs]
+    queued.enqueue(index, kernel.name, inputs, allocations, _execute_into, kernel, [t.detach() for t in tensors],
+                   storage, func, given)
     if kernel.out_spec.is_leaf():
         return outputs[0]
     return pytree.tree_unflatten(outputs, kernel.out_spec)
@@ -381,13 +410,18 @@ def _execute_now(kernel: Kernel, tensors: list[torch.Tensor], func: Any, given: 
     return pytree.tree_map(_on_device(index), pytree.tree_unflatten(results, kernel.out_spec))
 
 
-def _execute_into(kernel: Kernel, tensors: list[torch.Tensor], outputs: list[Any], func: Any, given: tuple) -> None:
-    """A queued kernel's work, on its stream: run it and write its results into ``outputs``.
+def _execute_into(kernel: Kernel, tensors: list[torch.Tensor], storage: list[torch.Tensor | None], func: Any,
+                  given: tuple) -> None:
+    """A queued kernel's work, on its stream: run it with ``storage`` (the outputs' memory; None for a
+    constant result) as its results' storage, or copy its results there for a kernel whose results
+    no dispatch writes.
 
     A kernel that fails to execute runs on the CPU instead (unless
-    TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS=1), with the same outputs.
+    TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS=1), into the same memory.
     """
     try:
+        if None not in storage and kernel.compiled.run_into(tensors, storage):
+            return  # the kernel wrote into the outputs' memory
         results = kernel.compiled(tensors)
     except Exception as exc:
         if config.get("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"):
@@ -395,9 +429,9 @@ def _execute_into(kernel: Kernel, tensors: list[torch.Tensor], outputs: list[Any
         _warn_fallback(func, f"execution failed: {exc}")
         args, kwargs = given
         results = pytree.tree_leaves(func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs)))
-    for out, result in zip(outputs, results):
-        if isinstance(out, NeuronTensor):
-            out._data.copy_(result)
+    for out, result in zip(storage, results):
+        if out is not None:
+            out.copy_(result)
 
 
 _SPECIAL_OP, _COMPOSITE_VIEW, _INPLACE_VIEW, _VIEW, _RANDOM, _IN_PLACE, _NO_FUNCTIONAL, _FUNCTIONAL = range(8)

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from torch_neuronx import config, observe
+from torch_neuronx.compiler import output_storage as storage_abi
 from torch_neuronx.compiler import resident
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import ResolvedOptions, compile_only_enabled
@@ -25,7 +26,7 @@ from torch_neuronx.compiler.targets import driver_available
 from torch_neuronx.pipeline.artifacts import GraphArtifacts
 from torch_neuronx.pipeline.neffs import NeffRequest, get_neff
 from torch_neuronx.pipeline.plan import Plan, build_plan
-from torch_neuronx.runtime.errors import NeffLoadError
+from torch_neuronx.runtime.errors import NeffLoadError, NeuronRuntimeError
 from torch_neuronx.runtime.executable import Executable
 
 _log = logging.getLogger("torch_neuronx.pipeline")
@@ -41,8 +42,13 @@ class CompiledGraph:
                  complex_inputs: Sequence[int] = (), complex_outputs: Sequence[int] = (),
                  copy_inputs: bool = False, argument_neff: Callable[[], Any] | None = None,
                  random_inputs: Sequence[dict[str, Any]] = (),
-                 checks: Sequence[dict[str, Any]] = (), layouts: Sequence[Sequence[Any]] = ()) -> None:
+                 checks: Sequence[dict[str, Any]] = (), layouts: Sequence[Sequence[Any]] = (),
+                 storage_neff: Any = None) -> None:
         self.name = name
+        # The NEFF that writes its results into storage the caller passes (eager ops), when built;
+        # ``neff`` may then be a function that makes the plain one, needed only if that one fails.
+        self._storage_neff = storage_neff
+        self._storage_executable: Executable | None = None
         # Outputs returned in memory order, permuted back to their traced strides on the host.
         self._layouts = tuple((int(i), tuple(inverse)) for i, inverse in layouts)
         # Error checks of the trailing outputs, run on the host after every call (passes/host_checks.py).
@@ -70,12 +76,40 @@ class CompiledGraph:
 
     def _load(self) -> Executable:
         on_volatile = self._pass_parameters_as_arguments if self._argument_neff is not None else None
+        if callable(self._neff):
+            self._neff = self._neff()
+        self._executable = self._open(self._neff, on_volatile)
+        return self._executable
+
+    def _open(self, neff: Any, on_volatile: Callable[[], None] | None = None) -> Executable:
         try:
             with observe.span("runtime.load", graph=self.name):
-                self._executable = Executable(self._neff, self._driver, on_volatile=on_volatile)
+                return Executable(neff, self._driver, on_volatile=on_volatile)
         except NeffLoadError as exc:
             raise NeuronCompileError("load", str(exc), graph=self.name, artifacts=exc.path) from exc
-        return self._executable
+
+    def run_into(self, tensors: list[torch.Tensor], outputs: list[torch.Tensor]) -> bool:
+        """Run the graph writing its results into ``outputs`` (contiguous, aligned: fresh device
+        memory), with no copy after execution; False when it cannot (no output-storage NEFF, or
+        one whose results need copying into storage: the caller then calls it and copies)."""
+        if self._storage_neff is None or compile_only_enabled():
+            return False
+        executable = self._storage_executable
+        if executable is None:
+            executable = self._storage_executable = self._open(self._storage_neff)
+        try:
+            executable.run_into(tensors, outputs)
+        except NeuronRuntimeError as exc:
+            if storage_abi.UNSUPPORTED not in str(exc):
+                raise
+            _log.debug("%s: results not written by a dispatch; copying them instead", self.name)
+            self._storage_neff = self._storage_executable = None
+            return False
+        artifacts = self._artifacts
+        if artifacts is not None and not artifacts.dumps:
+            artifacts.release()
+            self._artifacts = None
+        return True
 
     def _pass_parameters_as_arguments(self) -> None:
         """The weights change between calls: switch to the NEFF that takes them as arguments.
@@ -190,15 +224,35 @@ def _with_resident_parameters(plan: Plan) -> tuple[str, list[int]]:
     return rewritten, kept
 
 
-def executable_graph(plan: Plan, options: ResolvedOptions, artifacts: GraphArtifacts) -> CompiledGraph:
-    """Get the NEFF of a lowered graph (cache or compiler) and wrap it for execution."""
+def _storable(plan: Plan) -> bool:
+    """Whether the NEFF's results are the graph's outputs exactly (no inputs, constants, complex or
+    permuted results, checks or random inputs), so they can be written into the caller's storage."""
+    return not (plan.copy_inputs or plan.complex_inputs or plan.complex_outputs or plan.random_inputs
+                or plan.host_checks or plan.output_layouts) and all(slot is None for slot in plan.template)
+
+
+def executable_graph(plan: Plan, options: ResolvedOptions, artifacts: GraphArtifacts, *,
+                     output_storage: bool = False) -> CompiledGraph:
+    """Get the NEFF of a lowered graph (cache or compiler) and wrap it for execution.
+
+    ``output_storage``: also build the NEFF that writes its results into storage the caller
+    passes (:meth:`CompiledGraph.run_into`, for eager ops); the plain NEFF is then built only
+    if that one cannot serve the graph.
+    """
     target = options.target
     stablehlo, kept = _with_resident_parameters(plan)
     inputs = [dict(spec, resident=True) if i in kept else spec for i, spec in enumerate(plan.inputs)]
     signature = {"inputs": inputs, "outputs": plan.outputs, **({"resident": kept} if kept else {})}
     request = NeffRequest(stablehlo=stablehlo, options=options, graph_name=plan.graph_name,
                           base_repr=plan.raw, signature=signature, keep_f64=plan.keep_f64)
-    neff = get_neff(request)
+    storage_text = storage_abi.with_output_storage(plan.stablehlo) if (
+        output_storage and not kept and _storable(plan)) else None
+    if storage_text is not None:
+        storage_neff = get_neff(dataclasses.replace(request, stablehlo=storage_text,
+                                                    signature={**signature, "output_storage": True}))
+        neff: Any = lambda: get_neff(request)  # noqa: E731 - built on demand
+    else:
+        storage_neff, neff = None, get_neff(request)
     argument_neff = None
     if kept:
         arguments = dataclasses.replace(request, stablehlo=plan.stablehlo,
@@ -214,12 +268,13 @@ def executable_graph(plan: Plan, options: ResolvedOptions, artifacts: GraphArtif
     return CompiledGraph(plan.graph_name, neff, driver, plan.template, outputs, artifacts,
                          plan.complex_inputs, plan.complex_outputs, copy_inputs=plan.copy_inputs,
                          argument_neff=argument_neff, random_inputs=plan.random_inputs,
-                         checks=plan.host_checks, layouts=plan.output_layouts)
+                         checks=plan.host_checks, layouts=plan.output_layouts, storage_neff=storage_neff)
 
 
 def build_graph(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str,
                 artifacts: GraphArtifacts, *, hlo_cache: bool = True,
-                resident: Sequence[int] = (), inputs_as_outputs: bool = False) -> tuple[CompiledGraph, Plan]:
+                resident: Sequence[int] = (), inputs_as_outputs: bool = False,
+                output_storage: bool = False) -> tuple[CompiledGraph, Plan]:
     """Compile an aot_autograd-style graph: FX passes, lowering (HLO cache), NEFF; return it and its plan.
 
     ``hlo_cache=False`` lowers without reading or writing the HLO cache. ``resident``: input
@@ -233,7 +288,7 @@ def build_graph(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str,
     try:
         plan = build_plan(gm, name, artifacts, hlo_cache=hlo_cache, resident=resident,
                           inputs_as_outputs=inputs_as_outputs)
-        return executable_graph(plan, options, artifacts), plan
+        return executable_graph(plan, options, artifacts, output_storage=output_storage), plan
     except NeuronCompileError as err:
         err.graph = err.graph or name
         err.artifacts = err.artifacts or artifacts.root

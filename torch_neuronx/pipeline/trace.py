@@ -100,14 +100,15 @@ def _distinct(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[torch.Tensor],
-          options: ResolvedOptions | None = None, *,
-          hlo_cache: bool = True) -> tuple[CompiledGraph, Trace, pytree.TreeSpec]:
+          options: ResolvedOptions | None = None, *, hlo_cache: bool = True,
+          output_storage: bool = False) -> tuple[CompiledGraph, Trace, pytree.TreeSpec]:
     """Trace ``fn(tensors)`` for these tensors' shapes and dtypes, lower and compile it.
 
     ``fn`` puts the (fake) tensors back among the declared arguments and calls
     the kernel. Returns the executable, the trace to store (its ``out_spec`` is
     empty when the result's structure cannot be serialized) and the result's
-    pytree structure.
+    pytree structure. ``output_storage``: the executable can write its results into storage
+    the caller passes (``CompiledGraph.run_into``).
     """
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -135,14 +136,15 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
         gm.recompile()
         _reject_input_mutation(gm, name)
         compiled, plan = build_graph(gm, options, name, GraphArtifacts(name, options.preserve_artifacts),
-                                     hlo_cache=hlo_cache)
+                                     hlo_cache=hlo_cache, output_storage=output_storage)
     return compiled, Trace(plan=plan, out_spec=_dumps(specs[-1])), specs[-1]
 
 
-def load(stored: Trace, options: ResolvedOptions | None = None) -> CompiledGraph:
+def load(stored: Trace, options: ResolvedOptions | None = None, *, output_storage: bool = False) -> CompiledGraph:
     """The executable of a stored trace: its NEFF from the NEFF cache (compiled on a miss), no tracing."""
     options = options or default_options()
-    return executable_graph(stored.plan, options, GraphArtifacts(stored.plan.graph_name, options.preserve_artifacts))
+    return executable_graph(stored.plan, options, GraphArtifacts(stored.plan.graph_name, options.preserve_artifacts),
+                            output_storage=output_storage)
 
 
 def default_options() -> ResolvedOptions:

@@ -308,15 +308,10 @@ class Executable:
         with observe.span("runtime.launch", neff=self.neff.header.key[:16], driver=self.device.driver):
             return self._invoke(inputs)
 
-    def _invoke(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        # The hot path of every compiled call: few Python frames, no per-call allocation
-        # beyond IREE's argument lists and the DLPack capsules.
-        context = self._context
-        if context is None:
-            context = self._resident_context(inputs)
+    def _push(self, arguments: Sequence[torch.Tensor]) -> object:
+        """The VM argument list of ``arguments``: each imported zero-copy where it can be."""
         from_capsule, parameter_views = self._from_capsule, self._parameter_views
         parameter, plain = torch.nn.Parameter, torch.Tensor
-        arguments = inputs if self._arguments is None else [inputs[i] for i in self._arguments]
         args = self._list(len(arguments))
         for t in arguments:
             if type(t) is parameter:
@@ -328,6 +323,43 @@ class Executable:
                 args.push_ref(from_capsule(_to_dlpack(t)))
                 continue
             args.push_ref(self._view(t))
+        return args
+
+    def run_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        """Run a NEFF compiled with output storage (``compiler/output_storage.py``): its results are
+        written into ``outputs``, contiguous and aligned CPU tensors (device memory), on the current stream."""
+        if _streams_used.any:
+            return streams.launch(self._observed_into, inputs, outputs)
+        return self._observed_into(inputs, outputs)
+
+    def _observed_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        if not _observing.active:
+            return self._invoke_into(inputs, outputs)
+        with observe.span("runtime.launch", neff=self.neff.header.key[:16], driver=self.device.driver):
+            return self._invoke_into(inputs, outputs)
+
+    def _invoke_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        context = self._context
+        if context is None:
+            context = self._resident_context(inputs)
+        arguments = list(inputs) if self._arguments is None else [inputs[i] for i in self._arguments]
+        arguments.extend(map(_storage, outputs))
+        args = self._push(arguments)
+        if self._multithreaded:
+            openmp.end_idle_threads()
+        try:
+            context.invoke(self._function, args, self._list(len(outputs)))
+        except Exception as exc:
+            raise NeuronRuntimeError(f"executing the NEFF failed: {exc}") from exc
+
+    def _invoke(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        # The hot path of every compiled call: few Python frames, no per-call allocation
+        # beyond IREE's argument lists and the DLPack capsules.
+        context = self._context
+        if context is None:
+            context = self._resident_context(inputs)
+        arguments = inputs if self._arguments is None else [inputs[i] for i in self._arguments]
+        args = self._push(arguments)
         results = self._list(self._num_outputs or 4)
         if self._multithreaded:
             openmp.end_idle_threads()
@@ -341,6 +373,13 @@ class Executable:
             outputs.append(_from_dlpack(to_capsule(get(i, view_type), _KDL_CPU, 0)))
         bound = self._bound
         return _unaliased(outputs, arguments, bound[3] if bound is not None and context is bound[0] else ())
+
+
+def _storage(t: torch.Tensor) -> torch.Tensor:
+    if type(t) is not torch.Tensor or not t.is_contiguous() or t.data_ptr() % _ALIGNMENT:
+        raise NeuronRuntimeError(f"output storage must be contiguous CPU memory aligned to {_ALIGNMENT} bytes, "
+                                 f"got {type(t).__name__} of strides {t.stride()} at {t.data_ptr():#x}")
+    return t
 
 
 def _unaliased(outputs: list[torch.Tensor], arguments: Sequence[torch.Tensor],

@@ -1,0 +1,163 @@
+"""Benchmark of the eager ``neuron`` device against torch's CPU eager mode, side by side in one run.
+
+Measures the targets of the eager-device issue:
+
+- warm dispatch of a small op (add of 32x64): the time to return to Python (the op is queued)
+  and the time to completion, against torch CPU eager's add in the same process;
+- a chain of 1000 small ops: time to return to Python and time to completion;
+- a two-layer MLP training step (SGD) on ``neuron`` against the same step on the CPU, in fresh
+  processes: cold caches (kernels compiled, compile time) and warm caches (the same caches
+  reused: compiles left and the time the first step still spends on them).
+
+Rounds alternate the competitors; figures are medians. Usage: ``python bench/eager.py [--quick]``.
+Threads: torch gets 2 threads (this machine's cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+THREADS = min(2, os.cpu_count() or 1)
+
+
+def _per_call(fn, n: int) -> float:
+    start = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - start) / n * 1e6
+
+
+def small_op(rounds: int) -> dict[str, float]:
+    """µs per add of 32x64: CPU eager, neuron to return, neuron to completion."""
+    import torch_neuronx  # noqa: F401
+
+    x = torch.randn(32, 64)
+    nx = x.to("neuron")
+    for _ in range(50):
+        x + x
+        nx + nx
+    torch.neuron.synchronize()
+    cpu, queued, complete = [], [], []
+    n = 200
+    for _ in range(rounds):
+        cpu.append(_per_call(lambda: x + x, n))
+        start = time.perf_counter()
+        for _ in range(n):
+            nx + nx
+        returned = time.perf_counter()
+        torch.neuron.synchronize()
+        done = time.perf_counter()
+        queued.append((returned - start) / n * 1e6)
+        complete.append((done - start) / n * 1e6)
+    return {"cpu": statistics.median(cpu), "queued": statistics.median(queued),
+            "complete": statistics.median(complete)}
+
+
+def chain(rounds: int, length: int = 1000) -> dict[str, float]:
+    """ms for ``length`` dependent small ops (x = x * 0.5 + 1): to return, to completion, CPU eager."""
+    x0 = torch.randn(32, 64)
+    nx0 = x0.to("neuron")
+    y = nx0
+    for _ in range(5):
+        y = y * 0.5 + 1
+    y.cpu()
+    returned, complete, cpu = [], [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        y = x0
+        for _ in range(length // 2):
+            y = y * 0.5 + 1
+        cpu.append((time.perf_counter() - start) * 1e3)
+        start = time.perf_counter()
+        y = nx0
+        for _ in range(length // 2):
+            y = y * 0.5 + 1
+        back = time.perf_counter()
+        y.cpu()
+        done = time.perf_counter()
+        returned.append((back - start) * 1e3)
+        complete.append((done - start) * 1e3)
+    return {"cpu": statistics.median(cpu), "returned": statistics.median(returned),
+            "complete": statistics.median(complete)}
+
+
+_TRAIN = """
+import json, sys, time, torch
+torch.set_num_threads({threads})
+device = sys.argv[1]
+if device == "neuron":
+    import torch_neuronx
+    from torch_neuronx import observe
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).to(device)
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+data, target = torch.randn(32, 64).to(device), torch.randint(0, 10, (32,)).to(device)
+steps = []
+for _ in range({steps}):
+    start = time.perf_counter()
+    opt.zero_grad()
+    loss = torch.nn.functional.cross_entropy(model(data), target)
+    loss.backward()
+    opt.step()
+    loss.item()
+    steps.append(time.perf_counter() - start)
+counts = observe.counters() if device == "neuron" else {{}}
+print(json.dumps({{"first": steps[0], "steady": sorted(steps[1:])[len(steps[1:]) // 2],
+                  "compiled": counts.get("eager_ops_compiled", 0), "hlo_hits": counts.get("eager_hlo_cache_hits", 0)}}))
+"""
+
+
+def training(steps: int) -> dict[str, dict]:
+    """The MLP step on the CPU, and on neuron with cold then warm caches, each in a fresh process."""
+    script = _TRAIN.format(threads=THREADS, steps=steps)
+    with tempfile.TemporaryDirectory(prefix="bench-eager-") as root:
+        env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": os.path.join(root, "neff"),
+               "TORCH_NEURONX_HLO_CACHE_DIR": os.path.join(root, "hlo"),
+               "TORCH_NEURONX_DEBUG_DIR": os.path.join(root, "debug")}
+        results = {}
+        for name, device in (("cpu", "cpu"), ("neuron cold", "neuron"), ("neuron warm", "neuron")):
+            done = subprocess.run([sys.executable, "-c", script, device], env=env, capture_output=True, text=True,
+                                  timeout=1800)
+            if done.returncode:
+                raise RuntimeError(f"{name} training failed:\n{done.stderr[-2000:]}")
+            results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and steps")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(THREADS)
+    rounds = 5 if args.quick else 15
+    op = small_op(rounds)
+    print("| measure | torch CPU eager | neuron | neuron / CPU |\n| --- | --- | --- | --- |")
+    print(f"| add 32x64, µs to return | {op['cpu']:.1f} | {op['queued']:.1f} | {op['queued'] / op['cpu']:.1f} |")
+    print(f"| add 32x64, µs to completion | {op['cpu']:.1f} | {op['complete']:.1f} | "
+          f"{op['complete'] / op['cpu']:.1f} |")
+    ch = chain(max(3, rounds // 3))
+    print(f"| 1000 ops, ms to return | {ch['cpu']:.2f} | {ch['returned']:.2f} | {ch['returned'] / ch['cpu']:.1f} |")
+    print(f"| 1000 ops, ms to completion | {ch['cpu']:.2f} | {ch['complete']:.2f} | "
+          f"{ch['complete'] / ch['cpu']:.1f} |")
+    train = training(6 if args.quick else 20)
+    cpu = train["cpu"]
+    for name in ("neuron cold", "neuron warm"):
+        r = train[name]
+        print(f"| MLP step, {name}: first step s (kernels compiled, HLO hits) | {cpu['first']:.3f} | "
+              f"{r['first']:.3f} ({r['compiled']}, {r['hlo_hits']}) | {r['first'] / cpu['first']:.0f} |")
+    warm = train["neuron warm"]
+    print(f"| MLP step, steady state, ms | {cpu['steady'] * 1e3:.2f} | {warm['steady'] * 1e3:.2f} | "
+          f"{warm['steady'] / cpu['steady']:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
