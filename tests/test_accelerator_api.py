@@ -128,3 +128,46 @@ def test_compiled_code_that_freezes_the_rng_runs():
 
     out = torch.compile(noisy, backend="neuron")(torch.full((8,), 0.5))
     assert set(out.unique().tolist()) <= {0.0, 1.0}
+
+
+def test_fork_rng_with_neuron_device_type_restores_the_named_devices():
+    torch.manual_seed(0)
+    for devices in (None, [0], ["neuron:0"]):
+        before = torch.neuron.get_rng_state()
+        with torch.random.fork_rng(devices=devices, device_type="neuron"):
+            torch.neuron.manual_seed(123)  # moved inside ...
+            inside = torch.rand(4, device="neuron").cpu()
+        assert torch.equal(torch.neuron.get_rng_state(), before), devices  # ... and restored on exit
+        assert not torch.equal(torch.rand(4, device="neuron").cpu(), inside)
+
+
+def test_autocast_bfloat16_runs_matmuls_in_bfloat16_and_softmax_in_float32():
+    a = torch.randn(8, 8, device="neuron")
+    b = torch.randn(8, 8, device="neuron")
+    target = torch.zeros(8, dtype=torch.long, device="neuron")
+    with torch.autocast("neuron", dtype=torch.bfloat16):
+        product = torch.matmul(a, b)
+        linear = F.linear(a, b)
+        probabilities = torch.softmax(product, dim=-1)  # a bfloat16 input, computed in float32
+        log_probabilities = F.log_softmax(product, dim=-1)
+        loss = F.cross_entropy(product, target)
+    assert product.dtype == linear.dtype == torch.bfloat16
+    assert probabilities.dtype == log_probabilities.dtype == loss.dtype == torch.float32
+    torch.testing.assert_close(probabilities.cpu(), torch.softmax(product.cpu().float(), dim=-1))
+
+
+def test_torch_accelerator_device_and_stream_calls_answer_for_neuron():
+    assert torch.accelerator.is_available() and torch.accelerator.current_accelerator().type == "neuron"
+    assert torch.accelerator.device_count() == torch.neuron.device_count()
+    torch.accelerator.set_device_index(0)
+    assert torch.accelerator.current_device_index() == torch.neuron.current_device() == 0
+    with torch.accelerator.device_index(0):
+        assert torch.accelerator.current_device_index() == 0
+    stream = torch.neuron.Stream()
+    torch.accelerator.set_stream(stream)  # a torch.neuron.Stream, as torch.cuda.Stream is accepted on CUDA
+    try:
+        assert torch.neuron.current_stream() is stream
+    finally:
+        torch.accelerator.set_stream(torch.neuron.default_stream())
+    assert torch.neuron.current_stream() is torch.neuron.default_stream()
+    assert torch.accelerator.memory_stats()["allocated_bytes"]["current"] == torch.accelerator.memory_allocated()

@@ -73,7 +73,7 @@ register(
         _BACKEND, parse_bool, default_doc="PyTorch >= 2.13: True; otherwise False"),
     Var("TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY", "bool", False,
         "When 1, raises an error if CPU tensors are passed as inputs instead of auto-copying to Neuron.",
-        _BACKEND, parse_bool, status="planned: needs the eager neuron device (next issue)"),
+        _BACKEND, parse_bool),
     Var("TORCH_NEURONX_DYNAMO_TENSOR_DUMPS", "bool", False,
         "When set, the inputs and outputs of every compiled graph execution are saved under the job's "
         "inputs/ and outputs/ artifact directories.",
@@ -148,13 +148,13 @@ register(
         _EAGER, parse_bool),
     Var("TORCH_NEURONX_ENABLE_STACK_TRACE", "bool", False,
         "When 1, captures Python stack traces per operation. Adds overhead.",
-        _EAGER, parse_bool, status="planned: needs the eager neuron device"),
+        _EAGER, parse_bool),
     Var("TORCH_NEURONX_LOG_LEVEL", "int", 1,
         "Log verbosity: 0 = ERROR, 1 = WARNING (the default), 2 = INFO, 3 = DEBUG.",
         _EAGER, parse_log_level),
     Var("TORCH_NEURONX_USE_PINNED_MALLOC", "bool", False,
         "(Experimental) When 1, uses driver-pinned host memory.",
-        _EAGER, parse_bool, status="planned: needs the eager neuron device"),
+        _EAGER, parse_bool),
 )
 
 # Metrics

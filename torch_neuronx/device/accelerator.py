@@ -5,7 +5,8 @@ device, and its memory functions ask a C++ ``DeviceAllocator``; a Python backend
 register neither (its device guard has one method, ``type_``), so each raised an
 internal error for neuron. :func:`install` wraps those functions: when the current
 accelerator is neuron they call ``torch.neuron``'s (the caching allocator's statistics,
-the streams), otherwise torch's own, unchanged.
+the streams), otherwise torch's own, unchanged. ``set_stream`` accepts a
+``torch.neuron.Stream`` as it accepts a ``torch.cuda.Stream``.
 """
 
 from __future__ import annotations
@@ -46,8 +47,32 @@ def _routed(original: Callable[..., Any], ours: Callable[..., Any]) -> Callable[
     return call
 
 
+def _set_stream(original: Callable[[Any], None]) -> Callable[[Any], None]:
+    """``torch.accelerator.set_stream`` that also takes a ``torch.neuron.Stream``.
+
+    torch's own takes only a C++ ``torch.Stream`` (a CUDA stream is one; a neuron stream,
+    a Python object, is not): for a neuron stream it makes the stream's device current and
+    the stream its current stream, as torch's does for a CUDA stream.
+    """
+    from torch_neuronx.device import module
+
+    @functools.wraps(original)
+    def set_stream(stream: Any) -> None:
+        if isinstance(stream, module.Stream):
+            module.set_device(stream.device_index)
+            module.set_stream(stream)
+        else:
+            original(stream)
+
+    set_stream.__neuron_original__ = original  # type: ignore[attr-defined]
+    return set_stream
+
+
 def install() -> None:
-    """Route torch.accelerator's device-wide calls to torch.neuron's when neuron is the accelerator; idempotent."""
+    """Route torch.accelerator's device-wide calls to torch.neuron's when neuron is the accelerator; idempotent.
+
+    ``set_stream`` also takes a ``torch.neuron.Stream``; every other call is torch's own.
+    """
     from torch_neuronx.device import module
 
     for name, ours in _ROUTED.items():
@@ -56,3 +81,5 @@ def install() -> None:
             if original is None or hasattr(original, "__neuron_original__"):
                 continue
             setattr(namespace, name, _routed(original, getattr(module, ours)))
+    if not hasattr(torch.accelerator.set_stream, "__neuron_original__"):
+        torch.accelerator.set_stream = _set_stream(torch.accelerator.set_stream)

@@ -34,6 +34,7 @@ from torch_neuronx.memory import (  # noqa: F401  (re-exported as torch.neuron.*
     memory_reserved,
     memory_snapshot,
     memory_stats,
+    memory_stats_as_nested_dict,
     memory_summary,
     reset_accumulated_memory_stats,  # noqa: F401
     reset_peak_memory_stats,

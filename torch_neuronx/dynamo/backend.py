@@ -35,7 +35,7 @@ from torch_neuronx.compiler import decompositions
 from torch_neuronx.compiler.decompositions import functional, linalg
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, ResolvedOptions
-from torch_neuronx.dynamo import fallback, plans, precompile
+from torch_neuronx.dynamo import autocopy, fallback, plans, precompile
 from torch_neuronx.dynamo.graph import compile_graph
 from torch_neuronx.pipeline.graph import CompiledGraph, from_plan
 from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
@@ -209,10 +209,21 @@ def _placing_outputs(fn: Callable, positions: list[int]) -> Callable:
 
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                    options: CompileOptions | dict | None = None, **_: Any) -> Callable:
-    """The ``neuron`` backend: compile a Dynamo graph through the Neuron compile path."""
+    """The ``neuron`` backend: compile a Dynamo graph through the Neuron compile path.
+
+    CPU inputs of a graph on the device are copied there on each call, or refused with
+    TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY=1 (:mod:`torch_neuronx.dynamo.autocopy`).
+    """
+    cpu_inputs, index = autocopy.cpu_inputs(example_inputs)
+    if cpu_inputs:
+        if autocopy.autocopy_disabled():
+            return autocopy.refusing_inputs(gm, example_inputs, cpu_inputs, index)
+        example_inputs = autocopy.traced_as_neuron(gm, example_inputs, cpu_inputs, index)
     compiled = _compile_dynamo_graph(gm, example_inputs, options)
     positions = _device_outputs(gm, factories_only=True)
-    return _placing_outputs(compiled, positions) if positions else compiled
+    if positions:
+        compiled = _placing_outputs(compiled, positions)
+    return autocopy.copying_inputs(compiled, cpu_inputs, index) if cpu_inputs else compiled
 
 
 def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],

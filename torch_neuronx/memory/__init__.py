@@ -134,14 +134,23 @@ def record_stream(address: int, stream: Any) -> None:
 
 
 def memory_stats(device: Any = None) -> dict[str, Any]:
-    """The allocator statistics of ``device`` as a flat dict, keys as ``torch.cuda.memory_stats``."""
-    return device_allocator(device).memory_stats()
+    """The allocator statistics of ``device``, keyed both as ``torch.cuda`` and as TorchNeuron key them.
+
+    The flat keys of ``torch.cuda.memory_stats`` (``"allocated_bytes.all.current"``,
+    ``"reserved_bytes.large_pool.peak"``, ``"num_ooms"``, ...) and, for code written for
+    TorchNeuron, each statistic's ``all`` pool nested under its short name
+    (``stats["allocated_bytes"]["current"]``, ``stats["reserved_bytes"]["peak"]``), read from
+    the same snapshot, so both forms always agree.
+    """
+    from torch_neuronx.memory import stats
+
+    return stats.with_nested(device_allocator(device).memory_stats())
 
 
 def memory_stats_as_nested_dict(device: Any = None) -> dict[str, Any]:
-    """:func:`memory_stats` nested at each ``.`` of the keys."""
+    """The flat keys of :func:`memory_stats` nested at each ``.``, as ``torch.cuda.memory_stats_as_nested_dict``."""
     nested: dict[str, Any] = {}
-    for key, value in memory_stats(device).items():
+    for key, value in device_allocator(device).memory_stats().items():
         node = nested
         *path, leaf = key.split(".")
         for part in path:

@@ -297,7 +297,14 @@ class CachingAllocator:
         self.stats.num_device_alloc += 1
         if seg_size > self._max_split:
             self.stats.oversize_segments.add(1)
+        self._follow_pinned_bytes()
         return block
+
+    def _follow_pinned_bytes(self) -> None:
+        """Bring ``pinned_bytes`` to the segment source's page-locked bytes (TORCH_NEURONX_USE_PINNED_MALLOC)."""
+        change = getattr(self.source, "pinned_bytes", 0) - self.stats.pinned_bytes.current
+        if change:
+            self.stats.pinned_bytes.add(change)
 
     # -- freeing ---------------------------------------------------------------
 
@@ -462,6 +469,7 @@ class CachingAllocator:
         self.stats.num_device_free += 1
         if seg.size > self._max_split:
             self.stats.oversize_segments.add(-1)
+        self._follow_pinned_bytes()
 
     # -- inspection ------------------------------------------------------------
 

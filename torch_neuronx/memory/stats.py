@@ -1,9 +1,13 @@
-"""Allocator statistics, in the key scheme of ``torch.cuda.memory_stats``.
+"""Allocator statistics, in the key schemes of ``torch.cuda.memory_stats`` and TorchNeuron's.
 
 Each statistic has ``current``, ``peak``, ``allocated`` (sum of increases) and
 ``freed`` (sum of decreases), kept for the small pool, the large pool and
 ``all``. The allocator updates :class:`Stat` fields inline on its hot path;
 this module turns them into dictionaries and the text of ``memory_summary``.
+
+``torch.cuda`` names them flat (``"allocated_bytes.all.current"``); TorchNeuron
+nests them (``stats["allocated_bytes"]["current"]``, the ``all`` pool).
+:func:`with_nested` gives one dictionary that answers both.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ POOL_STAT_NAMES = (
     "allocated_bytes", "reserved_bytes", "active_bytes", "inactive_split_bytes", "requested_bytes",
 )
 POOL_NAMES = ("all", "small_pool", "large_pool")
+STAT_FIELDS = ("current", "peak", "allocated", "freed")
 
 
 class Stat:
@@ -131,6 +136,7 @@ class AllocatorStats:
         self.large_pool = PoolStats()
         self.oversize_allocations = Stat()
         self.oversize_segments = Stat()
+        self.pinned_bytes = Stat()  # segment bytes page-locked (TORCH_NEURONX_USE_PINNED_MALLOC)
         self.num_alloc_retries = 0
         self.num_ooms = 0
         self.num_device_alloc = 0
@@ -139,7 +145,7 @@ class AllocatorStats:
 
     def _every_stat(self) -> list[Stat | ActiveStat]:
         return (self.all.stats() + self.small_pool.stats() + self.large_pool.stats()
-                + [self.oversize_allocations, self.oversize_segments])
+                + [self.oversize_allocations, self.oversize_segments, self.pinned_bytes])
 
     def reset_peak(self) -> None:
         """Peaks restart from the current values (``reset_peak_memory_stats``)."""
@@ -161,7 +167,7 @@ class AllocatorStats:
             for name in POOL_STAT_NAMES:
                 for field, value in getattr(pool, name).as_dict().items():
                     flat[f"{name}.{pool_name}.{field}"] = value
-        for name in ("oversize_allocations", "oversize_segments"):
+        for name in ("oversize_allocations", "oversize_segments", "pinned_bytes"):
             for field, value in getattr(self, name).as_dict().items():
                 flat[f"{name}.{field}"] = value
         flat["num_alloc_retries"] = self.num_alloc_retries
@@ -171,6 +177,29 @@ class AllocatorStats:
         flat["num_sync_all_streams"] = self.num_sync_all_streams
         flat["max_split_size"] = -1 if max_split_size >= 2**64 - 1 else max_split_size
         return collections.OrderedDict(sorted(flat.items()))
+
+
+def with_nested(flat: dict[str, Any]) -> collections.OrderedDict[str, Any]:
+    """``flat`` (from :meth:`AllocatorStats.as_dict`) plus TorchNeuron's nested form of each statistic.
+
+    Every statistic also appears under its short name as a dict of its four fields: a pooled one
+    for its ``all`` pool (``result["allocated_bytes"]["current"] ==
+    result["allocated_bytes.all.current"]``), an unpooled one as it is
+    (``result["oversize_segments"]["peak"] == result["oversize_segments.peak"]``). The event
+    counters (``num_ooms``, ...) have one key in both forms. Keys are sorted, as
+    ``torch.cuda.memory_stats`` sorts its own.
+    """
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in flat.items():
+        prefix, _, field = key.rpartition(".")
+        if field not in STAT_FIELDS:
+            continue
+        name, _, pool = prefix.partition(".")
+        if pool in ("", "all"):  # "name.field" (unpooled) or "name.all.field"
+            nested.setdefault(name, {})[field] = value
+    ordered = {name: {field: fields[field] for field in STAT_FIELDS if field in fields}
+               for name, fields in nested.items()}
+    return collections.OrderedDict(sorted({**flat, **ordered}.items()))
 
 
 # -- memory_summary ----------------------------------------------------------
