@@ -23,6 +23,7 @@ NEURON_LAUNCH_BLOCKING=1 every op runs synchronously and raises where it is call
 
 from __future__ import annotations
 
+import sys
 import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -53,18 +54,28 @@ def stack_traces() -> bool:
     return _stack_traces
 
 
-def issuing_stack() -> list[traceback.FrameSummary]:
-    """The Python frames that issued the current op, innermost last, without torch's and ours."""
-    frames = traceback.extract_stack()
-    return [f for f in frames if not f.filename.startswith(_HERE + _TORCH)]
+def issuing_stack() -> list[tuple[str, int, str]]:
+    """The Python frames that issued the current op, innermost last, without torch's and ours:
+    (file, line, function) only; the source lines are read if an error needs them."""
+    frames = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if not code.co_filename.startswith(_HERE + _TORCH):
+            frames.append((code.co_filename, frame.f_lineno, code.co_name))
+        frame = frame.f_back
+    frames.reverse()
+    return frames
 
 
-def describe_stack(stack: Sequence[traceback.FrameSummary] | None) -> str:
-    """The issuing stack as text for an error message (empty when it was not recorded)."""
+def describe_stack(stack: Sequence[tuple[str, int, str]] | None) -> str:
+    """The issuing stack as text for an error message (a hint when it was not recorded)."""
     if not stack:
         return ("\n(set TORCH_NEURONX_ENABLE_STACK_TRACE=1 to see the line that issued it, or "
                 "NEURON_LAUNCH_BLOCKING=1 to raise it there)")
-    return "\nIssued at (most recent call last):\n" + "".join(traceback.format_list(stack)).rstrip()
+    summary = traceback.StackSummary.from_list(
+        [traceback.FrameSummary(file, line, name) for file, line, name in stack])
+    return "\nIssued at (most recent call last):\n" + "".join(summary.format()).rstrip()
 
 
 def on_host(index: int, tensors: Sequence[Any], fn: Callable[..., Any], *args: Any) -> Any:
