@@ -223,3 +223,25 @@ def test_a_training_loop_runs_ahead_of_its_kernels_and_matches_the_cpu():
         assert got == pytest.approx(want, rel=1e-4, abs=1e-5)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.cpu(), q.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_record_stream_keeps_a_freed_tensors_block_from_reuse_until_the_stream_passes(gated):
+    import gc
+
+    side = torch.neuron.Stream()
+    x = torch.empty(4096, device="neuron")
+    address = x._allocation.address
+    gated.close(side)
+    x.record_stream(side)
+    del x
+    gc.collect()
+    while_held = torch.empty(4096, device="neuron")
+    assert while_held._allocation.address != address  # the side stream may still read it
+    gated.set()
+    side.synchronize()
+    del while_held
+    gc.collect()
+    reused = [torch.empty(4096, device="neuron") for _ in range(2)]
+    assert address in [t._allocation.address for t in reused]  # handed out again once it passed
+    with pytest.raises(TypeError, match="takes a torch.neuron.Stream"):
+        reused[0].record_stream(object())

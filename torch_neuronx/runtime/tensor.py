@@ -187,6 +187,19 @@ class NeuronTensor(torch.Tensor):
         torch refuses ``tolist`` for tensor subclasses)."""
         return self.cpu().tolist()
 
+    def record_stream(self, stream: Any) -> None:
+        """Mark this tensor's memory as used by ``stream`` (a ``torch.neuron.Stream``), as
+        ``Tensor.record_stream`` on CUDA: once freed, it is not handed out again until the work
+        queued on ``stream`` by then has run. (Queued eager work holds the memory it uses anyway.)"""
+        if not hasattr(stream, "record_event") or not hasattr(stream, "device_index"):
+            raise TypeError(f"record_stream of a neuron tensor takes a torch.neuron.Stream, got {type(stream).__name__}")
+        if stream.device_index != self._index:
+            raise RuntimeError(f"record_stream: the stream is on neuron:{stream.device_index}, "
+                               f"the tensor on neuron:{self._index}")
+        allocation = self._allocation
+        if allocation is not None and allocation.nbytes:
+            memory.record_stream(allocation.address, stream)
+
     # Ops reach __torch_dispatch__ directly: no Python __torch_function__ layer (faster eager
     # ops, and what Dynamo requires of a tensor subclass it traces through).
     __torch_function__ = torch._C._disabled_torch_function_impl
