@@ -192,7 +192,8 @@ class NeuronTensor(torch.Tensor):
         ``Tensor.record_stream`` on CUDA: once freed, it is not handed out again until the work
         queued on ``stream`` by then has run. (Queued eager work holds the memory it uses anyway.)"""
         if not hasattr(stream, "record_event") or not hasattr(stream, "device_index"):
-            raise TypeError(f"record_stream of a neuron tensor takes a torch.neuron.Stream, got {type(stream).__name__}")
+            raise TypeError("record_stream of a neuron tensor takes a torch.neuron.Stream, "
+                            f"got {type(stream).__name__}")
         if stream.device_index != self._index:
             raise RuntimeError(f"record_stream: the stream is on neuron:{stream.device_index}, "
                                f"the tensor on neuron:{self._index}")
