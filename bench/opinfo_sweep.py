@@ -158,6 +158,7 @@ def run_op(op) -> dict:
     torch._dynamo.reset()
     counters.clear()
     record: dict = {"op": op_key(op), "status": "correct", "samples": 0}
+    fallbacks_before = _eager_fallbacks()
     try:
         samples = list(itertools.islice(op.sample_inputs("cpu", getattr(torch, DTYPE), requires_grad=False), SAMPLES))
     except Exception as e:  # noqa: BLE001 - any failure of the sample generator
@@ -186,8 +187,17 @@ def run_op(op) -> dict:
             diff = re.match(r"max diff (\S+):", mismatch)
             return {**record, "status": "wrong", "error": mismatch,
                     "max_diff": float(diff.group(1)) if diff else None}
-    record["graphs"] = int(counters["stats"]["unique_graphs"])
+    if MODE == "eager":  # ops (or parts of them) the device ran on the CPU
+        record["fallbacks"] = _eager_fallbacks() - fallbacks_before
+    else:
+        record["graphs"] = int(counters["stats"]["unique_graphs"])
     return record
+
+
+def _eager_fallbacks() -> int:
+    from torch_neuronx import observe
+
+    return observe.counters().get("eager_fallbacks", 0)
 
 
 def on_neuron(fn):
@@ -397,7 +407,13 @@ def print_report(records: dict[str, dict]) -> None:
     print(f"\n{'class':<10}{'ops':>6}{'%':>8}")
     for status, count, percent in summary_rows(records):
         print(f"{status:<10}{count:>6}{percent:>7.1f}%")
-    no_graph = sorted(r["op"] for r in records.values() if r["status"] == "correct" and r.get("graphs") == 0)
+    fell_back = sorted(r["op"] for r in records.values() if r["status"] == "correct" and r.get("fallbacks"))
+    if any("fallbacks" in r for r in records.values()):
+        native = sum(r["status"] == "correct" for r in records.values()) - len(fell_back)
+        print(f"\ncorrect on the device alone: {native}; correct with some CPU fallback ({len(fell_back)}): "
+              f"{', '.join(fell_back)}")
+    no_graph = sorted(r["op"] for r in records.values() if r["status"] == "correct" and r.get("graphs") == 0
+                      and "fallbacks" not in r)
     if no_graph:
         print(f"\ncorrect without compiling a graph ({len(no_graph)}): {', '.join(no_graph)}")
     for status, key, rs in grouped(records):

@@ -245,3 +245,20 @@ def test_record_stream_keeps_a_freed_tensors_block_from_reuse_until_the_stream_p
     assert address in [t._allocation.address for t in reused]  # handed out again once it passed
     with pytest.raises(TypeError, match="takes a torch.neuron.Stream"):
         reused[0].record_stream(object())
+
+
+def test_a_forked_child_runs_eager_ops_after_the_parent_queued_some():
+    import multiprocessing
+
+    x = torch.arange(4.0).to("neuron")
+    (x * 2).cpu()
+    y = x * 2  # the parent's worker thread exists now (it idles for a few seconds)
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        result = pool.apply_async(_double_in_child)
+        assert result.get(timeout=WAIT) == [0.0, 2.0, 4.0, 6.0]
+    assert y.tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def _double_in_child() -> list[float]:
+    return (torch.arange(4.0).to("neuron") * 2).tolist()

@@ -24,6 +24,7 @@ import collections
 import contextlib
 import itertools
 import logging
+import os
 import threading
 import time
 import weakref
@@ -143,6 +144,15 @@ class _Queue:
             with self._cond:
                 self.completed += 1
                 self._cond.notify_all()
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: no worker thread came along, so start without one (work the parent
+        had queued is the parent's; the child never runs it)."""
+        self._cond = threading.Condition()
+        self._run_lock = threading.Lock()
+        self._tasks.clear()
+        self._worker = None
+        self.completed = self.submitted
 
     def wait(self, seq: int, timeout: float | None = None) -> bool:
         """Block until the first ``seq`` tasks have run; False on timeout."""
@@ -424,3 +434,16 @@ def synchronize(device: Any = None) -> None:
 
 
 memory.set_current_stream_resolver(lambda index: current_stream(index).id)
+
+
+def _after_fork_in_child() -> None:
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    for queues in _queues.values():
+        for queue in list(queues):
+            queue.reset_after_fork()
+
+
+# A child forked while a stream's worker thread ran (a DataLoader worker) would otherwise wait
+# forever for a thread it does not have.
+os.register_at_fork(after_in_child=_after_fork_in_child)
