@@ -5,7 +5,8 @@ torch-mlir lowers none of the histogram ops. One compiled function (a compile co
 covers bin counts and bin tensors, weights and density, the data's own extent, an explicit
 ``range`` with values outside it, on its edges and NaN, the last bin's closed right edge, an
 empty extent (all values equal: widened by 0.5 each way) and histogramdd over two and three
-dimensions. float32 is eager's bit for bit; float64 bin edges of the data's extent round
+dimensions. float32 is eager's bit for bit but for densities (a sum of weights, whose order in
+eager depends on the host's vector width: two ulps); float64 bin edges of the data's extent round
 twice (eager fuses each multiply-add): one ulp.
 """
 
@@ -56,5 +57,8 @@ def test_histograms(dtype):
     exact = dtype == torch.float32
     for name, e in expected.items():
         ulp = not exact and "edge" in name
-        torch.testing.assert_close(got[name], e, rtol=4e-16 if ulp else 0, atol=0 if exact else 1e-15,
-                                   msg=lambda m, n=name: f"{n}: {m}")
+        # Densities divide by a sum of weights, which eager's kernels add in an order that depends on
+        # the host's vector width (an AVX-512 host differs from an AVX2 one in the last bit): two ulps.
+        summed = exact and (name == "dd" or "density" in name)
+        torch.testing.assert_close(got[name], e, rtol=4e-16 if ulp else 2.4e-7 if summed else 0,
+                                   atol=0 if exact else 1e-15, msg=lambda m, n=name: f"{n}: {m}")
