@@ -37,7 +37,7 @@ from torch_neuronx import config, observe
 from torch_neuronx.cache import store
 from torch_neuronx.compiler.hlo import lowering_versions
 from torch_neuronx.compiler.options import compile_only_enabled
-from torch_neuronx.device import queued, random, scalars
+from torch_neuronx.device import mutations, queued, random, scalars
 from torch_neuronx.device.queued import on_host
 from torch_neuronx.pipeline import trace as tracing
 from torch_neuronx.process import checked_device_index
@@ -194,6 +194,7 @@ _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
     aten._local_scalar_dense.default: _host_op(_local_scalar_dense),
+    aten.resize_.default: _host_op(mutations.resize_op),
 }
 
 
@@ -489,9 +490,16 @@ def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     if kind == _RANDOM:
         tensors = _neuron_leaves((args, kwargs))
         return on_host(tensors[0]._index, tensors, _draw, func, args, kwargs, extra)
-    out = _fallback(func, args, kwargs, "an in-place or out= variant without a functional form")
-    wrote(*_written(func, args, kwargs))
-    return out
+    _warn_fallback(func, "an in-place or out= variant without a functional form")
+    tensors = _neuron_leaves((args, kwargs))
+    return on_host(tensors[0]._index, tensors, _run_writing_on_cpu, func, args, kwargs)
+
+
+def _run_writing_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """An op writing into its arguments (``out=``), on the CPU: the neuron tensors it writes are
+    resized and filled (:mod:`.mutations`), its other results placed on the device."""
+    out = mutations.run_writing_on_cpu(func, args, kwargs, _written(func, args, kwargs))
+    return pytree.tree_map(_on_device(_first_neuron((args, kwargs))._index), out)
 
 
 @functools.cache

@@ -1,0 +1,76 @@
+"""Ops that write into neuron tensors with no functional form: ``out=`` variants and ``resize_``.
+
+``torch.arange(3, device="neuron")`` is ``arange.out`` into an empty tensor; it used to return a
+tensor of shape ``(0,)`` whose inner tensor held the three values in host memory the device did
+not own (and ``torch.eye``, ``torch.add(..., out=torch.empty(0, ...))`` alike).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import torch_neuronx  # noqa: F401
+from torch_neuronx.runtime.tensor import NeuronTensor
+
+
+def _on_device_memory(t: torch.Tensor) -> None:
+    """``t`` is a neuron tensor whose shape is its inner tensor's, held in its own allocator block."""
+    assert type(t) is NeuronTensor
+    assert t.shape == t._data.shape and t.stride() == t._data.stride()
+    start = t._allocation.address
+    assert start <= t._data.data_ptr() < start + max(t._allocation.nbytes, 1) or t.numel() == 0
+
+
+_CASES = {
+    "arange_end": lambda d: torch.arange(3.0, device=d),
+    "arange_start_end_step": lambda d: torch.arange(1, 10, 2, device=d),
+    "arange_int64": lambda d: torch.arange(5, device=d),
+    "eye": lambda d: torch.eye(3, device=d),
+    "eye_rectangular": lambda d: torch.eye(2, 3, device=d),
+    "add_into_empty": lambda d: torch.add(torch.ones(3, device=d), 1, out=torch.empty(0, device=d)),
+    "add_into_same_size": lambda d: torch.add(torch.ones(3, device=d), 1, out=torch.empty(3, device=d)),
+    "sum_into_empty": lambda d: torch.sum(torch.ones(3, 2, device=d), 0, out=torch.empty(0, device=d)),
+    "cumsum_into_wrong_size": lambda d: torch.cumsum(torch.arange(4.0, device=d), 0, out=torch.empty(7, device=d)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CASES))
+def test_out_variants_give_their_shape_and_values_in_device_memory(name):
+    make = _CASES[name]
+    expected = make("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # out= variants run on the CPU, with a warning
+        got = make("neuron")
+    _on_device_memory(got)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_an_out_variant_returns_its_out_tensor_and_later_ops_see_its_shape():
+    out = torch.empty(0, device="neuron")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        returned = torch.add(torch.ones(2, device="neuron"), 2, out=out)
+    assert returned is out and out.shape == (2,)
+    positions = torch.arange(4, device="neuron")
+    table = torch.randn(10, 3)
+    embedded = torch.nn.functional.embedding(positions, table.to("neuron"))
+    assert torch.equal(embedded.cpu(), table[:4])
+    assert torch.equal((torch.arange(5.0, device="neuron") * 2 + 1).cpu(), torch.arange(5.0) * 2 + 1)
+    assert torch.equal(torch.arange(10.0, device="neuron")[torch.arange(3, device="neuron")].cpu(),
+                       torch.arange(3.0))
+
+
+@pytest.mark.parametrize("size", [(4,), (2, 2), (1,), (0,)])
+def test_resize_keeps_the_leading_values_in_new_device_memory(size):
+    t = torch.arange(3.0).to("neuron")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert t.resize_(size) is t
+    _on_device_memory(t)
+    assert t.shape == size
+    keep = min(3, t.numel())
+    assert torch.equal(t.cpu().reshape(-1)[:keep], torch.arange(3.0)[:keep])

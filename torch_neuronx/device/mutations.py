@@ -1,0 +1,92 @@
+"""Ops that write into neuron tensors with no functional form: ``out=`` variants and ``resize_``.
+
+An ``out=`` op may resize its output (``torch.arange(3, device="neuron")`` is
+``arange.out`` into an empty tensor; ``torch.add(a, b, out=torch.empty(0, ...))``).
+Run on the CPU over the neuron tensor's own memory, that resize would move the
+values to host memory the device does not own and leave the neuron tensor's
+shape as it was: such a tensor reported shape ``(0,)`` while holding three values.
+Here each written neuron tensor is replaced by a CPU scratch copy for the op;
+afterwards a neuron tensor whose shape changed gets device memory of the new
+size (:func:`resize`), and the scratch's values are copied into it. The op
+returns the neuron tensors it wrote, as torch's ``out=`` ops return their ``out``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from torch_neuronx.runtime.tensor import NeuronTensor, allocate
+
+
+def _set_wrapper_shape(t: NeuronTensor, size: Sequence[int], stride: Sequence[int]) -> None:
+    """Give the wrapper ``t`` ``size`` and ``stride`` without dispatching, as torch's
+    ``return_and_correct_aliasing`` sets the metadata of wrapper subclasses (the op runs on the
+    wrapper as on a meta tensor). Its storage, which holds no data (the values are ``_data``'s),
+    becomes that of a new wrapper of the new size on the same device: ``resize_`` has no meta
+    kernel for a wrapper, and ``set_`` refuses a storage of another device."""
+    storage = torch.Tensor._make_wrapper_subclass(type(t), size, strides=stride, dtype=t.dtype,
+                                                   device=t.device).untyped_storage()
+    with torch.utils._mode_utils.no_dispatch():
+        meta_in_tls = torch._C._meta_in_tls_dispatch_include()
+        torch._C._set_meta_in_tls_dispatch_include(True)
+        try:
+            torch.ops.aten.set_.source_Storage_storage_offset(t, storage, 0, list(size), list(stride))
+        finally:
+            torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
+
+
+def resize(t: NeuronTensor, size: Sequence[int]) -> NeuronTensor:
+    """``t.resize_(size)`` on the device: new device memory of the new size holding the old
+    values that fit (as ``resize_`` keeps a storage's leading elements), when the shape changes.
+    The caller synchronizes first (the old memory is read on the host)."""
+    size = [int(s) for s in size]
+    if list(t.shape) == size:
+        return t
+    data, allocation = allocate(size, None, t.dtype, t._index)
+    keep = min(data.numel(), t._data.numel())
+    if keep:
+        data.view(-1)[:keep].copy_(t._data.reshape(-1)[:keep])
+    t._data, t._allocation = data, allocation
+    _set_wrapper_shape(t, size, data.stride())
+    return t
+
+
+def resize_op(args: Sequence[Any], kwargs: dict[str, Any]) -> NeuronTensor:
+    """``aten.resize_`` of a neuron tensor (contiguous: a memory format other than contiguous is
+    not kept)."""
+    t = resize(args[0], args[1])
+    torch._C._increment_version([t._data])
+    return t
+
+
+def run_writing_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any], written: Sequence[Any]) -> Any:
+    """``func`` on the CPU with each neuron tensor of ``written`` (the arguments it writes) replaced by
+    a scratch copy, then those neuron tensors resized to the scratch's shape where it changed and
+    filled from it. Returns the op's result with the scratch tensors given back as the neuron tensors."""
+    targets = {id(t): t for t in written if isinstance(t, NeuronTensor)}
+    scratch: dict[int, torch.Tensor] = {}
+
+    def to_cpu(value: Any) -> Any:
+        if not isinstance(value, NeuronTensor):
+            return value
+        if id(value) not in targets:
+            return value._data
+        copy = scratch.get(id(value))
+        if copy is None:
+            copy = scratch[id(value)] = value._data.clone()
+        return copy
+
+    out = func(*pytree.tree_map(to_cpu, args), **pytree.tree_map(to_cpu, kwargs))
+    back: dict[int, NeuronTensor] = {}
+    for key, copy in scratch.items():
+        target = targets[key]
+        resize(target, copy.shape)
+        target._data.copy_(copy)
+        back[id(copy)] = target
+    if scratch:
+        torch._C._increment_version([t._data for t in targets.values()])
+    return pytree.tree_map(lambda v: back.get(id(v), v) if isinstance(v, torch.Tensor) else v, out)
