@@ -74,3 +74,30 @@ def test_resize_keeps_the_leading_values_in_new_device_memory(size):
     assert t.shape == size
     keep = min(3, t.numel())
     assert torch.equal(t.cpu().reshape(-1)[:keep], torch.arange(3.0)[:keep])
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: torch.tril_indices(4, 3, device=d),
+    lambda d: torch.triu_indices(3, 3, 1, device=d),
+    lambda d: torch.hann_window(5, device=d),
+    lambda d: torch.scalar_tensor(3.0, device=d),
+], ids=["tril_indices", "triu_indices", "hann_window", "scalar_tensor"])
+def test_factories_without_a_kernel_of_their_own_are_made_on_the_device(make):
+    expected = make("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = make("neuron")
+    _on_device_memory(got)
+    torch.testing.assert_close(got.cpu(), expected)  # hann_window computes cosines on the device
+
+
+def test_random_ops_that_write_their_arguments_keep_shapes_and_draw_from_the_device_generator():
+    torch.manual_seed(3)
+    permutation = torch.randperm(6, device="neuron")
+    _on_device_memory(permutation)
+    assert sorted(permutation.tolist()) == list(range(6))
+    torch.manual_seed(3)
+    assert torch.equal(torch.randperm(6, device="neuron").cpu(), permutation.cpu())  # seeded: reproducible
+    filled = torch.empty(2, 3, device="neuron").normal_()
+    _on_device_memory(filled)
+    assert filled.shape == (2, 3) and bool(torch.isfinite(filled.cpu()).all())

@@ -50,6 +50,7 @@ def register() -> bool:
 
 
 _library = None  # the torch.library registrations must stay alive for the process
+_libraries: list = []
 
 
 def _register_kernels() -> None:
@@ -89,3 +90,26 @@ def _register_kernels() -> None:
     _library.impl("empty.memory_format", torch._disable_dynamo(empty_memory_format), "PrivateUse1")
     _library.impl("empty_strided", torch._disable_dynamo(empty_strided), "PrivateUse1")
     _library.impl("_copy_from", torch._disable_dynamo(copy_from), "PrivateUse1")
+    _fallback_library = torch.library.Library("_", "IMPL")  # a fallback lives in the global namespace
+    _fallback_library.fallback(torch._disable_dynamo(_factory_fallback), "PrivateUse1")
+    _libraries.append(_fallback_library)
+
+
+def _factory_fallback(op, *args, **kwargs):
+    """An op that reaches the ``neuron`` backend itself, with no neuron tensor among its inputs (those
+    go to the eager dispatcher first): a factory without a kernel of its own (``tril_indices``,
+    ``triu_indices``). It runs on the CPU and its tensors are placed on the device it names."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    from torch_neuronx.process import checked_device_index
+    from torch_neuronx.runtime.device import current_index
+    from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
+
+    if any(isinstance(a, NeuronTensor) for a in pytree.tree_leaves((args, kwargs))):
+        raise NotImplementedError(f"{op} reached the neuron backend with neuron tensors outside the eager dispatcher")
+    device = kwargs.get("device")
+    index = current_index() if device is None or torch.device(device).index is None else torch.device(device).index
+    index = checked_device_index(index)
+    out = op(*args, **{**kwargs, "device": torch.device("cpu")})
+    return pytree.tree_map(lambda t: from_cpu(t, index=index) if type(t) is torch.Tensor else t, out)

@@ -526,12 +526,16 @@ def _write_back(target: NeuronTensor, result: Any) -> None:
 
 
 def _draw(func: Any, args: Sequence[Any], kwargs: dict[str, Any], in_place: bool) -> Any:
-    """A random op on the host, from its device's generator (in program order: a synchronization)."""
-    out = random.draw(func, pytree.tree_map(_cpu, args), pytree.tree_map(_cpu, kwargs), _first_neuron(args).device)
+    """A random op on the host, from its device's generator (in program order: a synchronization).
+    One that writes its arguments (``normal_``, ``randperm(..., out=)``, which may resize its out)
+    draws into scratch copies that are then written back (:mod:`.mutations`)."""
+    first = _first_neuron((args, kwargs))
     if in_place:
-        wrote(args[0])
-        return args[0]
-    return pytree.tree_map(_on_device(_first_neuron(args)._index), out)
+        def draw_on_cpu(*cpu_args: Any, **cpu_kwargs: Any) -> Any:
+            return random.draw(func, cpu_args, cpu_kwargs, first.device)
+        return mutations.run_writing_on_cpu(draw_on_cpu, args, kwargs, _written(func, args, kwargs))
+    out = random.draw(func, pytree.tree_map(_cpu, args), pytree.tree_map(_cpu, kwargs), first.device)
+    return pytree.tree_map(_on_device(first._index), out)
 
 
 def _written(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
