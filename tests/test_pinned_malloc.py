@@ -151,3 +151,24 @@ def test_refused_mlock_warns_once_and_allocations_keep_working():
     assert result["stat"] == SMALL_SEGMENT
     assert result["locked_end"] == result["locked_small"]
     assert result["reserved"] >= SMALL_SEGMENT + 64 * MiB + 80 * MiB
+
+
+def test_pin_memory_and_pinned_data_loaders_work_where_neuron_is_the_accelerator():
+    """Autoloaded at ``import torch``, neuron is the accelerator; PyTorch then pins host memory
+    through the accelerator's hooks, which a Python backend cannot provide: ``pin_memory()`` and
+    ``DataLoader(pin_memory=True)`` raised NotImplementedError in any program of the environment."""
+    script = textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        assert torch.accelerator.current_accelerator().type == "neuron"
+        pinned = torch.arange(6.0).pin_memory()
+        assert pinned.is_pinned() and not torch.arange(6.0).is_pinned()
+        assert torch.equal(pinned, torch.arange(6.0))
+        loader = DataLoader(TensorDataset(torch.arange(8.0).reshape(4, 2)), batch_size=2, pin_memory=True)
+        batches = [batch for (batch,) in loader]
+        assert all(b.is_pinned() for b in batches) and torch.equal(torch.cat(batches), torch.arange(8.0).reshape(4, 2))
+        print("ok", pinned.to("neuron", non_blocking=True).device)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ok neuron:0" in done.stdout

@@ -37,13 +37,14 @@ def register() -> bool:
 
     _setup_privateuseone_for_python_backend("neuron", module, NeuronHooks(), NeuronDeviceGuard())
     _register_kernels()
-    from torch_neuronx.device import accelerator, autocast, backward_errors, eager
+    from torch_neuronx.device import accelerator, autocast, backward_errors, eager, pinned
     from torch_neuronx.runtime import tensor
 
     tensor.register_dispatcher(eager.dispatch, on_error=backward_errors.note, host_read=eager.host_read)
 
     autocast.register()
     accelerator.install()
+    pinned.install()
     backward_errors.install()
     _registered = True
     return True
