@@ -121,6 +121,7 @@ def test_eager_writes_move_the_inner_version_counter():
 
 
 def test_a_storage_keeps_its_block_after_the_wrapper_dies():
+    torch.neuron.synchronize()  # queued work of earlier tests holds its memory until it has run
     gc.collect()
     before = torch.neuron.memory_allocated()
     t = torch.arange(1024.0).to("neuron")
@@ -131,6 +132,7 @@ def test_a_storage_keeps_its_block_after_the_wrapper_dies():
     others = [torch.zeros(1024).to("neuron") for _ in range(4)]
     assert torch.equal(inner, torch.arange(1024.0))  # and nobody else was given it
     del inner, others
+    torch.neuron.synchronize()
     gc.collect()
     assert torch.neuron.memory_allocated() == before
 

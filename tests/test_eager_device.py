@@ -22,6 +22,7 @@ def counted(name: str) -> int:
 
 
 def test_factories_and_copies_live_in_allocator_memory():
+    torch.neuron.synchronize()  # queued work of earlier tests holds its memory until it has run
     gc.collect()  # neuron tensors an earlier test left in reference cycles
     before = torch.neuron.memory_allocated()
     x = torch.arange(12, dtype=torch.float32).view(3, 4).to("neuron")
@@ -32,6 +33,7 @@ def test_factories_and_copies_live_in_allocator_memory():
     y = torch.empty(5, 5, device="neuron")
     assert y.shape == (5, 5) and y.device.type == "neuron"
     del x, y
+    torch.neuron.synchronize()
     gc.collect()
     assert torch.neuron.memory_allocated() == before
 
