@@ -119,12 +119,12 @@ def _compare_state(device_model: nn.Module, host_model: nn.Module, model_name: s
                                    msg=lambda m, name=name: f"{name} after {STEPS} steps: {m}")
 
 
-# The fast tier keeps the MLP with both optimizers and the CNN with one (each case compiles its
+# The fast tier keeps the MLP with both optimizers and the batch-norm statistics test (each case compiles its
 # ops' kernels: 15-35 s apiece on two cores); the rest is slow.
 _CASES = [
     pytest.param("mlp", "sgd_momentum"),
     pytest.param("mlp", "adam"),
-    pytest.param("cnn", "sgd_momentum"),
+    pytest.param("cnn", "sgd_momentum", marks=pytest.mark.slow),
     pytest.param("cnn", "adam", marks=pytest.mark.slow),
     pytest.param("transformer", "sgd_momentum", marks=pytest.mark.slow),
     pytest.param("transformer", "adam", marks=pytest.mark.slow),

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from torch_neuronx import observe
 from torch_neuronx.runtime.tensor import NeuronTensor, allocate
 
 
@@ -85,6 +86,8 @@ def run_writing_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any], w
     for key, copy in scratch.items():
         target = targets[key]
         resize(target, copy.shape)
+        if observe.state.active:  # the op's values cross from host memory into the device's
+            observe.emit("transfer.host_to_device", copy.nbytes, device=target._index)
         target._data.copy_(copy)
         back[id(copy)] = target
     if scratch:
