@@ -421,7 +421,7 @@ def _execute_into(kernel: Kernel, tensors: list[torch.Tensor], storage: list[tor
     TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS=1), into the same memory.
     """
     try:
-        if None not in storage and kernel.compiled.run_into(tensors, storage):
+        if all(s is not None for s in storage) and kernel.compiled.run_into(tensors, storage):
             return  # the kernel wrote into the outputs' memory
         results = kernel.compiled(tensors)
     except Exception as exc:
