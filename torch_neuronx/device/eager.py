@@ -77,17 +77,16 @@ def _first_neuron(args: Any) -> NeuronTensor:
     return next(a for a in pytree.tree_leaves(args) if isinstance(a, NeuronTensor))
 
 
-def _neuron_leaves(args: Any) -> list[NeuronTensor]:
-    return [a for a in pytree.tree_leaves(args) if isinstance(a, NeuronTensor)]
+def _synchronized(args: Sequence[Any], kwargs: dict[str, Any], fn: Callable[..., Any], *extra: Any) -> Any:
+    """``fn(*extra)``, which touches the device memory of the neuron tensors among ``args`` and
+    ``kwargs`` on the host, as a synchronization (:func:`~torch_neuronx.device.queued.on_host`)."""
+    tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, NeuronTensor)]
+    return on_host(tensors[0]._index if tensors else current_device(), tensors, fn, *extra)
 
 
 def _host_op(fn: Callable[[Sequence[Any], dict[str, Any]], Any]) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
-    """``fn(args, kwargs)``, which touches device memory on the host, run as a synchronization:
-    after the queued work of the current stream and of the ops writing its neuron tensors."""
-    def run(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        tensors = _neuron_leaves((args, kwargs))
-        return on_host(tensors[0]._index if tensors else current_device(), tensors, fn, args, kwargs)
-    return run
+    """``fn(args, kwargs)``, which touches device memory on the host, run as a synchronization."""
+    return lambda args, kwargs: _synchronized(args, kwargs, fn, args, kwargs)
 
 
 def host_read(t: NeuronTensor) -> None:
@@ -323,8 +322,7 @@ def _compiler_thread() -> concurrent.futures.ThreadPoolExecutor:
 def _fallback(func: Any, args: Sequence[Any], kwargs: dict[str, Any], reason: str) -> Any:
     """``func`` on the CPU over the neuron tensors' memory (a synchronization), results placed on the device."""
     _warn_fallback(func, reason)
-    tensors = _neuron_leaves((args, kwargs))
-    return on_host(tensors[0]._index, tensors, _run_on_cpu, func, args, kwargs)
+    return _synchronized(args, kwargs, _run_on_cpu, func, args, kwargs)
 
 
 def _warn_fallback(func: Any, reason: str) -> None:
@@ -488,11 +486,9 @@ def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     if kind == _SPECIAL_OP:
         return extra(args, kwargs)
     if kind == _RANDOM:
-        tensors = _neuron_leaves((args, kwargs))
-        return on_host(tensors[0]._index, tensors, _draw, func, args, kwargs, extra)
+        return _synchronized(args, kwargs, _draw, func, args, kwargs, extra)
     _warn_fallback(func, "an in-place or out= variant without a functional form")
-    tensors = _neuron_leaves((args, kwargs))
-    return on_host(tensors[0]._index, tensors, _run_writing_on_cpu, func, args, kwargs)
+    return _synchronized(args, kwargs, _run_writing_on_cpu, func, args, kwargs)
 
 
 def _run_writing_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
