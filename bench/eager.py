@@ -7,7 +7,11 @@ Measures the targets of the eager-device issue:
 - a chain of 1000 small ops: time to return to Python and time to completion;
 - a two-layer MLP training step (SGD) on ``neuron`` against the same step on the CPU, in fresh
   processes: cold caches (kernels compiled, compile time) and warm caches (the same caches
-  reused: compiles left and the time the first step still spends on them).
+  reused: compiles left and the time the first step still spends on them);
+- one kernel per op family (TORCH_NEURONX_EAGER_DYNAMIC_SHAPES): a training run whose batch size
+  and sequence length change every step, with dynamic-shape kernels against one kernel per
+  shape (kernels compiled, total time; fresh processes, cold caches), and the per-call cost of a
+  dynamic kernel against the static kernel of the same op and shape.
 
 Rounds alternate the competitors; figures are medians. Usage: ``python bench/eager.py [--quick]``.
 Threads: torch gets 2 threads (this machine's cores).
@@ -133,6 +137,81 @@ def training(steps: int) -> dict[str, dict]:
     return results
 
 
+_VARYING = """
+import json, random, sys, time, torch
+torch.set_num_threads({threads})
+import torch_neuronx
+from torch_neuronx import observe
+torch.manual_seed(0)
+random.seed(0)
+embed, hidden, vocab = torch.nn.Embedding(100, 48), torch.nn.Linear(48, 96), torch.nn.Linear(96, 100)
+norm = torch.nn.LayerNorm(96)
+params = [p for m in (embed, hidden, vocab, norm) for p in m.parameters()]
+for m in (embed, hidden, vocab, norm):
+    m.to("neuron")
+opt = torch.optim.AdamW([p for m in (embed, hidden, vocab, norm) for p in m.parameters()], lr=1e-3)
+start = time.perf_counter()
+for step in range({steps}):
+    batch, seq = random.randint(2, 12), random.randint(5, 40)
+    tokens = torch.randint(0, 100, (batch, seq)).to("neuron")
+    opt.zero_grad()
+    h = norm(torch.nn.functional.gelu(hidden(embed(tokens))))
+    loss = torch.nn.functional.cross_entropy(vocab(h).flatten(0, 1), tokens.flatten())
+    loss.backward()
+    opt.step()
+    loss.item()
+print(json.dumps({{"seconds": time.perf_counter() - start,
+                  "compiled": observe.counters().get("eager_ops_compiled", 0)}}))
+"""
+
+
+def varying_shapes(steps: int) -> dict[str, dict]:
+    """A training run with a new batch size and sequence length every step, dynamic-shape kernels
+    against one kernel per shape, each in a fresh process with cold caches."""
+    script = _VARYING.format(threads=THREADS, steps=steps)
+    results = {}
+    for name, dynamic in (("static", "0"), ("dynamic", "1")):
+        with tempfile.TemporaryDirectory(prefix="bench-eager-") as root:
+            env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": os.path.join(root, "neff"),
+                   "TORCH_NEURONX_HLO_CACHE_DIR": os.path.join(root, "hlo"),
+                   "TORCH_NEURONX_DEBUG_DIR": os.path.join(root, "debug"),
+                   "TORCH_NEURONX_EAGER_DYNAMIC_SHAPES": dynamic}
+            done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                                  timeout=3600)
+            if done.returncode:
+                raise RuntimeError(f"{name} run failed:\n{done.stderr[-2000:]}")
+            results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+    return results
+
+
+def dynamic_call_cost(rounds: int) -> list[tuple[str, float, float]]:
+    """µs per call to completion of ops run by their static kernel and by their dynamic one."""
+    from torch_neuronx import config
+
+    cases = [("add 32x64", lambda a, b: a + b, (32, 64), (32, 64)),
+             ("mm 256x256", torch.mm, (256, 256), (256, 256)),
+             ("softmax 64x1024", lambda a, b: torch.softmax(a, -1), (64, 1024), (1,))]
+    rows = []
+    for name, fn, left, right in cases:
+        a, b = torch.randn(left).to("neuron"), torch.randn(right).to("neuron")
+        times = {}
+        for dynamic in (False, True):
+            with config.override(TORCH_NEURONX_EAGER_DYNAMIC_SHAPES=dynamic):
+                for _ in range(20):
+                    fn(a, b)
+                torch.neuron.synchronize()
+                samples = []
+                for _ in range(rounds):
+                    start = time.perf_counter()
+                    for _ in range(50):
+                        fn(a, b)
+                    torch.neuron.synchronize()
+                    samples.append((time.perf_counter() - start) / 50 * 1e6)
+                times[dynamic] = statistics.median(samples)
+        rows.append((name, times[False], times[True]))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds and steps")
@@ -157,6 +236,18 @@ def main(argv: list[str] | None = None) -> None:
     warm = train["neuron warm"]
     print(f"| MLP step, steady state, ms | {cpu['steady'] * 1e3:.2f} | {warm['steady'] * 1e3:.2f} | "
           f"{warm['steady'] / cpu['steady']:.1f} |")
+    print("\n| one kernel per op family | kernel per shape | dynamic kernels | dynamic / per shape |\n"
+          "| --- | --- | --- | --- |")
+    steps = 6 if args.quick else 12
+    varying = varying_shapes(steps)
+    per_shape, dynamic = varying["static"], varying["dynamic"]
+    print(f"| {steps} training steps, new batch and sequence length each: kernels compiled | "
+          f"{per_shape['compiled']} | {dynamic['compiled']} | {dynamic['compiled'] / per_shape['compiled']:.2f} |")
+    print(f"| the same run, s (cold caches) | {per_shape['seconds']:.1f} | {dynamic['seconds']:.1f} | "
+          f"{dynamic['seconds'] / per_shape['seconds']:.2f} |")
+    for name, static_us, dynamic_us in dynamic_call_cost(rounds):
+        print(f"| {name}, µs per call to completion | {static_us:.1f} | {dynamic_us:.1f} | "
+              f"{dynamic_us / static_us:.2f} |")
 
 
 if __name__ == "__main__":

@@ -122,7 +122,8 @@ def test_errors_torch_raises_from_metadata_are_raised_where_the_op_is_called():
 def _failing_kernel(key_op: str, shape: tuple, monkeypatch) -> None:
     """Make the compiled kernel of ``key_op`` at ``shape`` fail when it runs (fault injection at the
     runtime boundary: the device rejects the work), with execution errors not falling back."""
-    key = next(k for k in eager._kernels if k[0] == key_op and k[1][0][1] == shape)
+    key = next(k for k in eager._kernels if (k[0] == key_op and k[1][0][1] == shape)
+               or (k[0] == "dynamic" and k[1] == key_op and len(k[2][0][1]) == len(shape)))
     kernel = eager._kernels[key]
 
     class Failing:  # the device rejects the work
@@ -132,7 +133,8 @@ def _failing_kernel(key_op: str, shape: tuple, monkeypatch) -> None:
         run_into = __call__
 
     monkeypatch.setitem(eager._kernels, key, types.SimpleNamespace(
-        compiled=Failing(), out_spec=kernel.out_spec, metas=kernel.metas, name=kernel.name))
+        compiled=Failing(), out_spec=kernel.out_spec, metas=kernel.metas, name=kernel.name,
+        shapes=kernel.shapes, dtypes=kernel.dtypes))
     monkeypatch.setenv("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "1")
 
 
@@ -160,14 +162,14 @@ from torch_neuronx.device import eager
 from torch_neuronx.runtime.errors import NeuronRuntimeError
 x = torch.full((9,), 2.0).to("neuron")
 (x - 0.5).cpu()
-key = next(k for k in eager._kernels if k[0] == "aten.sub.Tensor")
+key = next(k for k in eager._kernels if "aten.sub.Tensor" in k[:2])
 kernel = eager._kernels[key]
 class Failing:
     def __call__(self, tensors, outputs=None):
         raise NeuronRuntimeError("injected device fault")
     run_into = __call__
 eager._kernels[key] = types.SimpleNamespace(compiled=Failing(), out_spec=kernel.out_spec, metas=kernel.metas,
-                                            name=kernel.name)
+                                            name=kernel.name, shapes=kernel.shapes, dtypes=kernel.dtypes)
 def users_training_step():
     return x - 0.5  # THE FAILING LINE
 try:

@@ -171,7 +171,8 @@ def test_execution_errors_follow_the_fallback_policy(only_unimplemented, monkeyp
 
     x = torch.full((3,), 2.0).to("neuron")
     (x - 0.5).cpu()  # compile aten.sub.Tensor for this dispatch key
-    key = next(k for k in eager._kernels if k[0] == "aten.sub.Tensor" and k[1][0][1] == (3,))
+    key = next(k for k in eager._kernels if (k[0] == "aten.sub.Tensor" and k[1][0][1] == (3,))
+               or (k[0] == "dynamic" and k[1] == "aten.sub.Tensor" and len(k[2][0][1]) == 1))
     kernel = eager._kernels[key]
 
     class Failing:  # fault injection at the runtime boundary: the device rejects the work
@@ -181,7 +182,7 @@ def test_execution_errors_follow_the_fallback_policy(only_unimplemented, monkeyp
         run_into = __call__
 
     injected = types.SimpleNamespace(compiled=Failing(), out_spec=kernel.out_spec, metas=kernel.metas,
-                                     name=kernel.name)
+                                     name=kernel.name, shapes=kernel.shapes, dtypes=kernel.dtypes)
     monkeypatch.setitem(eager._kernels, key, injected)
     monkeypatch.setenv("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", only_unimplemented)
     monkeypatch.setattr(eager, "_warned", set())

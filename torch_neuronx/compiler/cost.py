@@ -9,18 +9,25 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 aten = torch.ops.aten
 
 
+def _size(d: int | torch.SymInt) -> int:
+    """A dimension's size; for a symbolic one, the size it was traced with (no guard is added:
+    a dynamic-shape kernel's trace must not be specialized by its cost estimate)."""
+    return d if isinstance(d, int) else optimization_hint(d, fallback=1)
+
+
 def _numel(node: object) -> int:
     val = getattr(node, "meta", {}).get("val")
-    return math.prod(int(d) for d in val.shape) if isinstance(val, torch.Tensor) else 0
+    return math.prod(_size(d) for d in val.shape) if isinstance(val, torch.Tensor) else 0
 
 
 def _shape(node: object) -> tuple[int, ...]:
     val = getattr(node, "meta", {}).get("val")
-    return tuple(int(d) for d in val.shape) if isinstance(val, torch.Tensor) else ()
+    return tuple(_size(d) for d in val.shape) if isinstance(val, torch.Tensor) else ()
 
 
 def graph_flops(gm: torch.fx.GraphModule) -> int:

@@ -50,3 +50,8 @@ class CompilerNotFoundError(NeuronCompileError):
         super().__init__("compile", f"compiler executable {executable!r} was not found; install "
                          "iree-base-compiler==3.13.0 (pip) or set TORCH_NEURONX_IREE_COMPILE",
                          artifacts=artifacts)
+
+
+class NotDynamic(Exception):
+    """A dynamic-shape trace depends on concrete sizes (it guarded on one, or a pass cannot handle a
+    symbolic size): the kernel must be compiled for its concrete shapes instead."""

@@ -18,10 +18,12 @@ from torch_neuronx.compiler.errors import NeuronCompileError
 
 @dataclasses.dataclass
 class Lowered:
-    """The two textual forms of one graph; ``stablehlo`` is what the compiler consumes."""
+    """The two textual forms of one graph; ``stablehlo`` is what the compiler consumes (in ``dialect``:
+    StableHLO, or linalg-on-tensors for dynamic-shape kernels)."""
 
     raw: str
     stablehlo: str
+    dialect: str = "stablehlo"
 
 
 _asm = torch_to_stablehlo.asm
@@ -45,16 +47,18 @@ def import_raw(gm: torch.fx.GraphModule, func_name: str = "main") -> object:
                                  op=op_from_message(message)) from exc
 
 
-def to_stablehlo(raw_module: object) -> str:
-    """Lower an imported raw torch-dialect module to StableHLO text, in this process (mutates the module)."""
+def to_stablehlo(raw_module: object, dialect: str = "stablehlo") -> str:
+    """Lower an imported raw torch-dialect module to StableHLO (or ``dialect``) text, in this process
+    (mutates the module)."""
     try:
-        return torch_to_stablehlo.to_stablehlo(raw_module)
+        return torch_to_stablehlo.to_stablehlo(raw_module, dialect)
     except torch_to_stablehlo.LoweringError as exc:
         raise NeuronCompileError("lowering", exc.detail, op=exc.op) from exc
 
 
-def lower(gm: torch.fx.GraphModule, func_name: str = "main") -> Lowered:
-    """Import and lower ``gm``; the raw text is captured before lowering mutates the module.
+def lower(gm: torch.fx.GraphModule, func_name: str = "main", dialect: str = "stablehlo") -> Lowered:
+    """Import and lower ``gm`` (to StableHLO, or to ``dialect``); the raw text is captured before
+    lowering mutates the module.
 
     The lowering runs in a worker process (``lowering_worker``), where an abort of
     torch-mlir's C++ becomes a NeuronCompileError instead of the end of this process.
@@ -66,10 +70,10 @@ def lower(gm: torch.fx.GraphModule, func_name: str = "main") -> Lowered:
     raw = _asm(module)
     try:
         if config.get("TORCH_NEURONX_LOWER_IN_SUBPROCESS"):
-            stablehlo = lowering_worker.to_stablehlo(raw)
+            stablehlo = lowering_worker.to_stablehlo(raw, dialect)
         else:
-            stablehlo = to_stablehlo(module)
+            stablehlo = to_stablehlo(module, dialect)
     except NeuronCompileError as err:
         err.raw_text = raw  # type: ignore[attr-defined]  # for the torch_mlir_error artifact
         raise
-    return Lowered(raw=raw, stablehlo=stablehlo)
+    return Lowered(raw=raw, stablehlo=stablehlo, dialect=dialect)

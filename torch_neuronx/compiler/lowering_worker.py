@@ -114,13 +114,14 @@ def _died(worker: _Worker) -> NeuronCompileError:
     return NeuronCompileError("lowering", detail)
 
 
-def to_stablehlo(raw: str) -> str:
-    """StableHLO text of the raw torch-dialect module ``raw``, lowered in the worker process."""
+def to_stablehlo(raw: str, dialect: str = "stablehlo") -> str:
+    """StableHLO text of the raw torch-dialect module ``raw``, lowered in the worker process
+    (``dialect="linalg"``: linalg-on-tensors text)."""
     timeout = float(config.get("TORCH_NEURONX_LOWERING_TIMEOUT"))
     with _lock:
         worker = _current()
         try:
-            reply = worker.request({"raw": raw}, timeout)
+            reply = worker.request({"raw": raw, "dialect": dialect}, timeout)
         except TimeoutError:
             worker.stop()
             raise NeuronCompileError("lowering", f"torch-mlir's lowering took longer than {timeout:g} s "

@@ -140,14 +140,15 @@ class ResolvedOptions:
     preserve_artifacts: bool
     complex_decompose: bool
 
-    def compiler_flags(self, *, keep_f64: bool = False) -> list[str]:
-        """Every flag passed to the compiler, in order (see :meth:`CompileOptions.compiler_flags`)."""
-        return list(self.flags[keep_f64])
+    def compiler_flags(self, *, keep_f64: bool = False, dialect: str = "stablehlo") -> list[str]:
+        """Every flag passed to the compiler, in order (see :meth:`CompileOptions.compiler_flags`), for a
+        module in ``dialect`` (StableHLO, or linalg-on-tensors for dynamic-shape kernels)."""
+        return targets.with_input_dialect(self.flags[keep_f64], dialect)
 
-    def compiler_config(self, *, keep_f64: bool = False) -> dict[str, Any]:
+    def compiler_config(self, *, keep_f64: bool = False, dialect: str = "stablehlo") -> dict[str, Any]:
         """The cache-key component describing how code is generated."""
         config_ = {"target": self.target.name, "compiler": self.target.compiler,
-                   "flags": self.compiler_flags(keep_f64=keep_f64)}
+                   "flags": self.compiler_flags(keep_f64=keep_f64, dialect=dialect)}
         if self.host_cpu is not None:
             config_["host_cpu"] = self.host_cpu
         return config_

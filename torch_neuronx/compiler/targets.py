@@ -66,6 +66,32 @@ class Target:
 
 
 _INPUT = ("--iree-input-type=stablehlo",)
+# The input flag for each dialect a lowered module can be in (compiler/torch_to_stablehlo.py).
+# Linalg modules with tm_tensor ops (scatter, sort from torch-mlir's linalg backend) go through
+# IREE's torch input pipeline, which converts them: with plain input IREE cannot resolve their
+# dynamic result sizes ("dynamic dimensions must have been resolved prior to leaving the flow
+# dialect"). That pipeline rewrites the function's ABI and ignores ``iree.abi.output`` arguments
+# (results land elsewhere, the storage keeps its old bytes), so such modules are never compiled
+# with output storage (pipeline/graph.py).
+_INPUT_FLAGS = {"stablehlo": _INPUT[0], "linalg": "--iree-input-type=none",
+                "linalg-tm_tensor": "--iree-input-type=torch"}
+
+
+#: The input kinds whose modules may take output storage (see above).
+STORAGE_DIALECTS = ("stablehlo", "linalg")
+
+
+def input_dialect(dialect: str, module: str) -> str:
+    """The input kind of a lowered ``module`` in ``dialect`` (a key of the input flags)."""
+    return "linalg-tm_tensor" if dialect == "linalg" and "tm_tensor." in module else dialect
+
+
+def with_input_dialect(flags: Sequence[str], dialect: str) -> list[str]:
+    """``flags`` for a module in ``dialect``: its IREE input-type flag in place of StableHLO's."""
+    if dialect == "stablehlo":
+        return list(flags)
+    return [_INPUT_FLAGS[dialect] if flag == _INPUT[0] else flag for flag in flags]
+
 
 # IREE demotes f64 to f32 unless told otherwise. Graphs with float64 tensors get this flag so
 # float64 stays float64; others do not, because keeping the f64 scalar constants torch-mlir

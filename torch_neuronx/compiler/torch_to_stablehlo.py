@@ -29,6 +29,12 @@ else:  # the lowering worker imports this module alone, its directory on sys.pat
 _TO_BACKEND = ("builtin.module(func.func(torch-match-quantized-custom-ops), "
                "torchdynamo-export-to-torch-backend-pipeline{ extra-library=})")
 _TO_STABLEHLO = "builtin.module(torch-backend-to-stablehlo-backend-pipeline{allow-non-finites=True})"
+# Dynamic-shape kernels: IREE 3.13 rejects the shape-operand forms of StableHLO's dynamic ops that
+# torch-mlir emits (``dynamic_broadcast_in_dim`` with ``tensor<Nxindex>`` shapes), but compiles
+# torch-mlir's linalg-on-tensors output, dynamic dimensions included.
+_TO_LINALG = "builtin.module(torch-backend-to-linalg-on-tensors-backend-pipeline)"
+#: The dialects a raw module can be lowered to: what the compiler consumes.
+DIALECTS = ("stablehlo", "linalg")
 
 
 class LoweringError(Exception):
@@ -75,8 +81,11 @@ def parse_raw(text: str) -> object:
     return ir.Module.parse(text, context)
 
 
-def to_stablehlo(raw_module: object) -> str:
-    """Lower a raw torch-dialect module to StableHLO text (mutates the module); raises LoweringError."""
+def to_stablehlo(raw_module: object, dialect: str = "stablehlo") -> str:
+    """Lower a raw torch-dialect module to StableHLO text (mutates the module); raises LoweringError.
+
+    ``dialect="linalg"``: to linalg-on-tensors instead (the form dynamic-shape kernels compile from).
+    """
     from torch_mlir.passmanager import PassManager
 
     diagnostics: list[str] = []
@@ -90,15 +99,17 @@ def to_stablehlo(raw_module: object) -> str:
     try:
         with context:
             context.emit_error_diagnostics = True
-            for pipeline in (_TO_BACKEND, _TO_STABLEHLO):
+            for pipeline in (_TO_BACKEND, _TO_STABLEHLO if dialect == "stablehlo" else _TO_LINALG):
                 PassManager.parse(pipeline).run(raw_module.operation)  # type: ignore[attr-defined]
     except Exception as exc:
         found = [d for d in diagnostics if "legalize" in d] + diagnostics
         message = "\n".join(dict.fromkeys(found[:6])) or f"{type(exc).__name__}: {exc}".splitlines()[0]
-        raise LoweringError(f"torch-mlir could not lower to StableHLO: {message}", op_from_message(message)) from exc
+        target = "StableHLO" if dialect == "stablehlo" else "linalg-on-tensors"
+        raise LoweringError(f"torch-mlir could not lower to {target}: {message}", op_from_message(message)) from exc
     finally:
         handler.detach()
-    stablehlo_fixups.apply(raw_module)
+    if dialect == "stablehlo":
+        stablehlo_fixups.apply(raw_module)
     return asm(raw_module)
 
 
@@ -144,7 +155,8 @@ def serve() -> None:
         except EOFError:
             return
         try:
-            reply: dict[str, Any] = {"stablehlo": to_stablehlo(parse_raw(request["raw"]))}
+            dialect = request.get("dialect", "stablehlo")
+            reply: dict[str, Any] = {"stablehlo": to_stablehlo(parse_raw(request["raw"]), dialect)}
         except LoweringError as exc:
             reply = {"error": {"detail": exc.detail, "op": exc.op}}
         except Exception as exc:  # a bug on this side: still an answer, not a dead worker

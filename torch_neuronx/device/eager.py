@@ -20,11 +20,8 @@ Not every op runs compiled:
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
-import hashlib
 import logging
-import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,11 +32,9 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from torch_neuronx import config, observe
 from torch_neuronx.cache import store
-from torch_neuronx.compiler.hlo import lowering_versions
 from torch_neuronx.compiler.options import compile_only_enabled
-from torch_neuronx.device import mutations, queued, random, scalars
+from torch_neuronx.device import kernels, mutations, queued, random, scalars
 from torch_neuronx.device.queued import on_host
-from torch_neuronx.pipeline import trace as tracing
 from torch_neuronx.process import checked_device_index
 from torch_neuronx.runtime.device import current_index as current_device
 from torch_neuronx.runtime.tensor import NeuronTensor, alias, allocate, from_cpu
@@ -47,9 +42,7 @@ from torch_neuronx.runtime.tensor import NeuronTensor, alias, allocate, from_cpu
 _log = logging.getLogger("torch_neuronx.device.eager")
 aten = torch.ops.aten
 
-_lock = threading.Lock()
-_kernels: dict[tuple, Any] = {}  # dispatch key -> Kernel or _UNIMPLEMENTED
-_UNIMPLEMENTED = object()
+_kernels = kernels.registry  # the kernels of every key seen (tests inject faults here)
 _warned: set[str] = set()
 
 
@@ -239,86 +232,6 @@ def _functional_variant(func: Any) -> Any | None:
     return getattr(packet, overload, None) if packet is not None else None
 
 
-# -- compiled execution --------------------------------------------------------------
-
-
-def _describe(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        where = "neuron" if isinstance(value, NeuronTensor) else value.device.type
-        return ("T", tuple(value.shape), value.stride(), str(value.dtype), where)
-    if isinstance(value, list | tuple):
-        return (type(value).__name__, *map(_describe, value))
-    if isinstance(value, torch.dtype | torch.device | torch.layout | torch.memory_format):
-        return str(value)
-    return repr(value)
-
-
-def dispatch_key(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple:
-    """The dispatch key of a call: op overload, tensor shapes/strides/dtypes, other argument values."""
-    return (str(func), tuple(map(_describe, args)), tuple((k, _describe(v)) for k, v in kwargs.items()))
-
-
-def _hlo_key(key: tuple) -> str:
-    """The HLO cache key of a dispatch key: with the lowering and trace versions, so entries that
-    older code wrote (format 2 traced ``a * a`` as a one-input kernel) are never looked up."""
-    text = f"{lowering_versions()}|trace-format-{tracing.FORMAT}|{key!r}"
-    return "eager-" + hashlib.sha256(text.encode()).hexdigest()
-
-
-class Kernel:
-    """One dispatch key's compiled kernel: the graph, its result's structure, and its outputs'
-    metadata when the op can be queued (``metas``: per result leaf, a meta tensor or a constant;
-    None when the kernel must run where it is called, see ``CompiledGraph.output_metas``)."""
-
-    __slots__ = ("compiled", "out_spec", "metas", "name")
-
-    def __init__(self, compiled: Any, out_spec: pytree.TreeSpec, name: str) -> None:
-        self.compiled, self.out_spec, self.name = compiled, out_spec, name
-        metas = compiled.output_metas()
-        self.metas = metas if metas is not None and len(metas) == out_spec.num_leaves else None
-
-
-def _compile(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any]) -> Kernel:
-    """The compiled kernel of ``func`` for this dispatch key (HLO cache, else trace and lower)."""
-    return Kernel(*_compile_graph(func, key, args, kwargs), name=str(func))
-
-
-def _compile_graph(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    use_hlo_cache = config.get("TORCH_NEURONX_HLO_CACHE") and not config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE")
-    name = f"eager_{func._schema.name.split('::')[1]}"
-    if use_hlo_cache:
-        text = store.hlo_cache().get(_hlo_key(key))
-        if text is not None:
-            try:
-                stored = tracing.Trace.from_json(text)
-                observe.count("eager_hlo_cache_hits")
-                return tracing.load(stored, output_storage=True), stored.result_spec()
-            except (ValueError, KeyError, TypeError):
-                _log.warning("ignoring a malformed eager HLO cache entry for %s", func)
-    leaves, spec = pytree.tree_flatten((list(args), kwargs))
-    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-
-    def call(tensors: list[torch.Tensor]) -> Any:
-        filled = list(leaves)
-        for i, t in zip(positions, tensors):
-            filled[i] = t
-        call_args, call_kwargs = pytree.tree_unflatten(filled, spec)
-        return scalars.call(func, call_args, call_kwargs)
-
-    cpu_tensors = [_cpu(leaves[i]) for i in positions]
-    compiled, stored, out_spec = tracing.trace(call, name, cpu_tensors, hlo_cache=use_hlo_cache, output_storage=True)
-    observe.count("eager_ops_compiled")
-    text = stored.to_json()
-    if use_hlo_cache and text is not None:
-        store.hlo_cache().put(_hlo_key(key), text)
-    return compiled, out_spec
-
-
-@functools.cache
-def _compiler_thread() -> concurrent.futures.ThreadPoolExecutor:
-    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="neuron-eager-compile")
-
-
 def _fallback(func: Any, args: Sequence[Any], kwargs: dict[str, Any], reason: str) -> Any:
     """``func`` on the CPU over the neuron tensors' memory (a synchronization), results placed on the device."""
     _warn_fallback(func, reason)
@@ -338,25 +251,60 @@ def _run_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return pytree.tree_map(_on_device(_first_neuron((args, kwargs))._index), out)
 
 
+def _kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """The kernel a call runs: its op family's dynamic-shape kernel where the op has one
+    (TORCH_NEURONX_EAGER_DYNAMIC_SHAPES), else the kernel of its shapes and strides."""
+    if config.get("TORCH_NEURONX_EAGER_DYNAMIC_SHAPES"):
+        key = kernels.dynamic_key(func, args, kwargs)
+        if key is not None:
+            kernel = _kernels.get(key)
+            if kernel is None:
+                kernel = kernels.compiled_kernel(func, key, args, kwargs, True)
+                if isinstance(kernel, kernels.Kernel) and not _synchronized(args, kwargs, _agrees, kernel, func,
+                                                                            args, kwargs):
+                    kernel = _kernels[key] = kernels.STATIC
+                    if config.get("TORCH_NEURONX_HLO_CACHE") and not config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
+                        store.hlo_cache().put(kernels.hlo_key(key), kernels.STATIC_ENTRY)
+            if kernel is not kernels.STATIC:
+                return kernel
+    key = kernels.dispatch_key(func, args, kwargs)
+    return _kernels.get(key) or kernels.compiled_kernel(func, key, args, kwargs, False)
+
+
+def _agrees(kernel: kernels.Kernel, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether a new dynamic-shape kernel computes, on the call that made it, what the CPU does.
+
+    torch-mlir's linalg lowering of a symbolic trace is younger than its StableHLO path; one
+    that computes a wrong value (native_batch_norm_backward did) is never used: the op keeps a
+    kernel per shape. Checked once per dynamic key, on the host (a synchronization).
+    """
+    leaves = pytree.tree_leaves((list(args), kwargs))
+    tensors = [_cpu(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    try:
+        outputs = [torch.empty(shape, dtype=dtype) for shape, dtype in zip(kernel.shapes(tensors), kernel.dtypes)]
+        if not kernel.compiled.run_into(tensors, outputs):
+            outputs = kernel.compiled(tensors)
+        expected = pytree.tree_leaves(scalars.call(func, pytree.tree_map(_cpu, args), pytree.tree_map(_cpu, kwargs)))
+    except Exception as exc:
+        _log.debug("%s: dynamic kernel not checked (%s); keeping a kernel per shape", func, exc)
+        return False
+    for got, want in zip(outputs, expected, strict=False):
+        if not isinstance(want, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
+            return False
+        close = (torch.allclose(got, want, rtol=1e-3, atol=1e-4, equal_nan=True) if want.is_floating_point()
+                 else torch.equal(got, want))
+        if not close:
+            _log.info("%s: its dynamic-shape kernel disagrees with the CPU; keeping a kernel per shape", func)
+            return False
+    return len(outputs) == len(expected)
+
+
 def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """``func`` on neuron tensors through its compiled kernel (floats as runtime inputs: :mod:`.scalars`)."""
     given = args, kwargs  # what a fallback runs on
     args, kwargs = scalars.as_inputs(func, args, kwargs)
-    key = dispatch_key(func, args, kwargs)
-    kernel = _kernels.get(key)
-    if kernel is None:
-        with _lock:
-            kernel = _kernels.get(key)
-            if kernel is None:
-                try:
-                    # On a fresh thread: inside __torch_dispatch__ the Python dispatch key is
-                    # excluded (thread-locally), which would blind make_fx's tracing modes.
-                    kernel = _compiler_thread().submit(_compile, func, key, args, kwargs).result()
-                except Exception as exc:  # nothing lowers this op: it is unimplemented here
-                    _log.info("%s is not implemented on neuron: %s", func, exc)
-                    kernel = _UNIMPLEMENTED
-                _kernels[key] = kernel
-    if kernel is _UNIMPLEMENTED:
+    kernel = _kernel(func, args, kwargs)
+    if kernel is kernels.UNIMPLEMENTED:
         return _fallback(func, *given, "not implemented by the neuron compiler")
     if kwargs or any(isinstance(a, list | tuple) for a in args):
         leaves = pytree.tree_leaves((list(args), kwargs))
@@ -374,10 +322,15 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
         elif isinstance(leaf, torch.Tensor):
             tensors.append(leaf)
     metas = kernel.metas
-    if metas is None or compile_only_enabled():
+    if kernel.shapes is not None and not compile_only_enabled():
+        device = _device(index)
+        outputs = [empty_on_device(shape, None, dtype, device) for shape, dtype in zip(kernel.shapes(tensors),
+                                                                                       kernel.dtypes)]
+    elif metas is None or compile_only_enabled():
         return on_host(index, inputs, _execute_now, kernel, tensors, func, given, index)
-    outputs = [empty_on_device(m.shape, None, m.dtype, _device(index)) if isinstance(m, torch.Tensor) else m
-               for m in metas]
+    else:
+        outputs = [empty_on_device(m.shape, None, m.dtype, _device(index)) if isinstance(m, torch.Tensor) else m
+                   for m in metas]
     allocations = [o._allocation for o in outputs if isinstance(o, NeuronTensor)]
     # The queued work gets inner tensors of its own: metadata changed in place later (``transpose_``,
     # aot_autograd's ``as_strided_`` on a compiled graph's inputs) must not change what it reads or writes.
@@ -394,7 +347,7 @@ def _device(index: int) -> torch.device:
     return torch.device("neuron", index)
 
 
-def _execute_now(kernel: Kernel, tensors: list[torch.Tensor], func: Any, given: tuple, index: int) -> Any:
+def _execute_now(kernel: kernels.Kernel, tensors: list[torch.Tensor], func: Any, given: tuple, index: int) -> Any:
     """Run a kernel in the calling thread (one that checks its results on the host, or compile-only)."""
     try:
         results = kernel.compiled(tensors)
@@ -409,7 +362,7 @@ def _execute_now(kernel: Kernel, tensors: list[torch.Tensor], func: Any, given: 
     return pytree.tree_map(_on_device(index), pytree.tree_unflatten(results, kernel.out_spec))
 
 
-def _execute_into(kernel: Kernel, tensors: list[torch.Tensor], storage: list[torch.Tensor | None], func: Any,
+def _execute_into(kernel: kernels.Kernel, tensors: list[torch.Tensor], storage: list[torch.Tensor | None], func: Any,
                   given: tuple) -> None:
     """A queued kernel's work, on its stream: run it with ``storage`` (the outputs' memory; None for a
     constant result) as its results' storage, or copy its results there for a kernel whose results

@@ -3,8 +3,9 @@
 ``{TORCH_NEURONX_DEBUG_DIR}/torch_neuronx/rank{RANK}/{job_id}/`` holds, per graph
 ``{model}_{ts}``: ``fx_graphs/*.fx.txt`` (the graph as traced), ``transformed_fx/
 *.transformed.fx.txt`` (after our FX passes), ``raw/*.torch_raw.mlir``,
-``stablehlo/*.stablehlo.mlir``, ``torch_mlir_error/*.mlir`` (when torch-mlir
-fails) and, with TORCH_NEURONX_DYNAMO_TENSOR_DUMPS, ``inputs/`` and ``outputs/``.
+``stablehlo/*.stablehlo.mlir`` (``linalg/*.linalg.mlir`` for an eager op's
+dynamic-shape kernel), ``torch_mlir_error/*.mlir`` (when torch-mlir fails)
+and, with TORCH_NEURONX_DYNAMO_TENSOR_DUMPS, ``inputs/`` and ``outputs/``.
 
 A graph's files are removed after its first execution unless
 TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS=1; after a failure they are kept.
@@ -70,6 +71,10 @@ class GraphArtifacts:
 
     def stablehlo(self, text: str) -> str:
         return self._write("stablehlo", ".stablehlo.mlir", text)
+
+    def linalg(self, text: str) -> str:
+        """The linalg-on-tensors module a dynamic-shape kernel compiles from (in place of StableHLO)."""
+        return self._write("linalg", ".linalg.mlir", text)
 
     def torch_mlir_error(self, text: str) -> str:
         return self._write("torch_mlir_error", ".mlir", text)

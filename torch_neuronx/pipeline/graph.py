@@ -22,7 +22,8 @@ from torch_neuronx.compiler import resident
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import ResolvedOptions, compile_only_enabled
 from torch_neuronx.compiler.passes import host_checks, random_inputs
-from torch_neuronx.compiler.targets import driver_available
+from torch_neuronx.compiler.targets import STORAGE_DIALECTS, driver_available, input_dialect
+from torch_neuronx.pipeline import shapes
 from torch_neuronx.pipeline.artifacts import GraphArtifacts
 from torch_neuronx.pipeline.neffs import NeffRequest, get_neff
 from torch_neuronx.pipeline.plan import Plan, build_plan
@@ -43,8 +44,10 @@ class CompiledGraph:
                  copy_inputs: bool = False, argument_neff: Callable[[], Any] | None = None,
                  random_inputs: Sequence[dict[str, Any]] = (),
                  checks: Sequence[dict[str, Any]] = (), layouts: Sequence[Sequence[Any]] = (),
-                 storage_neff: Any = None) -> None:
+                 storage_neff: Any = None, shape_function: shapes.ShapeFunction | None = None) -> None:
         self.name = name
+        # A kernel with dynamic dimensions: its outputs' shapes from its inputs' (None: static).
+        self.shape_function = shape_function
         # The NEFF that writes its results into storage the caller passes (eager ops), when built;
         # ``neff`` may then be a function that makes the plain one, needed only if that one fails.
         self._storage_neff = storage_neff
@@ -131,8 +134,13 @@ class CompiledGraph:
         self._neff, self._executable = neff, executable
         observe.count("volatile_parameter_graphs")
 
-    def _zeros(self, device: torch.device) -> list[torch.Tensor]:
-        zeros = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype in self._outputs]
+    def output_dtypes(self) -> list[torch.dtype]:
+        """The dtype of each output the NEFF computes."""
+        return [dtype for _, dtype in self._outputs]
+
+    def _zeros(self, device: torch.device, tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        sizes = self.shape_function(tensors) if self.shape_function is not None else [s for s, _ in self._outputs]
+        zeros = [torch.zeros(shape, dtype=dtype, device=device) for shape, (_, dtype) in zip(sizes, self._outputs)]
         for i in self._complex_outputs:  # outputs are the (..., 2) real views of complex results
             zeros[i] = torch.view_as_complex(zeros[i])
         return self._relayout(zeros)
@@ -141,10 +149,11 @@ class CompiledGraph:
         """The graph's outputs without running it: meta tensors (shape, dtype) and constants.
 
         None when they cannot be known ahead of a call or the call must run where it is made:
-        the graph returns some of its inputs, checks its outputs on the host, or draws random
+        the graph has dynamic dimensions (see :attr:`shape_function`), returns some of its inputs,
+        checks its outputs on the host, or draws random
         inputs from the host generator (whose order is the caller's program order).
         """
-        if self._returns_inputs or self._checks or self._random_inputs:
+        if self._returns_inputs or self._checks or self._random_inputs or self.shape_function is not None:
             return None
         metas = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in self._outputs]
         for i in self._complex_outputs:
@@ -188,7 +197,8 @@ class CompiledGraph:
         args.clear()  # boxed convention: let inputs die as early as possible
         if compile_only_enabled():
             # Outputs live where the inputs do: meta inputs (shapes only) give meta outputs.
-            return self._restore(self._zeros(tensors[0].device if tensors else torch.device("cpu")), tensors)
+            return self._restore(self._zeros(tensors[0].device if tensors else torch.device("cpu"), tensors),
+                                 tensors)
         executable = self._executable
         if executable is not None and self._plain:  # the hot path: nothing to convert or record
             return executable(tensors)
@@ -243,10 +253,11 @@ def executable_graph(plan: Plan, options: ResolvedOptions, artifacts: GraphArtif
     stablehlo, kept = _with_resident_parameters(plan)
     inputs = [dict(spec, resident=True) if i in kept else spec for i, spec in enumerate(plan.inputs)]
     signature = {"inputs": inputs, "outputs": plan.outputs, **({"resident": kept} if kept else {})}
+    dialect = input_dialect(plan.dialect, plan.stablehlo)
     request = NeffRequest(stablehlo=stablehlo, options=options, graph_name=plan.graph_name,
-                          base_repr=plan.raw, signature=signature, keep_f64=plan.keep_f64)
+                          base_repr=plan.raw, signature=signature, keep_f64=plan.keep_f64, dialect=dialect)
     storage_text = storage_abi.with_output_storage(plan.stablehlo) if (
-        output_storage and not kept and _storable(plan)) else None
+        output_storage and not kept and _storable(plan) and dialect in STORAGE_DIALECTS) else None
     if storage_text is not None:
         storage_neff = get_neff(dataclasses.replace(request, stablehlo=storage_text,
                                                     signature={**signature, "output_storage": True}))
@@ -265,16 +276,19 @@ def executable_graph(plan: Plan, options: ResolvedOptions, artifacts: GraphArtif
         raise NeuronCompileError("load", f"NEFFs of target {target.name!r} cannot execute on this host; "
                                  "use TORCH_NEURONX_COMPILE_ONLY=1 to cross-compile", graph=plan.graph_name)
     outputs = [(tuple(o["shape"]), getattr(torch, o["dtype"])) for o in plan.outputs]
+    dynamic = shapes.is_dynamic(plan.inputs) or shapes.is_dynamic(plan.outputs)
+    shape_function = shapes.ShapeFunction(plan.inputs, plan.outputs) if dynamic else None
     return CompiledGraph(plan.graph_name, neff, driver, plan.template, outputs, artifacts,
                          plan.complex_inputs, plan.complex_outputs, copy_inputs=plan.copy_inputs,
                          argument_neff=argument_neff, random_inputs=plan.random_inputs,
-                         checks=plan.host_checks, layouts=plan.output_layouts, storage_neff=storage_neff)
+                         checks=plan.host_checks, layouts=plan.output_layouts, storage_neff=storage_neff,
+                         shape_function=shape_function)
 
 
 def build_graph(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str,
                 artifacts: GraphArtifacts, *, hlo_cache: bool = True,
                 resident: Sequence[int] = (), inputs_as_outputs: bool = False,
-                output_storage: bool = False) -> tuple[CompiledGraph, Plan]:
+                output_storage: bool = False, dialect: str = "stablehlo") -> tuple[CompiledGraph, Plan]:
     """Compile an aot_autograd-style graph: FX passes, lowering (HLO cache), NEFF; return it and its plan.
 
     ``hlo_cache=False`` lowers without reading or writing the HLO cache. ``resident``: input
@@ -287,7 +301,7 @@ def build_graph(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str,
     """
     try:
         plan = build_plan(gm, name, artifacts, hlo_cache=hlo_cache, resident=resident,
-                          inputs_as_outputs=inputs_as_outputs)
+                          inputs_as_outputs=inputs_as_outputs, dialect=dialect)
         return executable_graph(plan, options, artifacts, output_storage=output_storage), plan
     except NeuronCompileError as err:
         err.graph = err.graph or name

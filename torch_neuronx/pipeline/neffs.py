@@ -26,6 +26,7 @@ class NeffRequest:
     base_repr: str  # graph structure, for the in-memory base key (TORCH_NEURONX_NEFF_KEY_FROM_HLO=0)
     signature: dict[str, Any]
     keep_f64: bool = False  # the graph has float64 tensors (see targets.KEEP_F64_FLAGS)
+    dialect: str = "stablehlo"  # of ``stablehlo``: linalg for dynamic-shape kernels
 
 
 def get_neff(request: NeffRequest) -> neff.Neff:
@@ -34,12 +35,14 @@ def get_neff(request: NeffRequest) -> neff.Neff:
     version = driver.compiler_version(target)
     key = keys.cache_key(hlo=request.stablehlo, graph_repr=request.base_repr,
                          input_specs=request.signature["inputs"],
-                         compiler_config=options.compiler_config(keep_f64=request.keep_f64),
+                         compiler_config=options.compiler_config(keep_f64=request.keep_f64,
+                                                                 dialect=request.dialect),
                          compiler_version=version, graph_id=request.graph_name)
 
     def compile_fn() -> bytes:
         job = driver.CompileJob(stablehlo=request.stablehlo, target=target,
-                                flags=tuple(options.compiler_flags(keep_f64=request.keep_f64)),
+                                flags=tuple(options.compiler_flags(keep_f64=request.keep_f64,
+                                                                   dialect=request.dialect)),
                                 key=key.digest, graph_name=request.graph_name,
                                 signature=request.signature, preserve=options.preserve_artifacts)
         with observe.span("compiler.compile", graph=request.graph_name):

@@ -19,6 +19,7 @@ from torch_neuronx import observe
 from torch_neuronx.compiler import passes
 from torch_neuronx.compiler.cost import graph_flops
 from torch_neuronx.compiler.errors import NeuronCompileError
+from torch_neuronx.pipeline import shapes
 from torch_neuronx.pipeline.artifacts import GraphArtifacts
 from torch_neuronx.pipeline.lowering import lower_with_artifacts
 
@@ -47,11 +48,15 @@ class Plan:
     # [output, inverse permutation] of outputs the NEFF returns in memory order
     # (compiler/passes/output_layouts.py).
     output_layouts: list[list[Any]] = dataclasses.field(default_factory=list)
+    # The dialect of ``stablehlo``: "stablehlo", or "linalg" (linalg-on-tensors) for a kernel with
+    # dynamic dimensions, whose input and output shapes then hold expressions (pipeline/shapes.py).
+    dialect: str = "stablehlo"
 
 
 def tensor_spec(val: Any) -> dict[str, Any]:
-    """The ``{"shape", "dtype"}`` description of a tensor (real or fake) in NEFF signatures and plans."""
-    return {"shape": list(val.shape), "dtype": str(val.dtype).removeprefix("torch.")}
+    """The ``{"shape", "dtype"}`` description of a tensor (real or fake) in NEFF signatures and plans;
+    a symbolic dimension is its expression's text (:func:`~torch_neuronx.pipeline.shapes.dimension`)."""
+    return {"shape": [shapes.dimension(d) for d in val.shape], "dtype": str(val.dtype).removeprefix("torch.")}
 
 
 def strip_outputs(gm: torch.fx.GraphModule, inputs_as_outputs: bool) -> list[Any]:
@@ -125,16 +130,17 @@ def _has_float64(gm: torch.fx.GraphModule) -> bool:
 
 
 def build_plan(gm: torch.fx.GraphModule, name: str, artifacts: GraphArtifacts, *, hlo_cache: bool = True,
-               resident: Sequence[int] = (), inputs_as_outputs: bool = False) -> Plan:
+               resident: Sequence[int] = (), inputs_as_outputs: bool = False, dialect: str = "stablehlo") -> Plan:
     """The plan of ``gm``: FX passes, then lowering through the HLO cache (see :func:`strip_outputs`
-    for ``inputs_as_outputs``; ``resident``: input positions to keep resident in the runtime)."""
+    for ``inputs_as_outputs``; ``resident``: input positions to keep resident in the runtime;
+    ``dialect``: what to lower to, see :func:`~torch_neuronx.compiler.lower.lower`)."""
     artifacts.fx_graph(gm)
     gm, template = _prepare(gm, name, inputs_as_outputs)
     artifacts.transformed_fx(gm)
     placeholders = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     outputs = [n.meta.get("val") for n in next(n for n in gm.graph.nodes if n.op == "output").args[0]]
     with observe.span("pipeline.lower", graph=name):
-        lowered = lower_with_artifacts(gm, artifacts, hlo_cache)
+        lowered = lower_with_artifacts(gm, artifacts, hlo_cache, dialect)
     return Plan(graph_name=name, raw=lowered.raw, stablehlo=lowered.stablehlo,
                 template=[None if slot is None else list(slot) for slot in template],
                 outputs=[tensor_spec(v) for v in outputs],
@@ -144,4 +150,4 @@ def build_plan(gm: torch.fx.GraphModule, name: str, artifacts: GraphArtifacts, *
                 keep_f64=_has_float64(gm), copy_inputs=writes_its_inputs(lowered.stablehlo),
                 resident=list(resident), random_inputs=list(gm.meta.get("random_inputs", ())),
                 host_checks=list(gm.meta.get("host_checks", ())),
-                output_layouts=list(gm.meta.get("output_layouts", ())))
+                output_layouts=list(gm.meta.get("output_layouts", ())), dialect=dialect)

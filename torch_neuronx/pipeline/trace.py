@@ -12,6 +12,7 @@ rebuilds the executable from a stored trace without tracing or lowering.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from collections.abc import Callable, Sequence
@@ -26,13 +27,16 @@ from torch_neuronx import observe
 from torch_neuronx.compiler import decompositions
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, ResolvedOptions
+from torch_neuronx.compiler.passes import rewrite
+from torch_neuronx.pipeline import shapes
 from torch_neuronx.pipeline.artifacts import GraphArtifacts
 from torch_neuronx.pipeline.graph import CompiledGraph, build_graph, executable_graph
 from torch_neuronx.pipeline.plan import Plan
 
 # Bumped when the stored fields change, or when what a trace computes does, so old entries stop
 # matching. 3: traces see distinct inputs (format 2 traced ``a * a`` as a one-input kernel).
-FORMAT = 3
+# 4: dynamic-shape kernels (eager ops), index bounds checked in them.
+FORMAT = 4
 
 _DATA_DEPENDENT = (GuardOnDataDependentSymNode, DataDependentOutputException, DynamicOutputShapeException)
 
@@ -99,9 +103,34 @@ def _distinct(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) for t in tensors]
 
 
+def _symbolic(tensors: Sequence[torch.Tensor], dynamic: Sequence[Sequence[bool]]) -> list[torch.Tensor]:
+    """Stand-ins for a dynamic trace: fake tensors of one new shape environment, contiguous, no
+    memory shared (see :func:`_distinct`), with a symbol for each dimension ``dynamic`` marks
+    (equal sizes share one: the caller's key tells them apart) and the others static."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    fakes = []
+    for t, marks in zip(tensors, dynamic):
+        context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DUCK if m else DimDynamic.STATIC for m in marks])
+        fakes.append(mode.from_tensor(torch.empty(t.shape, dtype=t.dtype), symbolic_context=context))
+    return fakes
+
+
+def _check_dynamic_plan(plan: Plan) -> None:
+    """A dynamic kernel's plan must be the plain form whose outputs the caller allocates."""
+    if (plan.copy_inputs or plan.complex_inputs or plan.complex_outputs or plan.random_inputs
+            or plan.host_checks or plan.output_layouts or any(slot is not None for slot in plan.template)):
+        raise shapes.NotDynamic("the kernel's outputs are not all fresh tensors it computes")
+    if not shapes.is_dynamic(plan.inputs):
+        raise shapes.NotDynamic("no dynamic input dimension")
+
+
 def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[torch.Tensor],
           options: ResolvedOptions | None = None, *, hlo_cache: bool = True,
-          output_storage: bool = False) -> tuple[CompiledGraph, Trace, pytree.TreeSpec]:
+          output_storage: bool = False,
+          dynamic: Sequence[Sequence[bool]] | None = None) -> tuple[CompiledGraph, Trace, pytree.TreeSpec]:
     """Trace ``fn(tensors)`` for these tensors' shapes and dtypes, lower and compile it.
 
     ``fn`` puts the (fake) tensors back among the declared arguments and calls
@@ -109,6 +138,10 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
     empty when the result's structure cannot be serialized) and the result's
     pytree structure. ``output_storage``: the executable can write its results into storage
     the caller passes (``CompiledGraph.run_into``).
+
+    ``dynamic``: per tensor, which dimensions to trace with symbolic sizes (equal sizes share a
+    symbol); the graph is lowered to linalg-on-tensors, so the kernel serves every size of them. Raises
+    :class:`~torch_neuronx.pipeline.shapes.NotDynamic` when the trace depends on concrete sizes.
     """
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -126,7 +159,8 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
             with observe.span("pipeline.trace", graph=name):
                 functional = torch.func.functionalize(flat, remove="mutations")
                 gm = make_fx(functional, decomposition_table=decompositions.table(),
-                             tracing_mode="fake")(*_distinct(tensors))
+                             tracing_mode="fake" if dynamic is None else "symbolic")(
+                                 *(_distinct(tensors) if dynamic is None else _symbolic(tensors, dynamic)))
         except _DATA_DEPENDENT as exc:
             raise NeuronCompileError(
                 "trace", f"kernel {name} branches on tensor values ({str(exc).splitlines()[0]}); a kernel is "
@@ -135,8 +169,15 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
         gm.graph.eliminate_dead_code()
         gm.recompile()
         _reject_input_mutation(gm, name)
-        compiled, plan = build_graph(gm, options, name, GraphArtifacts(name, options.preserve_artifacts),
-                                     hlo_cache=hlo_cache, output_storage=output_storage)
+        if dynamic is not None:
+            shapes.check_dynamic(gm)
+        with contextlib.nullcontext() if dynamic is None else rewrite.dynamic_trace():
+            compiled, plan = build_graph(gm, options, name, GraphArtifacts(name, options.preserve_artifacts),
+                                         hlo_cache=hlo_cache, output_storage=output_storage,
+                                         dialect="stablehlo" if dynamic is None else "linalg")
+        if dynamic is not None:  # the passes and the lowering must not have specialized it either
+            shapes.check_dynamic(gm)
+            _check_dynamic_plan(plan)
     return compiled, Trace(plan=plan, out_spec=_dumps(specs[-1])), specs[-1]
 
 

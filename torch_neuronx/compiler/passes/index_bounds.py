@@ -19,7 +19,8 @@ dimension of size ``n``:
 Ops whose index torch checks but whose decomposition hides it (``index_add`` and
 ``index_copy`` become ``index_put``, which wraps negatives) mark the index with
 :data:`BOUNDS` in their decomposition (``decompositions/indexing.py``); the pass
-expands those the same way. Sizes that are symbolic (dynamic shapes) are left alone.
+expands those the same way. Sizes that are symbolic are left alone, except in an eager op's
+dynamic-shape trace, which then gets a kernel per shape (unchecked indices would read anywhere).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from typing import Any
 import torch
 
 from torch_neuronx.compiler.decompositions.indexing import BOUNDS
-from torch_neuronx.compiler.passes.rewrite import call_before, example
+from torch_neuronx.compiler.passes.rewrite import call_before, example, symbolic_unsupported
 
 aten = torch.ops.aten
 
@@ -133,6 +134,7 @@ def index_bounds_checked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         args = list(node.args)
         for position, inner, size in _operands(node, form):
             if not _static(size):
+                symbolic_unsupported(f"the index bounds check of {node.target}")
                 continue
             index = args[position][inner] if inner is not None else args[position]
             dim = inner if inner is not None else (args[1] if form == _SELF_DIM else 0)

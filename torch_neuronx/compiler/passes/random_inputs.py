@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from torch_neuronx.compiler.passes.rewrite import static_val
+from torch_neuronx.compiler.passes.rewrite import static_val, symbolic_unsupported
 
 aten = torch.ops.aten
 
@@ -32,6 +32,7 @@ def _random_op(node: torch.fx.Node) -> bool:
     if torch.Tag.nondeterministic_seeded not in node.target.tags:
         return False
     if static_val(node) is None:
+        symbolic_unsupported(f"drawing {node.target} on the host")
         return False
     tensors = node.all_input_nodes
     return not tensors or node.target in _LIKE

@@ -2,9 +2,34 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+from torch_neuronx.compiler.errors import NotDynamic
+
+_dynamic_trace = contextvars.ContextVar("neuron_dynamic_trace", default=False)
+
+
+@contextlib.contextmanager
+def dynamic_trace() -> Iterator[None]:
+    """Passes run inside this block transform a dynamic-shape kernel: a pass that cannot handle a
+    symbolic size there must say so (:func:`symbolic_unsupported`), not leave the node alone."""
+    token = _dynamic_trace.set(True)
+    try:
+        yield
+    finally:
+        _dynamic_trace.reset(token)
+
+
+def symbolic_unsupported(what: str) -> None:
+    """A pass meets a symbolic size it cannot handle: inside :func:`dynamic_trace` the trace fails
+    (:class:`NotDynamic`: the op gets a kernel per shape), elsewhere the pass leaves the node as it is."""
+    if _dynamic_trace.get():
+        raise NotDynamic(f"{what} needs concrete sizes")
 
 
 def static_val(node: torch.fx.Node) -> torch.Tensor | None:

@@ -1,0 +1,180 @@
+"""One eager kernel per op family: dimensions of size 2 and up are dynamic.
+
+An eager op is traced with symbolic sizes once per *dynamic key* (op, ranks, which sizes are
+0 or 1 or equal to an int argument, which sizes are equal to each other, dtypes, other
+arguments), lowered to linalg-on-tensors and compiled once; that kernel serves every size.
+Ops whose trace depends on a size keep one kernel per shape. Every result is compared with
+the CPU's, at sizes the kernel was not traced with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_neuronx  # noqa: F401  (registers the neuron device)
+from torch_neuronx import config, metrics
+from torch_neuronx.pipeline.shapes import ShapeFunction
+
+
+def _compiles() -> int:
+    return metrics.counter("eager_ops_compiled")
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    torch.testing.assert_close(actual.cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+def _block(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
+    """A transformer-ish mix: linear, activation, softmax, layer norm, reductions, a loss, cat."""
+    h = F.gelu(F.linear(x, w, b))
+    p = torch.softmax(h * 0.5 + 1, dim=-1)
+    n = F.layer_norm(h, (h.shape[-1],))
+    loss = -(F.log_softmax(h, -1) * F.one_hot(labels, h.shape[-1])).sum(-1).mean()
+    return [h, p, n, n.sum(0), p.mean(), loss, torch.cat([h, n], 0), torch.where(h > 0, h, n)]
+
+
+#: Ops whose indices are checked on the host after each call (the check needs the dimension's
+#: size): they keep one kernel per shape.
+PER_SHAPE = {"aten.nll_loss_forward.default", "aten.nll_loss_backward.default", "aten.gather.default",
+             "aten.embedding.default", "aten.scatter.value", "aten.scatter_add.default"}
+
+
+def test_one_kernel_serves_every_batch_size():
+    torch.manual_seed(0)
+    w, b = torch.randn(24, 40), torch.randn(24)
+    seen = None
+    for batch in (3, 7, 12, 29):
+        x, labels = torch.randn(batch, 40), torch.randint(0, 24, (batch,))
+        on_device = [t.to("neuron") for t in (x, w, b, labels)]
+        before = _compiles()
+        for actual, expected in zip(_block(*on_device), _block(x, w, b, labels)):
+            _close(actual, expected)
+        if seen is not None:  # the first batch size compiled every kernel the others need
+            assert _compiles() == before, f"batch {batch} compiled {_compiles() - before} new kernels"
+        seen = batch
+
+
+def test_equal_sizes_pick_their_own_kernel():
+    """A kernel traced where two sizes were equal (a square product) must not serve a call
+    where they differ, nor the other way round."""
+    for m, k, n in ((5, 7, 5), (5, 7, 9), (4, 4, 4), (6, 3, 8), (8, 3, 8)):
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        _close(a.to("neuron") @ b.to("neuron"), a @ b)
+        _close(torch.cat([a.to("neuron"), a.to("neuron")], 1), torch.cat([a, a], 1))
+
+
+def test_dimensions_of_size_one_broadcast():
+    for left, right in (((6, 1), (6, 5)), ((6, 5), (6, 5)), ((1, 5), (6, 5)), ((7, 1), (7, 9)), ((1, 1), (3, 4))):
+        a, b = torch.randn(left), torch.randn(right)
+        _close(a.to("neuron") + b.to("neuron"), a + b)
+        _close(b.to("neuron") * a.to("neuron"), b * a)
+
+
+def test_sizes_equal_to_int_arguments_stay_static():
+    """``layer_norm(x, (64,))``, ``sum(x, [2])``: a size that an int argument names is part of the key."""
+    for shape in ((3, 5, 4), (2, 9, 4), (6, 4, 2), (4, 2, 4)):
+        x = torch.randn(shape)
+        _close(F.layer_norm(x.to("neuron"), (shape[-1],)), F.layer_norm(x, (shape[-1],)))
+        _close(x.to("neuron").sum([2]), x.sum([2]))
+        _close(x.to("neuron").narrow(1, 0, 2).exp(), x.narrow(1, 0, 2).exp())
+
+
+def test_strided_inputs_run_on_the_contiguous_kernel():
+    for rows, cols in ((4, 6), (9, 3), (5, 5)):
+        a = torch.randn(cols, rows)
+        b = torch.randn(rows, cols)
+        on_a, on_b = a.to("neuron"), b.to("neuron")
+        _close(on_a.t() * on_b, a.t() * b)
+        _close(on_a.t() @ on_a, a.t() @ a)
+        _close(on_b[:, ::2] + 1, b[:, ::2] + 1)
+        _close(on_a.t().reshape(-1), a.t().reshape(-1))
+
+
+def test_ops_that_depend_on_sizes_keep_a_kernel_per_shape():
+    w = torch.randn(4, 3, 3, 3)
+    for size in (8, 11, 16):
+        x = torch.randn(2, 3, size, size + 1)
+        _close(F.conv2d(x.to("neuron"), w.to("neuron"), padding=1, stride=2), F.conv2d(x, w, padding=1, stride=2))
+        _close(F.max_pool2d(x.to("neuron"), 2), F.max_pool2d(x, 2))
+        _close(x.to("neuron").view(2, -1).sum(1), x.view(2, -1).sum(1))
+
+
+def test_a_training_loop_with_changing_batch_sizes_stops_compiling():
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    reference = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+    reference.load_state_dict(model.state_dict())
+    model.to("neuron")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    from torch_neuronx.device import eager
+
+    new_ops = []
+    for step, batch in enumerate((5, 9, 3, 13, 7, 21)):
+        known = set(eager._kernels)
+        x, y = torch.randn(batch, 16), torch.randint(0, 10, (batch,))
+        for net, opt, xs, ys in ((model, optimizer, x.to("neuron"), y.to("neuron")), (reference, ref_optimizer, x, y)):
+            opt.zero_grad()
+            loss = F.cross_entropy(net(xs), ys)
+            loss.backward()
+            opt.step()
+            if net is model:
+                device_loss = loss.item()
+        assert device_loss == pytest.approx(loss.item(), rel=1e-4, abs=1e-5), f"step {step}"
+        new_ops.append({key[1] if key[0] == "dynamic" else key[0] for key in set(eager._kernels) - known})
+    for step, ops in enumerate(new_ops[2:], 2):  # only the index-checked loss compiles for new batch sizes
+        assert ops <= PER_SHAPE, f"step {step} compiled kernels for {sorted(ops - PER_SHAPE)}"
+
+
+def test_with_dynamic_shapes_off_each_shape_compiles():
+    with config.override(TORCH_NEURONX_EAGER_DYNAMIC_SHAPES=False):
+        x = torch.randn(17, 23)
+        before = _compiles()
+        _close(torch.tanh(x.to("neuron")), torch.tanh(x))
+        x = torch.randn(19, 23)
+        _close(torch.tanh(x.to("neuron")), torch.tanh(x))
+        assert _compiles() == before + 2
+
+
+FIRST = """
+import torch, torch.nn.functional as F, torch_neuronx
+x, w = torch.randn(5, 12), torch.randn(3, 2, 3, 3)
+(torch.sigmoid(x.to("neuron")) @ x.t().to("neuron")).cpu()
+F.conv2d(torch.randn(1, 2, 6, 6).to("neuron"), w.to("neuron")).cpu()
+"""
+SECOND = """
+import json, torch, torch.nn.functional as F, torch_neuronx
+from torch_neuronx import metrics
+x, w = torch.randn(9, 30), torch.randn(3, 2, 3, 3)
+got = (torch.sigmoid(x.to("neuron")) @ x.t().to("neuron")).cpu()
+conv = F.conv2d(torch.randn(1, 2, 6, 6).to("neuron"), w.to("neuron")).cpu()
+print(json.dumps({"close": torch.allclose(got, torch.sigmoid(x) @ x.t(), atol=1e-5),
+                  "traces": metrics.counter("kernel_traces"), "hits": metrics.counter("eager_hlo_cache_hits")}))
+"""
+
+
+def test_a_process_serves_other_sizes_from_the_kernels_another_stored(tmp_path):
+    """Dynamic kernels, and the knowledge that an op needs a kernel per shape, are shared through
+    the HLO cache: the second process runs new sizes without tracing anything."""
+    env = {**os.environ, "TORCH_NEURONX_HLO_CACHE_DIR": str(tmp_path / "hlo"),
+           "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff")}
+    for script in (FIRST, SECOND):
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"close": True, "traces": 0, "hits": 3}
+
+
+def test_shape_functions_evaluate_arithmetic_of_input_sizes_only():
+    spec = ShapeFunction([{"shape": ["s3", 4]}, {"shape": ["s3", "s8"]}],
+                         [{"shape": ["s3*s8", "(s8 + 1) // 2", "max(1, s8 + ((-1)*s3))", 7]}])
+    assert spec([torch.empty(5, 4), torch.empty(5, 9)]) == ((45, 5, 4, 7),)
+    for bad in ("__import__('os').getpid()", "s3.bit_length()", "s9 + 1", "s3 / 2", "[s3][0]"):
+        with pytest.raises((ValueError, SyntaxError)):
+            ShapeFunction([{"shape": ["s3"]}], [{"shape": [bad]}])

@@ -1,0 +1,214 @@
+"""Eager kernels: the keys an op's kernels are found by, and their compilation.
+
+A call is keyed by its *dynamic key* (:func:`dynamic_key`: sizes of 2 and up replaced by which
+of them are equal) when its op has a dynamic-shape kernel, else by its *dispatch key*
+(:func:`dispatch_key`: shapes, strides, dtypes, other arguments). The first call of a key
+traces the op (``pipeline/trace.py``) or reads its trace from the HLO cache
+(TORCH_NEURONX_HLO_CACHE_DIR); a dynamic key whose op needs a kernel per shape is marked so
+(:data:`STATIC`), in memory and in the HLO cache.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import hashlib
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from torch_neuronx import config, observe
+from torch_neuronx.cache import store
+from torch_neuronx.compiler.hlo import lowering_versions
+from torch_neuronx.device import scalars
+from torch_neuronx.pipeline import trace as tracing
+from torch_neuronx.runtime.tensor import NeuronTensor
+
+_log = logging.getLogger("torch_neuronx.device.eager")
+
+_lock = threading.Lock()
+#: Dispatch or dynamic key -> Kernel, UNIMPLEMENTED, or (dynamic keys) STATIC.
+registry: dict[tuple, Any] = {}
+UNIMPLEMENTED = object()
+STATIC = object()  # a dynamic key whose op needs a kernel per shape
+STATIC_ENTRY = "static"  # the HLO cache entry of such a key
+
+
+def _cpu(value: Any) -> Any:
+    return value._data if isinstance(value, NeuronTensor) else value
+
+
+# -- compiled execution --------------------------------------------------------------
+
+
+def _describe(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        where = "neuron" if isinstance(value, NeuronTensor) else value.device.type
+        return ("T", tuple(value.shape), value.stride(), str(value.dtype), where)
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, *map(_describe, value))
+    if isinstance(value, torch.dtype | torch.device | torch.layout | torch.memory_format):
+        return str(value)
+    return repr(value)
+
+
+def dispatch_key(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple:
+    """The dispatch key of a call: op overload, tensor shapes/strides/dtypes, other argument values."""
+    return (str(func), tuple(map(_describe, args)), tuple((k, _describe(v)) for k, v in kwargs.items()))
+
+
+def _ints(values: Any, found: set[int]) -> set[int]:
+    """The ints among a call's non-tensor arguments (nested lists too), added to ``found``."""
+    for value in values:
+        if type(value) is int:
+            found.add(value)
+        elif isinstance(value, list | tuple):
+            _ints(value, found)
+    return found
+
+
+class _Empty(Exception):
+    """A tensor argument has no elements: the call takes the kernel of its shapes."""
+
+
+def _describe_dynamic(value: Any, sizes: dict[int, int], fixed: set[int]) -> Any:
+    if isinstance(value, torch.Tensor):
+        where = "neuron" if isinstance(value, NeuronTensor) else value.device.type
+        # Sizes 0 and 1, and sizes some int argument equals (a layer norm's normalized shape), as
+        # they are; the others by which earlier size they equal (the trace's symbols).
+        if 0 in value.shape:
+            raise _Empty
+        dims = tuple(d if d < 2 or d in fixed else sizes.setdefault(d, -1 - len(sizes)) for d in value.shape)
+        return ("D", dims, str(value.dtype), where)
+    if isinstance(value, list | tuple):
+        return (type(value).__name__, *(_describe_dynamic(v, sizes, fixed) for v in value))
+    return _describe(value)
+
+
+def dynamic_key(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple | None:
+    """The key of a call's dynamic-shape kernel: :func:`dispatch_key` with each tensor's dimensions
+    of size 2 and up (unless an int argument has their size) replaced by the class of equal sizes
+    they belong to, and no strides (the kernel is traced for contiguous inputs; the runtime passes
+    others contiguous). None when no dimension is dynamic, or a tensor has no elements (the passes
+    that handle empty tensors need their sizes)."""
+    sizes: dict[int, int] = {}
+    fixed = _ints(kwargs.values(), _ints(args, set()))
+    try:
+        key = ("dynamic", str(func), tuple(_describe_dynamic(a, sizes, fixed) for a in args),
+               tuple((k, _describe_dynamic(v, sizes, fixed)) for k, v in kwargs.items()))
+    except _Empty:
+        return None
+    return key if sizes else None
+
+
+def _dynamic_dims(tensors: Sequence[torch.Tensor], args: Sequence[Any], kwargs: dict[str, Any]) -> list[list[bool]]:
+    """Which dimensions of each tensor a dynamic trace makes symbolic (see :func:`dynamic_key`)."""
+    fixed = _ints(kwargs.values(), _ints(args, set()))
+    return [[d >= 2 and d not in fixed for d in t.shape] for t in tensors]
+
+
+def hlo_key(key: tuple) -> str:
+    """The HLO cache key of a dispatch key: with the lowering and trace versions, so entries that
+    older code wrote (format 2 traced ``a * a`` as a one-input kernel) are never looked up."""
+    text = f"{lowering_versions()}|trace-format-{tracing.FORMAT}|{key!r}"
+    return "eager-" + hashlib.sha256(text.encode()).hexdigest()
+
+
+class Kernel:
+    """One dispatch key's compiled kernel: the graph, its result's structure, and its outputs'
+    metadata when the op can be queued (``metas``: per result leaf, a meta tensor or a constant;
+    None when the kernel must run where it is called, see ``CompiledGraph.output_metas``)."""
+
+    __slots__ = ("compiled", "out_spec", "metas", "name", "shapes", "dtypes")
+
+    def __init__(self, compiled: Any, out_spec: pytree.TreeSpec, name: str) -> None:
+        self.compiled, self.out_spec, self.name = compiled, out_spec, name
+        metas = compiled.output_metas()
+        self.metas = metas if metas is not None and len(metas) == out_spec.num_leaves else None
+        # A dynamic-shape kernel: its outputs' shapes come from each call's inputs.
+        self.shapes = compiled.shape_function
+        self.dtypes = compiled.output_dtypes() if self.shapes is not None else None
+
+
+def _compile(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any], dynamic: bool) -> Any:
+    """The compiled kernel of ``func`` for this dispatch key (HLO cache, else trace and lower);
+    for a dynamic key, :data:`STATIC` when the op needs a kernel per shape."""
+    compiled = _compile_graph(func, key, args, kwargs, dynamic)
+    return STATIC if compiled is STATIC else Kernel(*compiled, name=str(func))
+
+
+def _compile_graph(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any], dynamic: bool) -> Any:
+    use_hlo_cache = config.get("TORCH_NEURONX_HLO_CACHE") and not config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE")
+    name = f"eager_{func._schema.name.split('::')[1]}"
+    if use_hlo_cache:
+        text = store.hlo_cache().get(hlo_key(key))
+        if text == STATIC_ENTRY:
+            return STATIC
+        if text is not None:
+            try:
+                stored = tracing.Trace.from_json(text)
+                observe.count("eager_hlo_cache_hits")
+                return tracing.load(stored, output_storage=not dynamic), stored.result_spec()
+            except (ValueError, KeyError, TypeError):
+                _log.warning("ignoring a malformed eager HLO cache entry for %s", func)
+    leaves, spec = pytree.tree_flatten((list(args), kwargs))
+    positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+
+    def call(tensors: list[torch.Tensor]) -> Any:
+        filled = list(leaves)
+        for i, t in zip(positions, tensors):
+            filled[i] = t
+        call_args, call_kwargs = pytree.tree_unflatten(filled, spec)
+        return scalars.call(func, call_args, call_kwargs)
+
+    cpu_tensors = [_cpu(leaves[i]) for i in positions]
+    try:
+        dims = _dynamic_dims(cpu_tensors, args, kwargs) if dynamic else None
+        # Dynamic kernels return their results and these are copied into the outputs: IREE does not
+        # check output storage against the size a dynamic result turns out to have, and a kernel
+        # whose result size disagreed with its shape function (native_batch_norm_backward's linalg
+        # lowering) wrote past its outputs' memory. A copy of a mismatched result raises instead.
+        compiled, stored, out_spec = tracing.trace(call, name, cpu_tensors, hlo_cache=use_hlo_cache,
+                                                   output_storage=dims is None, dynamic=dims)
+    except Exception as exc:
+        if not dynamic:
+            raise
+        # Depends on sizes (a reshape to given sizes), or the dynamic lowering fails: a kernel per
+        # shape. Stored, so no process tries again (the key holds the lowering's versions).
+        _log.debug("%s keeps a kernel per shape: %s", func, exc)
+        if use_hlo_cache:
+            store.hlo_cache().put(hlo_key(key), STATIC_ENTRY)
+        return STATIC
+    observe.count("eager_ops_compiled")
+    text = stored.to_json()
+    if use_hlo_cache and text is not None:
+        store.hlo_cache().put(hlo_key(key), text)
+    return compiled, out_spec
+
+
+@functools.cache
+def _compiler_thread() -> concurrent.futures.ThreadPoolExecutor:
+    return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="neuron-eager-compile")
+
+
+def compiled_kernel(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any], dynamic: bool) -> Any:
+    """The kernel of ``key`` (compiled on its first call): a :class:`Kernel`, :data:`UNIMPLEMENTED`,
+    or for a dynamic key :data:`STATIC`."""
+    with _lock:
+        kernel = registry.get(key)
+        if kernel is None:
+            try:
+                # On a fresh thread: inside __torch_dispatch__ the Python dispatch key is
+                # excluded (thread-locally), which would blind make_fx's tracing modes.
+                kernel = _compiler_thread().submit(_compile, func, key, args, kwargs, dynamic).result()
+            except Exception as exc:  # nothing lowers this op: it is unimplemented here
+                _log.info("%s is not implemented on neuron: %s", func, exc)
+                kernel = UNIMPLEMENTED
+            registry[key] = kernel
+    return kernel
+
+

@@ -1,0 +1,124 @@
+"""Dynamic dimensions of a traced kernel: recorded at trace time, evaluated at every call.
+
+An eager op traced with symbolic shapes (``make_fx(..., tracing_mode="symbolic")``)
+compiles to one kernel for every size of its dynamic dimensions. Its plan
+records each dimension as an int (static) or as the printed expression of its
+symbol (``"s7"``, ``"s7*s9"``, ``"s7 // 2"``): input dimensions name the
+symbols, output dimensions are expressions of them. :class:`ShapeFunction`
+turns those expressions into one small Python function that gives a call's
+output shapes from its inputs' shapes, so outputs are allocated before the
+kernel runs (no meta-tensor propagation per call).
+
+A trace is dynamic only if it holds for every size: :func:`check_dynamic`
+rejects a trace whose shape environment recorded guards (the trace branched on
+a size, or a symbol was fixed to a constant), which must then be compiled for
+its concrete shapes instead.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torch_neuronx.compiler.errors import NotDynamic
+
+__all__ = ["NotDynamic", "ShapeFunction", "check_dynamic", "dimension", "is_dynamic"]
+
+
+def _printer() -> Any:
+    from torch.utils._sympy.printers import PythonPrinter
+
+    return PythonPrinter()
+
+
+def dimension(d: Any) -> int | str:
+    """One dimension as a plan stores it: an int, or its symbol's expression as Python text."""
+    if isinstance(d, int):
+        return d
+    expr = d.node.expr
+    if expr.is_number:
+        return int(expr)
+    return _printer().doprint(expr)
+
+
+def is_dynamic(specs: Sequence[dict[str, Any]]) -> bool:
+    """Whether any of these ``{"shape", "dtype"}`` specs has a symbolic dimension."""
+    return any(isinstance(d, str) for spec in specs for d in spec["shape"])
+
+
+def _shape_env(gm: torch.fx.GraphModule) -> Any:
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        for value in val if isinstance(val, list | tuple) else (val,):
+            if isinstance(value, torch.Tensor):
+                for d in value.shape:
+                    if isinstance(d, torch.SymInt):
+                        return d.node.shape_env
+    return None
+
+
+def check_dynamic(gm: torch.fx.GraphModule) -> None:
+    """Raise :class:`NotDynamic` unless ``gm``'s trace holds for every size of its symbols."""
+    env = _shape_env(gm)
+    if env is None:
+        raise NotDynamic("no dynamic dimension")
+    if env.guards:
+        raise NotDynamic(f"the trace guards on sizes: {', '.join(str(g.expr) for g in env.guards[:3])}")
+    fixed = [str(k) for k, v in env.replacements.items() if v.is_number]
+    if fixed:
+        raise NotDynamic(f"sizes fixed to constants: {', '.join(fixed[:3])}")
+
+
+# What an output dimension's expression may contain: arithmetic of symbols and integers.
+_ALLOWED = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod,
+            ast.USub, ast.UAdd, ast.Name, ast.Load, ast.Constant, ast.Call)
+_FUNCTIONS = {"max": max, "min": min}
+
+
+def _checked(text: str, symbols: set[str]) -> set[str]:
+    """The symbols ``text`` uses, when it is an arithmetic expression of ``symbols``; ValueError otherwise."""
+    tree = ast.parse(text, mode="eval")
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED):
+            raise ValueError(f"unsupported {type(node).__name__} in dimension {text!r}")
+        if isinstance(node, ast.Constant) and type(node.value) is not int:
+            raise ValueError(f"non-integer constant in dimension {text!r}")
+        if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS):
+            raise ValueError(f"unsupported call in dimension {text!r}")
+        if isinstance(node, ast.Name) and node.id not in symbols and node.id not in _FUNCTIONS:
+            raise ValueError(f"dimension {text!r} depends on {node.id}, which no input dimension is")
+    return {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id in symbols}
+
+
+class ShapeFunction:
+    """The output shapes of a dynamic kernel's call, from its inputs' shapes.
+
+    ``inputs`` and ``outputs`` are the plan's ``{"shape", "dtype"}`` specs. Calling the
+    function with the call's input tensors returns one shape tuple per output.
+    Raises ValueError when an output dimension is not an arithmetic expression of
+    input dimensions.
+    """
+
+    def __init__(self, inputs: Sequence[dict[str, Any]], outputs: Sequence[dict[str, Any]]) -> None:
+        where: dict[str, tuple[int, int]] = {}
+        for i, spec in enumerate(inputs):
+            for j, d in enumerate(spec["shape"]):
+                if isinstance(d, str):
+                    if not d.isidentifier():
+                        raise ValueError(f"input dimension {d!r} is not a symbol")
+                    where.setdefault(d, (i, j))
+        dims = [list(spec["shape"]) for spec in outputs]
+        used = sorted(set().union(*(_checked(d, set(where)) for shape in dims for d in shape if isinstance(d, str))))
+        lines = ["def shapes(t):"]
+        lines += [f"    {name} = t[{where[name][0]}].shape[{where[name][1]}]" for name in used]
+        shapes = ", ".join("(" + "".join(f"{d}, " for d in shape) + ")" for shape in dims)
+        lines.append(f"    return ({shapes}{',' if len(dims) == 1 else ''})")
+        namespace: dict[str, Any] = {"__builtins__": {}, **_FUNCTIONS}
+        exec(compile("\n".join(lines), "<neuron kernel shapes>", "exec"), namespace)  # noqa: S102 - checked above
+        self._shapes = namespace["shapes"]
+
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, ...], ...]:
+        return self._shapes(tensors)
