@@ -260,8 +260,8 @@ def _kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
             kernel = _kernels.get(key)
             if kernel is None:
                 kernel = kernels.compiled_kernel(func, key, args, kwargs, True)
-                if isinstance(kernel, kernels.Kernel) and not _synchronized(args, kwargs, _agrees, kernel, func,
-                                                                            args, kwargs):
+                if isinstance(kernel, kernels.Kernel) and not _synchronized(args, kwargs, kernels.agrees_with_cpu,
+                                                                            kernel, func, args, kwargs):
                     kernel = _kernels[key] = kernels.STATIC
                     if config.get("TORCH_NEURONX_HLO_CACHE") and not config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
                         store.hlo_cache().put(kernels.hlo_key(key), kernels.STATIC_ENTRY)
@@ -269,34 +269,6 @@ def _kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
                 return kernel
     key = kernels.dispatch_key(func, args, kwargs)
     return _kernels.get(key) or kernels.compiled_kernel(func, key, args, kwargs, False)
-
-
-def _agrees(kernel: kernels.Kernel, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
-    """Whether a new dynamic-shape kernel computes, on the call that made it, what the CPU does.
-
-    torch-mlir's linalg lowering of a symbolic trace is younger than its StableHLO path; one
-    that computes a wrong value (native_batch_norm_backward did) is never used: the op keeps a
-    kernel per shape. Checked once per dynamic key, on the host (a synchronization).
-    """
-    leaves = pytree.tree_leaves((list(args), kwargs))
-    tensors = [_cpu(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
-    try:
-        outputs = [torch.empty(shape, dtype=dtype) for shape, dtype in zip(kernel.shapes(tensors), kernel.dtypes)]
-        if not kernel.compiled.run_into(tensors, outputs):
-            outputs = kernel.compiled(tensors)
-        expected = pytree.tree_leaves(scalars.call(func, pytree.tree_map(_cpu, args), pytree.tree_map(_cpu, kwargs)))
-    except Exception as exc:
-        _log.debug("%s: dynamic kernel not checked (%s); keeping a kernel per shape", func, exc)
-        return False
-    for got, want in zip(outputs, expected, strict=False):
-        if not isinstance(want, torch.Tensor) or got.shape != want.shape or got.dtype != want.dtype:
-            return False
-        close = (torch.allclose(got, want, rtol=1e-3, atol=1e-4, equal_nan=True) if want.is_floating_point()
-                 else torch.equal(got, want))
-        if not close:
-            _log.info("%s: its dynamic-shape kernel disagrees with the CPU; keeping a kernel per shape", func)
-            return False
-    return len(outputs) == len(expected)
 
 
 def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

@@ -129,8 +129,9 @@ class Kernel:
         self.compiled, self.out_spec, self.name = compiled, out_spec, name
         metas = compiled.output_metas()
         self.metas = metas if metas is not None and len(metas) == out_spec.num_leaves else None
-        # A dynamic-shape kernel: its outputs' shapes come from each call's inputs.
-        self.shapes = compiled.shape_function
+        # A queued dynamic-shape kernel: its outputs' shapes come from each call's inputs (one whose
+        # outputs are checked on the host runs where it is called, as static ones do).
+        self.shapes = None if compiled.runs_on_host else compiled.shape_function
         self.dtypes = compiled.output_dtypes() if self.shapes is not None else None
 
 
@@ -212,3 +213,47 @@ def compiled_kernel(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str
     return kernel
 
 
+
+
+def agrees_with_cpu(kernel: Kernel, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether a new dynamic-shape kernel computes, on the call that made it, what the CPU does,
+    and leaves its inputs alone. The caller has synchronized: the tensors' memory is readable.
+
+    torch-mlir's linalg lowering of a symbolic trace is younger than its StableHLO path; a kernel
+    that computes a wrong value (native_batch_norm_backward's did) or writes into an input
+    (a scatter tied to its operand) is never used: the op keeps a kernel per shape. The kernel
+    runs on copies of the inputs; checked once per dynamic key and process.
+    """
+    leaves = pytree.tree_leaves((list(args), kwargs))
+    originals = [_cpu(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    tensors = [t.clone() for t in originals]
+    try:
+        expected = pytree.tree_leaves(scalars.call(func, pytree.tree_map(_cpu, args), pytree.tree_map(_cpu, kwargs)))
+        if kernel.shapes is None:  # checked on the host: runs where it is called
+            outputs = kernel.compiled(list(tensors))
+        else:
+            outputs = [torch.empty(shape, dtype=dtype) for shape, dtype in zip(kernel.shapes(tensors), kernel.dtypes)]
+            if not kernel.compiled.run_into(tensors, outputs):
+                outputs = kernel.compiled(list(tensors))
+    except Exception as exc:
+        _log.debug("%s: dynamic kernel not checked (%s); keeping a kernel per shape", func, exc)
+        return False
+    if len(outputs) != len(expected) or not all(map(_same, outputs, expected)):
+        _log.info("%s: its dynamic-shape kernel disagrees with the CPU; keeping a kernel per shape", func)
+        return False
+    if not all(torch.equal(copy, t) or (t.is_floating_point() and torch.allclose(copy, t, rtol=0, atol=0,
+                                                                                   equal_nan=True))
+               for copy, t in zip(tensors, originals)):
+        _log.info("%s: its dynamic-shape kernel writes into an input; keeping a kernel per shape", func)
+        return False
+    return True
+
+
+def _same(got: Any, want: Any) -> bool:
+    if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
+        return False
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return False
+    if want.is_floating_point() or want.is_complex():
+        return torch.allclose(got, want, rtol=1e-3, atol=1e-4, equal_nan=True)
+    return torch.equal(got, want)

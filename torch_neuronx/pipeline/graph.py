@@ -134,6 +134,12 @@ class CompiledGraph:
         self._neff, self._executable = neff, executable
         observe.count("volatile_parameter_graphs")
 
+    @property
+    def runs_on_host(self) -> bool:
+        """Whether each call must run where it is made: the graph returns some of its inputs, checks
+        its outputs on the host, or draws random inputs from the host generator."""
+        return bool(self._returns_inputs or self._checks or self._random_inputs)
+
     def output_dtypes(self) -> list[torch.dtype]:
         """The dtype of each output the NEFF computes."""
         return [dtype for _, dtype in self._outputs]

@@ -109,10 +109,11 @@ def _prepare(gm: torch.fx.GraphModule, name: str,
     return gm, template
 
 
-# StableHLO ops that IREE 3.13 lowers to operations tied to their operand (sort and scatter
-# run in place on it). When that operand is a function argument, IREE writes into the caller's
-# input buffer (iree-org/iree#16168): torch.compile(lambda x: x.sort().values) would sort x.
-_TIED_OPS = ("stablehlo.sort", "stablehlo.scatter")
+# StableHLO ops (and their linalg-on-tensors forms, torch-mlir's tm_tensor ops) that IREE 3.13
+# lowers to operations tied to their operand (sort and scatter run in place on it). When that
+# operand is a function argument, IREE writes into the caller's input buffer
+# (iree-org/iree#16168): torch.compile(lambda x: x.sort().values) would sort x.
+_TIED_OPS = ("stablehlo.sort", "stablehlo.scatter", "tm_tensor.sort", "tm_tensor.scatter")
 
 
 def writes_its_inputs(stablehlo: str) -> bool:

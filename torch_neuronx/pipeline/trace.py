@@ -120,8 +120,8 @@ def _symbolic(tensors: Sequence[torch.Tensor], dynamic: Sequence[Sequence[bool]]
 
 def _check_dynamic_plan(plan: Plan) -> None:
     """A dynamic kernel's plan must be the plain form whose outputs the caller allocates."""
-    if (plan.copy_inputs or plan.complex_inputs or plan.complex_outputs or plan.random_inputs
-            or plan.host_checks or plan.output_layouts or any(slot is not None for slot in plan.template)):
+    if (plan.complex_inputs or plan.complex_outputs or plan.random_inputs
+            or plan.output_layouts or any(slot is not None for slot in plan.template)):
         raise shapes.NotDynamic("the kernel's outputs are not all fresh tensors it computes")
     if not shapes.is_dynamic(plan.inputs):
         raise shapes.NotDynamic("no dynamic input dimension")

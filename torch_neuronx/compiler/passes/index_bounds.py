@@ -19,8 +19,8 @@ dimension of size ``n``:
 Ops whose index torch checks but whose decomposition hides it (``index_add`` and
 ``index_copy`` become ``index_put``, which wraps negatives) mark the index with
 :data:`BOUNDS` in their decomposition (``decompositions/indexing.py``); the pass
-expands those the same way. Sizes that are symbolic are left alone, except in an eager op's
-dynamic-shape trace, which then gets a kernel per shape (unchecked indices would read anywhere).
+expands those the same way. A symbolic size (an eager op's dynamic-shape kernel) is computed in
+the graph and checked from there: the check's output holds it after the index's extremes.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from torch_neuronx.compiler.decompositions.indexing import BOUNDS
-from torch_neuronx.compiler.passes.rewrite import call_before, example, symbolic_unsupported
+from torch_neuronx.compiler.passes.rewrite import call_before, example
 
 aten = torch.ops.aten
 
@@ -82,18 +82,59 @@ def _is_index(node: Any) -> bool:
 
 def _guard(gm: torch.fx.GraphModule, before: torch.fx.Node, index: torch.fx.Node, size: Any,
            negative: bool, check: dict[str, Any] | None, checks: list[tuple[torch.fx.Node, dict]]) -> torch.fx.Node:
-    """The safe form of ``index`` for a dimension of ``size``; its range check appended to ``checks``."""
+    """The safe form of ``index`` for a dimension of ``size``; its range check appended to ``checks``.
+
+    ``size`` is an int, or (a dynamic-shape kernel) the node of a symbolic size: the size then
+    becomes a 0-d tensor of the graph, the third value of the check's output (the host reads
+    it there), and wrapping and clamping use it.
+    """
+    if not _static(size):
+        return _symbolic_guard(gm, before, index, size, negative, check, checks)
     if check is not None:
-        dims = list(range(example(index).dim()))
-        low = call_before(gm, before, aten.amin.default, index, dims)
-        high = call_before(gm, before, aten.amax.default, index, dims)
-        checks.append((call_before(gm, before, aten.stack.default, [low, high]), {**check, "size": int(size)}))
+        checks.append((_extremes(gm, before, index, []), {**check, "size": int(size)}))
     safe = index
     if negative:
         below = call_before(gm, before, aten.lt.Scalar, index, 0)
         shifted = call_before(gm, before, aten.add.Tensor, index, size)
         safe = call_before(gm, before, aten.where.self, below, shifted, index)
     return call_before(gm, before, aten.clamp.default, safe, 0, max(int(size) - 1, 0))
+
+
+def _extremes(gm: torch.fx.GraphModule, before: torch.fx.Node, index: torch.fx.Node,
+              extra: list[torch.fx.Node]) -> torch.fx.Node:
+    """``stack([amin(index), amax(index), *extra])``: what the host check reads."""
+    dims = list(range(example(index).dim()))
+    low = call_before(gm, before, aten.amin.default, index, dims)
+    high = call_before(gm, before, aten.amax.default, index, dims)
+    return call_before(gm, before, aten.stack.default, [low, high, *extra])
+
+
+def _symbolic_guard(gm: torch.fx.GraphModule, before: torch.fx.Node, index: torch.fx.Node, size: torch.fx.Node,
+                    negative: bool, check: dict[str, Any] | None,
+                    checks: list[tuple[torch.fx.Node, dict]]) -> torch.fx.Node:
+    val = example(index)
+    with val.fake_mode:  # a tensor made from a symbolic size stays symbolic (no guard fixes it)
+        bound = call_before(gm, before, aten.scalar_tensor.default, size, dtype=val.dtype)
+        if check is not None:
+            checks.append((_extremes(gm, before, index, [bound]), {**check, "size": None}))
+        safe = index
+        if negative:
+            below = call_before(gm, before, aten.lt.Scalar, index, 0)
+            shifted = call_before(gm, before, aten.add.Tensor, index, bound)
+            safe = call_before(gm, before, aten.where.self, below, shifted, index)
+        last = call_before(gm, before, aten.sub.Tensor, bound, 1)
+        return call_before(gm, before, aten.clamp_min.default, call_before(gm, before, aten.minimum.default,
+                                                                             safe, last), 0)
+
+
+def _size_node(gm: torch.fx.GraphModule, node: torch.fx.Node, form: str, inner: int | None) -> torch.fx.Node:
+    """A node computing the symbolic size an index operand of ``node`` indexes into."""
+    source = node.args[0]
+    if form == _FLAT:
+        return call_before(gm, node, aten.sym_numel.default, source)
+    rank = example(source).dim()
+    dim = inner if form == _INDICES else 0 if form == _WEIGHT else node.args[1] % max(rank, 1)
+    return call_before(gm, node, aten.sym_size.int, source, dim)
 
 
 def _operands(node: torch.fx.Node, form: str) -> list[tuple[int, int | None, Any]]:
@@ -134,8 +175,7 @@ def index_bounds_checked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         args = list(node.args)
         for position, inner, size in _operands(node, form):
             if not _static(size):
-                symbolic_unsupported(f"the index bounds check of {node.target}")
-                continue
+                size = _size_node(gm, node, form, inner)
             index = args[position][inner] if inner is not None else args[position]
             dim = inner if inner is not None else (args[1] if form == _SELF_DIM else 0)
             check = {
@@ -162,8 +202,9 @@ def _append_outputs(gm: torch.fx.GraphModule, checks: Sequence[tuple[torch.fx.No
 
 def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:
     """Raise torch's error when the index range ``extremes`` (min, max) leaves ``check``'s dimension."""
-    low, high = (int(v) for v in extremes.tolist())
-    size = check["size"]
+    values = [int(v) for v in extremes.tolist()]
+    low, high = values[:2]
+    size = check["size"] if check.get("size") is not None else values[2]  # symbolic: computed in the graph
     floor = -size if check["negative"] else 0
     if floor <= low and high < size:
         return
