@@ -66,6 +66,33 @@ def small_op(rounds: int) -> dict[str, float]:
             "complete": statistics.median(complete)}
 
 
+class _Bare(torch.Tensor):
+    """The floor of any Python device: a wrapper subclass whose ``__torch_dispatch__`` returns a
+    new wrapper at once (no key, no allocation, no kernel)."""
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor) -> _Bare:
+        return torch.Tensor._make_wrapper_subclass(cls, inner.shape, strides=inner.stride(), dtype=inner.dtype,
+                                                   device="meta")
+
+    def __init__(self, inner: torch.Tensor) -> None:
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        return _Bare(args[0].inner)
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+
+def python_floor(rounds: int) -> float:
+    """µs per add of 32x64 through a bare wrapper subclass (see :class:`_Bare`)."""
+    bare = _Bare(torch.randn(32, 64))
+    for _ in range(200):
+        bare + bare
+    return statistics.median(_per_call(lambda: bare + bare, 2000) for _ in range(rounds))
+
+
 def chain(rounds: int, length: int = 1000) -> dict[str, float]:
     """ms for ``length`` dependent small ops (x = x * 0.5 + 1): to return, to completion, CPU eager."""
     x0 = torch.randn(32, 64)
@@ -223,6 +250,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"| add 32x64, µs to return | {op['cpu']:.1f} | {op['queued']:.1f} | {op['queued'] / op['cpu']:.1f} |")
     print(f"| add 32x64, µs to completion | {op['cpu']:.1f} | {op['complete']:.1f} | "
           f"{op['complete'] / op['cpu']:.1f} |")
+    floor = python_floor(rounds)
+    print(f"| add 32x64 through a bare Python wrapper subclass (the floor), µs | {op['cpu']:.1f} | "
+          f"{floor:.1f} | {floor / op['cpu']:.1f} |")
     ch = chain(max(3, rounds // 3))
     print(f"| 1000 ops, ms to return | {ch['cpu']:.2f} | {ch['returned']:.2f} | {ch['returned'] / ch['cpu']:.1f} |")
     print(f"| 1000 ops, ms to completion | {ch['cpu']:.2f} | {ch['complete']:.2f} | "

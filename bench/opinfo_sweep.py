@@ -211,6 +211,9 @@ def on_neuron(fn):
 
     def run(*args, **kwargs):
         moved_args, moved_kwargs = tree_map(to_neuron, (args, kwargs))
+        if getattr(fn, "__name__", "") == "tensor_split" and len(args) > 1:
+            # Its sections tensor is host data (CUDA requires it on the CPU too), not an operand.
+            moved_args = (moved_args[0], args[1], *moved_args[2:])
         out = fn(*moved_args, **moved_kwargs)
         for given, moved in zip(tree_leaves((args, kwargs)), tree_leaves((moved_args, moved_kwargs))):
             if isinstance(given, torch.Tensor) and moved is not given:

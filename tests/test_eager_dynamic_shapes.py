@@ -188,3 +188,25 @@ def test_shape_functions_evaluate_arithmetic_of_input_sizes_only():
     for bad in ("__import__('os').getpid()", "s3.bit_length()", "s9 + 1", "s3 / 2", "[s3][0]"):
         with pytest.raises((ValueError, SyntaxError)):
             ShapeFunction([{"shape": ["s3"]}], [{"shape": [bad]}])
+
+
+SLOW_COMPILE = """
+import json, torch, torch_neuronx
+from torch_neuronx import metrics
+from torch_neuronx.device import kernels
+from torch_neuronx.pipeline import trace
+trace.DYNAMIC_COMPILE_SECONDS = 0.001  # every dynamic compile runs past its limit
+x = torch.rand(6, 9) + 0.5
+got = torch.special.i1e(x.to("neuron")).cpu()
+print(json.dumps({"close": torch.allclose(got, torch.special.i1e(x), atol=1e-6),
+                  "marked": sum(k is kernels.STATIC for k in kernels.registry.values()),
+                  "compiles": metrics.counter("eager_ops_compiled")}))
+"""
+
+
+def test_a_dynamic_compile_past_its_time_limit_leaves_the_op_a_kernel_per_shape(tmp_path):
+    env = {**os.environ, "TORCH_NEURONX_HLO_CACHE_DIR": str(tmp_path / "hlo"),
+           "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff")}
+    out = subprocess.run([sys.executable, "-c", SLOW_COMPILE], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"close": True, "marked": 1, "compiles": 1}

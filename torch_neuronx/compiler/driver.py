@@ -17,6 +17,8 @@ the error gives its path.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import json
@@ -25,7 +27,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch_neuronx import config, observe
@@ -97,6 +99,21 @@ def work_dir(key: str) -> str:
     return os.path.join(config.get("TORCH_NEURONX_DEBUG_DIR"), "neuronx-cc", key[:32])
 
 
+_time_limit: contextvars.ContextVar[float | None] = contextvars.ContextVar("neuron_compile_time_limit", default=None)
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Compiles started inside this block stop after ``seconds`` (a NeuronCompileError of stage
+    compile): for optional compiles with a fallback, such as an eager op's dynamic-shape kernel,
+    whose IREE compile can take minutes where the static one takes one second (igamma)."""
+    token = _time_limit.set(seconds)
+    try:
+        yield
+    finally:
+        _time_limit.reset(token)
+
+
 def _command(job: CompileJob, flags: Sequence[str]) -> list[str]:
     if job.target.compiler == "iree":
         return [iree_compile_path(), *flags, "module.mlir", "-o", "payload.vmfb"]
@@ -121,8 +138,12 @@ def _attempt(job: CompileJob, flags: Sequence[str], workdir: str, *, append: boo
         f.write(" ".join(cmd) + "\n")
     invocations += 1
     observe.count("compiler_invocations")
+    limit = _time_limit.get()
     try:
-        proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
+        proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True, timeout=limit)
+    except subprocess.TimeoutExpired as exc:
+        raise NeuronCompileError("compile", f"{cmd[0]} took longer than {limit:g} s, the limit of this compile; "
+                                 "it was stopped", artifacts=workdir, graph=job.graph_name) from exc
     except OSError as exc:
         raise NeuronCompileError("compile", f"could not run {cmd[0]}: {exc}", artifacts=workdir,
                                  graph=job.graph_name) from exc

@@ -251,10 +251,49 @@ def _run_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return pytree.tree_map(_on_device(_first_neuron((args, kwargs))._index), out)
 
 
+#: (op, argument signature) -> the key whose kernel served it: a call seen before skips computing its
+#: dynamic and dispatch keys. Holds keys, not kernels, so what ``_kernels`` says stays the truth.
+_seen: dict[tuple, tuple] = {}
+_SEEN_LIMIT = 1 << 16
+_PLAIN = (int, float, bool, str, type(None))
+
+
+def _signature(func: Any, args: Sequence[Any], dynamic: bool) -> tuple | None:
+    """What a positional call's kernel depends on, cheaply: each tensor's class, shape, strides and
+    dtype, each scalar's type and value; None when an argument is anything else (a list)."""
+    sig: list[Any] = [func, dynamic]
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            sig += (type(a), a.shape, a.stride(), a.dtype)
+        elif type(a) in _PLAIN:
+            sig += (type(a), a)
+        else:
+            return None
+    return tuple(sig)
+
+
 def _kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """The kernel a call runs: its op family's dynamic-shape kernel where the op has one
     (TORCH_NEURONX_EAGER_DYNAMIC_SHAPES), else the kernel of its shapes and strides."""
-    if config.get("TORCH_NEURONX_EAGER_DYNAMIC_SHAPES"):
+    dynamic = config.get("TORCH_NEURONX_EAGER_DYNAMIC_SHAPES")
+    sig = None if kwargs else _signature(func, args, dynamic)
+    if sig is not None:
+        key = _seen.get(sig)
+        if key is not None:
+            kernel = _kernels.get(key)
+            if kernel is not None and kernel is not kernels.STATIC:
+                return kernel
+    key, kernel = _find_kernel(func, args, kwargs, dynamic)
+    if sig is not None:
+        if len(_seen) >= _SEEN_LIMIT:
+            _seen.clear()
+        _seen[sig] = key
+    return kernel
+
+
+def _find_kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any], dynamic: bool) -> tuple[tuple, Any]:
+    """The key and kernel of a call (compiled on the first call of its key)."""
+    if dynamic:
         key = kernels.dynamic_key(func, args, kwargs)
         if key is not None:
             kernel = _kernels.get(key)
@@ -266,9 +305,9 @@ def _kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
                     if config.get("TORCH_NEURONX_HLO_CACHE") and not config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
                         store.hlo_cache().put(kernels.hlo_key(key), kernels.STATIC_ENTRY)
             if kernel is not kernels.STATIC:
-                return kernel
+                return key, kernel
     key = kernels.dispatch_key(func, args, kwargs)
-    return _kernels.get(key) or kernels.compiled_kernel(func, key, args, kwargs, False)
+    return key, _kernels.get(key) or kernels.compiled_kernel(func, key, args, kwargs, False)
 
 
 def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

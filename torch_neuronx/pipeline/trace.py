@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicO
 from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from torch_neuronx import observe
-from torch_neuronx.compiler import decompositions
+from torch_neuronx.compiler import decompositions, driver
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, ResolvedOptions
 from torch_neuronx.compiler.passes import rewrite
@@ -37,6 +37,10 @@ from torch_neuronx.pipeline.plan import Plan
 # matching. 3: traces see distinct inputs (format 2 traced ``a * a`` as a one-input kernel).
 # 4: dynamic-shape kernels (eager ops), index bounds checked in them.
 FORMAT = 4
+
+#: How long a dynamic-shape kernel may take to compile before the op gets a kernel per shape instead
+#: (a single op compiles in about a second; IREE took minutes over some dynamic ones, igamma's).
+DYNAMIC_COMPILE_SECONDS = 30.0
 
 _DATA_DEPENDENT = (GuardOnDataDependentSymNode, DataDependentOutputException, DynamicOutputShapeException)
 
@@ -171,7 +175,10 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
         _reject_input_mutation(gm, name)
         if dynamic is not None:
             shapes.check_dynamic(gm)
-        with contextlib.nullcontext() if dynamic is None else rewrite.dynamic_trace():
+        with contextlib.ExitStack() as dynamic_only:
+            if dynamic is not None:
+                dynamic_only.enter_context(rewrite.dynamic_trace())
+                dynamic_only.enter_context(driver.time_limit(DYNAMIC_COMPILE_SECONDS))
             compiled, plan = build_graph(gm, options, name, GraphArtifacts(name, options.preserve_artifacts),
                                          hlo_cache=hlo_cache, output_storage=output_storage,
                                          dialect="stablehlo" if dynamic is None else "linalg")
