@@ -196,6 +196,13 @@ def _compiler_thread() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="neuron-eager-compile")
 
 
+def stored(key: tuple) -> bool:
+    """Whether the HLO cache holds an entry for ``key`` (a trace, or the mark of a per-shape op)."""
+    if not config.get("TORCH_NEURONX_HLO_CACHE") or config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
+        return False
+    return store.hlo_cache().get(hlo_key(key)) is not None
+
+
 def compiled_kernel(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any], dynamic: bool) -> Any:
     """The kernel of ``key`` (compiled on its first call): a :class:`Kernel`, :data:`UNIMPLEMENTED`,
     or for a dynamic key :data:`STATIC`."""
