@@ -213,3 +213,18 @@ def test_a_dynamic_compile_past_its_time_limit_leaves_the_op_a_kernel_per_shape(
     out = subprocess.run([sys.executable, "-c", SLOW_COMPILE], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"close": True, "marked": 1, "compiles": 2}
+
+
+def test_a_hot_shape_gets_a_kernel_of_its_own():
+    """A shape called often on its family's dynamic kernel is promoted to a kernel of its shapes
+    (faster code), once; results stay the CPU's throughout."""
+    from torch_neuronx.device import eager
+
+    first = torch.randn(12, 13)
+    _close(torch.erfc(first.to("neuron")), torch.erfc(first))  # the family's first shape: its own kernel
+    x = torch.randn(10, 11)  # the second: the dynamic kernel, until it is hot
+    on = x.to("neuron")
+    before = metrics.counter("eager_shapes_promoted")
+    for _ in range(eager.PROMOTE_AFTER + 3):
+        _close(torch.erfc(on), torch.erfc(x))
+    assert metrics.counter("eager_shapes_promoted") == before + 1

@@ -274,7 +274,8 @@ def _signature(func: Any, args: Sequence[Any], dynamic: bool) -> tuple | None:
 
 def _kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """The kernel a call runs: its op family's dynamic-shape kernel where the op has one
-    (TORCH_NEURONX_EAGER_DYNAMIC_SHAPES), else the kernel of its shapes and strides."""
+    (TORCH_NEURONX_EAGER_DYNAMIC_SHAPES) and this shape has no kernel of its own, else the
+    kernel of its shapes and strides."""
     dynamic = config.get("TORCH_NEURONX_EAGER_DYNAMIC_SHAPES")
     sig = None if kwargs else _signature(func, args, dynamic)
     if sig is not None:
@@ -282,13 +283,36 @@ def _kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         if key is not None:
             kernel = _kernels.get(key)
             if kernel is not None and kernel is not kernels.STATIC:
+                if key[0] == "dynamic":
+                    return _maybe_promote(func, args, kwargs, sig, kernel)
                 return kernel
     key, kernel = _find_kernel(func, args, kwargs, dynamic)
     if sig is not None:
         if len(_seen) >= _SEEN_LIMIT:
             _seen.clear()
+            _hot.clear()
         _seen[sig] = key
     return kernel
+
+
+#: Calls of one shape on its family's dynamic kernel after which that shape gets a kernel of its
+#: own (a hot shape: the static kernel runs faster, see :func:`_find_kernel`).
+PROMOTE_AFTER = 16
+_hot: dict[tuple, int] = {}
+
+
+def _maybe_promote(func: Any, args: Sequence[Any], kwargs: dict[str, Any], sig: tuple, kernel: Any) -> Any:
+    """``kernel`` (a dynamic one) for this call, or, once its shape is hot, the shape's own kernel."""
+    calls = _hot[sig] = _hot.get(sig, 0) + 1
+    if calls != PROMOTE_AFTER:
+        return kernel
+    key = kernels.dispatch_key(func, args, kwargs)
+    own = _kernels.get(key) or kernels.compiled_kernel(func, key, args, kwargs, False)
+    if not isinstance(own, kernels.Kernel):  # no kernel of its own (it would fall back): stay dynamic
+        return kernel
+    observe.count("eager_shapes_promoted")
+    _seen[sig] = key
+    return own
 
 
 #: Dynamic keys of op families seen at one shape so far (which got a kernel for that shape).
