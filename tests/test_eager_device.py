@@ -209,3 +209,17 @@ def test_sort_on_neuron_leaves_its_input_alone():
     values = nx.sort(dim=1).values
     assert torch.equal(nx.cpu(), x)
     torch.testing.assert_close(values.cpu(), x.sort(dim=1).values)
+
+
+def test_ops_on_empty_tensors_run_compiled_not_on_the_cpu():
+    """An op whose inputs have no elements still compiles (the passes' constants are typed for the
+    importer) instead of falling back to the CPU with a misleading warning."""
+    from torch_neuronx import metrics
+
+    before = metrics.counter("eager_fallbacks")
+    empty = torch.randn(1, 0, 3)
+    assert torch.exp(empty.to("neuron")).shape == (1, 0, 3)
+    a, b = torch.randn(3, 0), torch.randn(0, 4)
+    assert torch.equal((a.to("neuron") @ b.to("neuron")).cpu(), torch.zeros(3, 4))
+    assert torch.equal(empty.to("neuron").sum(1).cpu(), torch.zeros(1, 3))
+    assert metrics.counter("eager_fallbacks") == before

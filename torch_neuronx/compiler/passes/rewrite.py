@@ -67,5 +67,16 @@ def call_before(gm: torch.fx.GraphModule, before: torch.fx.Node, target: Any, *a
     """Insert ``target(*args, **kwargs)`` before ``before``, its example value computed from its arguments'."""
     with gm.graph.inserting_before(before):
         node = gm.graph.call_function(target, args, kwargs)
-    node.meta["val"] = target(*example(list(args)), **{k: example(v) for k, v in kwargs.items()})
+    # Under the graph's fake mode: an op with no tensor argument (``full``) would otherwise give a
+    # real tensor, which torch-mlir's importer cannot type (make_fx graphs run passes outside it).
+    with _fake_mode(gm):
+        node.meta["val"] = target(*example(list(args)), **{k: example(v) for k, v in kwargs.items()})
     return node
+
+
+def _fake_mode(gm: torch.fx.GraphModule) -> Any:
+    """The fake mode of ``gm``'s example values (a no-op context when it has none)."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
+    return mode if mode is not None else contextlib.nullcontext()
