@@ -263,8 +263,10 @@ def _signature(func: Any, args: Sequence[Any], dynamic: bool) -> tuple | None:
     dtype, each scalar's type and value; None when an argument is anything else (a list)."""
     sig: list[Any] = [func, dynamic]
     for a in args:
-        if isinstance(a, torch.Tensor):
-            sig += (type(a), a.shape, a.stride(), a.dtype)
+        if isinstance(a, NeuronTensor):
+            sig += (NeuronTensor, a.shape, a.stride(), a.dtype)
+        elif isinstance(a, torch.Tensor):  # a host (or meta) tensor: where it lives is part of the key
+            sig += (a.device.type, a.shape, a.stride(), a.dtype)
         elif type(a) in _PLAIN:
             sig += (type(a), a)
         else:
