@@ -1,11 +1,11 @@
 """One eager kernel per op family: dimensions of size 2 and up are dynamic.
 
-An op family's first shape gets a kernel for its shapes; its second shape gets the family's
+An op family's first two shapes get kernels for their shapes; its third shape gets the family's
 kernel traced with symbolic sizes once per *dynamic key* (op, ranks, which sizes are 0 or 1 or
 equal to an int argument, which sizes are equal to each other, dtypes, other arguments),
 lowered to linalg-on-tensors and compiled once; that kernel serves every later size. Ops whose
 trace depends on a size keep one kernel per shape. Every result is compared with the CPU's, at
-sizes the kernel was not traced with.
+sizes the kernel was not traced with. A shape that comes back gets a kernel of its own.
 """
 
 from __future__ import annotations
@@ -60,13 +60,13 @@ def test_index_ops_check_their_bounds_at_every_size():
 def test_one_kernel_serves_every_batch_size():
     torch.manual_seed(0)
     w, b = torch.randn(24, 40), torch.randn(24)
-    for step, batch in enumerate((3, 7, 12, 29)):
+    for step, batch in enumerate((3, 7, 12, 29, 17)):
         x, labels = torch.randn(batch, 40), torch.randint(0, 24, (batch,))
         on_device = [t.to("neuron") for t in (x, w, b, labels)]
         before = _compiles()
         for actual, expected in zip(_block(*on_device), _block(x, w, b, labels)):
             _close(actual, expected)
-        if step > 1:  # the second batch size compiled the dynamic kernels the others need
+        if step > 2:  # the third batch size compiled the dynamic kernels the others need
             assert _compiles() == before, f"batch {batch} compiled {_compiles() - before} new kernels"
 
 
@@ -138,24 +138,24 @@ def test_a_training_loop_with_changing_batch_sizes_stops_compiling():
                 device_loss = loss.item()
         assert device_loss == pytest.approx(loss.item(), rel=1e-4, abs=1e-5), f"step {step}"
         new_ops.append({key[1] if key[0] == "dynamic" else key[0] for key in set(eager._kernels) - known})
-    for step, ops in enumerate(new_ops[2:], 2):  # the second batch size adds what the first's sizes hid
+    for step, ops in enumerate(new_ops[3:], 3):  # the third batch size made the dynamic kernels
         assert not ops, f"step {step} compiled kernels for {sorted(ops)}"
 
 
 def test_with_dynamic_shapes_off_each_shape_compiles():
-    with config.override(TORCH_NEURONX_EAGER_DYNAMIC_SHAPES=False):
-        x = torch.randn(17, 23)
-        before = _compiles()
-        _close(torch.tanh(x.to("neuron")), torch.tanh(x))
-        x = torch.randn(19, 23)
-        _close(torch.tanh(x.to("neuron")), torch.tanh(x))
-        assert _compiles() == before + 2
+    for dynamic, expected in ((False, 4), (True, 3)):  # on: two shapes' own kernels, then the dynamic one
+        with config.override(TORCH_NEURONX_EAGER_DYNAMIC_SHAPES=dynamic):
+            before = _compiles()
+            for rows in (17, 19, 21, 23):
+                x = torch.randn(rows, 5 if dynamic else 6)
+                _close(torch.sinh(x.to("neuron")), torch.sinh(x))
+            assert _compiles() == before + expected, f"dynamic shapes {'on' if dynamic else 'off'}"
 
 
 FIRST = """
 import torch, torch.nn.functional as F, torch_neuronx
 w = torch.randn(3, 2, 3, 3)
-for rows, cols in ((5, 12), (6, 7)):  # two shapes: the second compiles the dynamic kernels
+for rows, cols in ((5, 12), (6, 7), (8, 3)):  # the third shape compiles the dynamic kernels
     x = torch.randn(rows, cols)
     (torch.sigmoid(x.to("neuron")) @ x.t().to("neuron")).cpu()
     F.conv2d(torch.randn(1, 2, rows + 1, rows + 1).to("neuron"), w.to("neuron")).cpu()
@@ -198,7 +198,7 @@ from torch_neuronx.device import kernels
 from torch_neuronx.pipeline import trace
 trace.DYNAMIC_COMPILE_SECONDS = 0.001  # every dynamic compile runs past its limit
 close = []
-for rows in (6, 8):  # the second shape tries the dynamic kernel
+for rows in (6, 8, 11):  # the third shape tries the dynamic kernel
     x = torch.rand(rows, 9) + 0.5
     close.append(torch.allclose(torch.special.i1e(x.to("neuron")).cpu(), torch.special.i1e(x), atol=1e-6))
 print(json.dumps({"close": all(close),
@@ -212,19 +212,18 @@ def test_a_dynamic_compile_past_its_time_limit_leaves_the_op_a_kernel_per_shape(
            "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff")}
     out = subprocess.run([sys.executable, "-c", SLOW_COMPILE], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"close": True, "marked": 1, "compiles": 2}
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"close": True, "marked": 1, "compiles": 3}
 
 
-def test_a_hot_shape_gets_a_kernel_of_its_own():
-    """A shape called often on its family's dynamic kernel is promoted to a kernel of its shapes
-    (faster code), once; results stay the CPU's throughout."""
-    from torch_neuronx.device import eager
-
-    first = torch.randn(12, 13)
-    _close(torch.erfc(first.to("neuron")), torch.erfc(first))  # the family's first shape: its own kernel
-    x = torch.randn(10, 11)  # the second: the dynamic kernel, until it is hot
+def test_a_shape_that_comes_back_gets_a_kernel_of_its_own():
+    """A shape run on its family's dynamic kernel gets a kernel of its shapes (faster code) when it
+    is called again, once; results stay the CPU's throughout."""
+    for shape in ((12, 13), (9, 14)):  # the family's first shapes: kernels of their own
+        first = torch.randn(shape)
+        _close(torch.erfc(first.to("neuron")), torch.erfc(first))
+    x = torch.randn(10, 11)  # the third: the dynamic kernel, until it comes back
     on = x.to("neuron")
     before = metrics.counter("eager_shapes_promoted")
-    for _ in range(eager.PROMOTE_AFTER + 3):
+    for _ in range(4):
         _close(torch.erfc(on), torch.erfc(x))
     assert metrics.counter("eager_shapes_promoted") == before + 1

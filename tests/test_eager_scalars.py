@@ -50,7 +50,9 @@ def test_training_loops_stop_compiling_after_their_first_steps(name):
     kernels: list[int] = []
     on_neuron = _train("neuron", make, 6, kernels)
     on_cpu = _train("cpu", make, 6)
-    assert kernels[2:] == [kernels[1]] * 4, f"kernels compiled after step 2: {kernels}"
+    # Optimizer state appears in the first step and its updates in the second; a shape first run on
+    # its family's dynamic kernel gets its own at its next call: nothing compiles after step 3.
+    assert kernels[3:] == [kernels[2]] * 3, f"kernels compiled after step 3: {kernels}"
     for a, b in zip(on_neuron, on_cpu):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 

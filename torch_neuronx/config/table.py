@@ -291,11 +291,11 @@ register(
         "graph fails with a NeuronCompileError of stage lowering.",
         _OURS, parse_non_negative_int, ours=True),
     Var("TORCH_NEURONX_EAGER_DYNAMIC_SHAPES", "bool", True,
-        "When 1 (the default), an eager op family compiles a kernel for its first shape and, from its "
-        "second shape on, one dynamic-shape kernel for every later shape: sizes of 2 and up are "
+        "When 1 (the default), an eager op family compiles kernels for its first two shapes and, from "
+        "its third shape on, one dynamic-shape kernel for every later shape: sizes of 2 and up are "
         "dynamic (only which of them are equal, and which are 0, 1 or an int argument's value, picks "
         "the kernel), so batch sizes and sequence lengths that change every step do not compile again; "
-        "a shape called 16 times on it gets its own (faster) kernel. Ops whose trace depends on a size "
+        "a shape that comes back gets its own (faster) kernel. Ops whose trace depends on a size "
         "(a reshape to given sizes, a convolution's spatial sizes) keep one kernel per shape. 0 "
         "compiles one kernel per shape for every op.",
         _OURS, parse_bool, ours=True),

@@ -297,9 +297,10 @@ def _kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return kernel
 
 
-#: Calls of one shape on its family's dynamic kernel after which that shape gets a kernel of its
-#: own (a hot shape: the static kernel runs faster, see :func:`_find_kernel`).
-PROMOTE_AFTER = 16
+#: Calls of one shape on its family's dynamic kernel after its first, after which that shape gets
+#: a kernel of its own: a shape that comes back (a fixed-shape loop's, a bucket's) runs the faster
+#: static code from its second call on; shapes seen once stay on the dynamic kernel.
+PROMOTE_AFTER = 1
 _hot: dict[tuple, int] = {}
 
 
@@ -317,17 +318,20 @@ def _maybe_promote(func: Any, args: Sequence[Any], kwargs: dict[str, Any], sig: 
     return own
 
 
-#: Dynamic keys of op families seen at one shape so far (which got a kernel for that shape).
-_families: set[tuple] = set()
+#: Dynamic key of an op family -> how many shapes got a kernel of their own so far.
+_families: dict[tuple, int] = {}
+#: Shapes of an op family that get kernels of their own before its dynamic-shape kernel is made.
+SHAPES_BEFORE_DYNAMIC = 2
 
 
 def _find_kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any], dynamic: bool) -> tuple[tuple, Any]:
     """The key and kernel of a call (compiled on the first call of its key).
 
-    The first shape of an op family gets a kernel for its shapes, as fast as the op can run; a
-    second shape gets the family's dynamic-shape kernel (compiled then, or found in the HLO
-    cache), which serves every later shape: IREE's code for dynamic sizes is slower (a softmax
-    over 64x1024 took 3.7 ms against 68 µs), so programs whose shapes never change never use it.
+    The first shapes of an op family (:data:`SHAPES_BEFORE_DYNAMIC`) get kernels of their own, as
+    fast as the op can run; the next gets the family's dynamic-shape kernel (compiled then, or
+    found in the HLO cache), which serves every later new shape. IREE's code for dynamic sizes is
+    slower (a 64x1024 softmax: 4 ms against 0.15 ms), so fixed-shape programs, whose families
+    rarely have three shapes, never make one, and a shape that comes back gets its own kernel.
     """
     key = kernels.dispatch_key(func, args, kwargs)
     kernel = _kernels.get(key)
@@ -336,10 +340,10 @@ def _find_kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any], dynamic
     family = kernels.dynamic_key(func, args, kwargs) if dynamic else None
     if family is not None:
         kernel = _kernels.get(family)
-        if kernel is None and (family in _families or kernels.stored(family)):
+        if kernel is None and (_families.get(family, 0) >= SHAPES_BEFORE_DYNAMIC or kernels.stored(family)):
             kernel = _dynamic_kernel(func, family, args, kwargs)
         if kernel is None:
-            _families.add(family)
+            _families[family] = _families.get(family, 0) + 1
         elif kernel is not kernels.STATIC:
             return family, kernel
     return key, kernels.compiled_kernel(func, key, args, kwargs, False)

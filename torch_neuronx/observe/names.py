@@ -111,8 +111,8 @@ register(
     _c("eager_ops_compiled", "Eager op signatures traced and lowered.", _EAGER),
     _c("eager_hlo_cache_hits", "Eager op signatures served by the HLO cache.", _EAGER),
     _c("eager_fallbacks", "Eager ops run on the CPU (not implemented, or failed to execute).", _EAGER),
-    _c("eager_shapes_promoted", "Eager op shapes called often enough on their family's dynamic-shape kernel to "
-       "get a kernel of their own.", _EAGER),
+    _c("eager_shapes_promoted", "Eager op shapes called again after running on their family's dynamic-shape "
+       "kernel, which then get a kernel of their own.", _EAGER),
     _s("runtime.load", "Loading a NEFF into the runtime (a VM context).", _RUNTIME),
     _s("runtime.launch", "One NEFF execution, arguments imported to results exported.", _RUNTIME),
     _c("parameter_bindings", "Resident parameters bound into a VM context.", _RUNTIME),
