@@ -7,7 +7,9 @@ on the CPU and through one of two routes (``--mode``), and is classified:
 - ``compile`` (default): ``torch.compile(backend="neuron", fullgraph=False)`` of the op on CPU
   tensors, a fresh ``torch._dynamo.reset()`` per op;
 - ``eager``: the op on the eager ``neuron`` device, its sample's tensors copied there (outputs
-  that are neuron tensors are read back, inputs the op wrote into compared too).
+  that are neuron tensors are read back, inputs the op wrote into compared too). With
+  ``--dynamic-first`` every op family gets its dynamic-shape kernel at once (no kernels of its
+  first shapes' own), so the samples test those kernels.
 
 - ``correct``: every output matches eager (``assert_close`` with the op's float32 tolerance
   overrides, at least rtol=1e-4 / atol=1e-5, ``equal_nan=True``), or, where it does not, lies
@@ -62,6 +64,7 @@ CLASSES = ("correct", "wrong", "error", "death", "timeout", "skipped")
 SAMPLES = int(os.environ.get("OPINFO_SWEEP_SAMPLES", "2")) or None  # None: every sample
 DTYPE = os.environ.get("OPINFO_SWEEP_DTYPE", "float32")
 MODE = os.environ.get("OPINFO_SWEEP_MODE", "compile")
+DYNAMIC_FIRST = os.environ.get("OPINFO_SWEEP_DYNAMIC_FIRST") == "1"
 DEFAULT_RTOL, DEFAULT_ATOL = 1e-4, 1e-5
 #: Ops returning uninitialized memory, and random ops (prefixes of OpInfo names).
 UNINITIALIZED = ("empty", "new_empty")
@@ -260,6 +263,11 @@ def worker(conn: Connection, log: str) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     import torch_neuronx  # noqa: F401 - registers the backend before the first compile
+
+    if DYNAMIC_FIRST:
+        from torch_neuronx.device import eager
+
+        eager.SHAPES_BEFORE_DYNAMIC = 0
 
     ops = load_ops()
     conn.send("ready")
@@ -460,6 +468,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--mode", choices=("compile", "eager"), default="compile",
                    help="torch.compile(backend='neuron') on CPU tensors, or the eager neuron device")
     p.add_argument("--dtype", default="float32", help="the samples' dtype (default float32)")
+    p.add_argument("--dynamic-first", action="store_true",
+                   help="eager mode: every op family's dynamic-shape kernel at once (tests those kernels)")
     p.add_argument("--samples", type=int, default=2, help="samples per op (default 2; 0: all)")
     return p.parse_args(argv)
 
@@ -468,9 +478,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     # The workers are spawned: they read these when they import this module.
     os.environ.update(OPINFO_SWEEP_MODE=args.mode, OPINFO_SWEEP_DTYPE=args.dtype,
-                      OPINFO_SWEEP_SAMPLES=str(args.samples))
-    global SAMPLES, DTYPE, MODE
-    SAMPLES, DTYPE, MODE = args.samples or None, args.dtype, args.mode
+                      OPINFO_SWEEP_SAMPLES=str(args.samples), OPINFO_SWEEP_DYNAMIC_FIRST=str(int(args.dynamic_first)))
+    global SAMPLES, DTYPE, MODE, DYNAMIC_FIRST
+    SAMPLES, DTYPE, MODE, DYNAMIC_FIRST = args.samples or None, args.dtype, args.mode, args.dynamic_first
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup of sweep()
     if not args.report:
         selected = select(list(load_ops()), args.ops)
