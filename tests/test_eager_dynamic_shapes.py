@@ -227,3 +227,19 @@ def test_a_shape_that_comes_back_gets_a_kernel_of_its_own():
     for _ in range(4):
         _close(torch.erfc(on), torch.erfc(x))
     assert metrics.counter("eager_shapes_promoted") == before + 1
+
+
+def test_bad_input_on_a_dynamic_kernels_first_call_gives_no_verdict():
+    """An out-of-range index on the call that makes a family's dynamic kernel raises torch's error,
+    and does not condemn the kernel: the next shape uses it."""
+    from torch_neuronx.device import eager, kernels
+
+    for rows in (4, 6):  # the family's own-shape kernels
+        t, i = torch.randn(rows, 5), torch.tensor([0, rows - 1, 1])
+        _close(t.to("neuron").index_select(0, i.to("neuron")), t.index_select(0, i))
+    with pytest.raises(IndexError):
+        torch.randn(8, 5).to("neuron").index_select(0, torch.tensor([0, 8, 1]).to("neuron")).cpu()
+    t, i = torch.randn(9, 5), torch.tensor([1, 8, 0])
+    _close(t.to("neuron").index_select(0, i.to("neuron")), t.index_select(0, i))
+    family = [k for k in eager._kernels if k[0] == "dynamic" and k[1] == "aten.index_select.default"]
+    assert family and all(isinstance(eager._kernels[k], kernels.Kernel) for k in family)

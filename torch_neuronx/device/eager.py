@@ -353,8 +353,13 @@ def _dynamic_kernel(func: Any, family: tuple, args: Sequence[Any], kwargs: dict[
     """The family's dynamic-shape kernel, checked against the CPU once; :data:`kernels.STATIC` when
     the op has none."""
     kernel = kernels.compiled_kernel(func, family, args, kwargs, True)
-    if isinstance(kernel, kernels.Kernel) and not _synchronized(args, kwargs, kernels.agrees_with_cpu, kernel,
-                                                                func, args, kwargs):
+    if not isinstance(kernel, kernels.Kernel):
+        return kernel
+    verdict = _synchronized(args, kwargs, kernels.agrees_with_cpu, kernel, func, args, kwargs)
+    if verdict is None:  # bad input: this call runs its shape's kernel (which raises), the next decides
+        del _kernels[family]
+        return kernels.STATIC
+    if not verdict:
         kernel = _kernels[family] = kernels.STATIC
         if config.get("TORCH_NEURONX_HLO_CACHE") and not config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
             store.hlo_cache().put(kernels.hlo_key(family), kernels.STATIC_ENTRY)
