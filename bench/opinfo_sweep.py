@@ -265,9 +265,9 @@ def worker(conn: Connection, log: str) -> None:
     import torch_neuronx  # noqa: F401 - registers the backend before the first compile
 
     if DYNAMIC_FIRST:
-        from torch_neuronx.device import eager
+        from torch_neuronx.device import choice
 
-        eager.SHAPES_BEFORE_DYNAMIC = 0
+        choice.SHAPES_BEFORE_DYNAMIC = 0
 
     ops = load_ops()
     conn.send("ready")

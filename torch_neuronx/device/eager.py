@@ -31,9 +31,8 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from torch_neuronx import config, observe
-from torch_neuronx.cache import store
 from torch_neuronx.compiler.options import compile_only_enabled
-from torch_neuronx.device import kernels, mutations, queued, random, scalars
+from torch_neuronx.device import choice, kernels, mutations, queued, random, scalars
 from torch_neuronx.device.queued import on_host
 from torch_neuronx.process import checked_device_index
 from torch_neuronx.runtime.device import current_index as current_device
@@ -70,11 +69,7 @@ def _first_neuron(args: Any) -> NeuronTensor:
     return next(a for a in pytree.tree_leaves(args) if isinstance(a, NeuronTensor))
 
 
-def _synchronized(args: Sequence[Any], kwargs: dict[str, Any], fn: Callable[..., Any], *extra: Any) -> Any:
-    """``fn(*extra)``, which touches the device memory of the neuron tensors among ``args`` and
-    ``kwargs`` on the host, as a synchronization (:func:`~torch_neuronx.device.queued.on_host`)."""
-    tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, NeuronTensor)]
-    return on_host(tensors[0]._index if tensors else current_device(), tensors, fn, *extra)
+_synchronized = queued.synchronized
 
 
 def _host_op(fn: Callable[[Sequence[Any], dict[str, Any]], Any]) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
@@ -251,126 +246,11 @@ def _run_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return pytree.tree_map(_on_device(_first_neuron((args, kwargs))._index), out)
 
 
-#: (op, argument signature) -> the key whose kernel served it: a call seen before skips computing its
-#: dynamic and dispatch keys. Holds keys, not kernels, so what ``_kernels`` says stays the truth.
-_seen: dict[tuple, tuple] = {}
-_SEEN_LIMIT = 1 << 16
-_PLAIN = (int, float, bool, str, type(None))
-
-
-def _signature(func: Any, args: Sequence[Any], dynamic: bool) -> tuple | None:
-    """What a positional call's kernel depends on, cheaply: each tensor's class, shape, strides and
-    dtype, each scalar's type and value; None when an argument is anything else (a list)."""
-    sig: list[Any] = [func, dynamic]
-    for a in args:
-        if isinstance(a, NeuronTensor):
-            sig += (NeuronTensor, a.shape, a.stride(), a.dtype)
-        elif isinstance(a, torch.Tensor):  # a host (or meta) tensor: where it lives is part of the key
-            sig += (a.device.type, a.shape, a.stride(), a.dtype)
-        elif type(a) in _PLAIN:
-            sig += (type(a), a)
-        else:
-            return None
-    return tuple(sig)
-
-
-def _kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """The kernel a call runs: its op family's dynamic-shape kernel where the op has one
-    (TORCH_NEURONX_EAGER_DYNAMIC_SHAPES) and this shape has no kernel of its own, else the
-    kernel of its shapes and strides."""
-    dynamic = config.get("TORCH_NEURONX_EAGER_DYNAMIC_SHAPES")
-    sig = None if kwargs else _signature(func, args, dynamic)
-    if sig is not None:
-        key = _seen.get(sig)
-        if key is not None:
-            kernel = _kernels.get(key)
-            if kernel is not None and kernel is not kernels.STATIC:
-                if key[0] == "dynamic":
-                    return _maybe_promote(func, args, kwargs, sig, kernel)
-                return kernel
-    key, kernel = _find_kernel(func, args, kwargs, dynamic)
-    if sig is not None:
-        if len(_seen) >= _SEEN_LIMIT:
-            _seen.clear()
-            _hot.clear()
-        _seen[sig] = key
-    return kernel
-
-
-#: Calls of one shape on its family's dynamic kernel after its first, after which that shape gets
-#: a kernel of its own: a shape that comes back (a fixed-shape loop's, a bucket's) runs the faster
-#: static code from its second call on; shapes seen once stay on the dynamic kernel.
-PROMOTE_AFTER = 1
-_hot: dict[tuple, int] = {}
-
-
-def _maybe_promote(func: Any, args: Sequence[Any], kwargs: dict[str, Any], sig: tuple, kernel: Any) -> Any:
-    """``kernel`` (a dynamic one) for this call, or, once its shape is hot, the shape's own kernel."""
-    calls = _hot[sig] = _hot.get(sig, 0) + 1
-    if calls != PROMOTE_AFTER:
-        return kernel
-    key = kernels.dispatch_key(func, args, kwargs)
-    own = _kernels.get(key) or kernels.compiled_kernel(func, key, args, kwargs, False)
-    if not isinstance(own, kernels.Kernel):  # no kernel of its own (it would fall back): stay dynamic
-        return kernel
-    observe.count("eager_shapes_promoted")
-    _seen[sig] = key
-    return own
-
-
-#: Dynamic key of an op family -> how many shapes got a kernel of their own so far.
-_families: dict[tuple, int] = {}
-#: Shapes of an op family that get kernels of their own before its dynamic-shape kernel is made.
-SHAPES_BEFORE_DYNAMIC = 2
-
-
-def _find_kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any], dynamic: bool) -> tuple[tuple, Any]:
-    """The key and kernel of a call (compiled on the first call of its key).
-
-    The first shapes of an op family (:data:`SHAPES_BEFORE_DYNAMIC`) get kernels of their own, as
-    fast as the op can run; the next gets the family's dynamic-shape kernel (compiled then, or
-    found in the HLO cache), which serves every later new shape. IREE's code for dynamic sizes is
-    slower (a 64x1024 softmax: 4 ms against 0.15 ms), so fixed-shape programs, whose families
-    rarely have three shapes, never make one, and a shape that comes back gets its own kernel.
-    """
-    key = kernels.dispatch_key(func, args, kwargs)
-    kernel = _kernels.get(key)
-    if kernel is not None:
-        return key, kernel
-    family = kernels.dynamic_key(func, args, kwargs) if dynamic else None
-    if family is not None:
-        kernel = _kernels.get(family)
-        if kernel is None and (_families.get(family, 0) >= SHAPES_BEFORE_DYNAMIC or kernels.stored(family)):
-            kernel = _dynamic_kernel(func, family, args, kwargs)
-        if kernel is None:
-            _families[family] = _families.get(family, 0) + 1
-        elif kernel is not kernels.STATIC:
-            return family, kernel
-    return key, kernels.compiled_kernel(func, key, args, kwargs, False)
-
-
-def _dynamic_kernel(func: Any, family: tuple, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """The family's dynamic-shape kernel, checked against the CPU once; :data:`kernels.STATIC` when
-    the op has none."""
-    kernel = kernels.compiled_kernel(func, family, args, kwargs, True)
-    if not isinstance(kernel, kernels.Kernel):
-        return kernel
-    verdict = _synchronized(args, kwargs, kernels.agrees_with_cpu, kernel, func, args, kwargs)
-    if verdict is None:  # bad input: this call runs its shape's kernel (which raises), the next decides
-        del _kernels[family]
-        return kernels.STATIC
-    if not verdict:
-        kernel = _kernels[family] = kernels.STATIC
-        if config.get("TORCH_NEURONX_HLO_CACHE") and not config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
-            store.hlo_cache().put(kernels.hlo_key(family), kernels.STATIC_ENTRY)
-    return kernel
-
-
 def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """``func`` on neuron tensors through its compiled kernel (floats as runtime inputs: :mod:`.scalars`)."""
     given = args, kwargs  # what a fallback runs on
     args, kwargs = scalars.as_inputs(func, args, kwargs)
-    kernel = _kernel(func, args, kwargs)
+    kernel = choice.kernel_for(func, args, kwargs)
     if kernel is kernels.UNIMPLEMENTED:
         return _fallback(func, *given, "not implemented by the neuron compiler")
     if kwargs or any(isinstance(a, list | tuple) for a in args):

@@ -29,8 +29,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from torch_neuronx import config
+from torch_neuronx.runtime.device import current_index as current_device
 from torch_neuronx.runtime.errors import NeuronRuntimeError
 from torch_neuronx.runtime.streams import current_stream
 from torch_neuronx.runtime.tensor import NeuronTensor, PoisonedTensorError, wait_for_host
@@ -110,6 +112,13 @@ def _check_inputs(inputs: Sequence[NeuronTensor], name: str, queue: Any) -> None
         if allocation.error is not None:
             raise QueuedOpError(f"{name} did not run: an input's producing op failed "
                                 f"({allocation.error})") from allocation.error
+
+
+def synchronized(args: Sequence[Any], kwargs: dict[str, Any], fn: Callable[..., Any], *extra: Any) -> Any:
+    """``fn(*extra)``, which touches the device memory of the neuron tensors among ``args`` and
+    ``kwargs`` on the host, as a synchronization (:func:`on_host`)."""
+    tensors = [a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, NeuronTensor)]
+    return on_host(tensors[0]._index if tensors else current_device(), tensors, fn, *extra)
 
 
 def enqueue(index: int, name: str, inputs: Sequence[NeuronTensor], outputs: Sequence[Any],
