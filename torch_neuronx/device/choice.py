@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from torch_neuronx import config, observe
-from torch_neuronx.cache import store
 from torch_neuronx.device import kernels, queued
 from torch_neuronx.runtime.tensor import NeuronTensor
 
@@ -128,6 +127,5 @@ def _dynamic_kernel(func: Any, family: tuple, args: Sequence[Any], kwargs: dict[
         return kernels.STATIC
     if not verdict:
         kernel = kernels.registry[family] = kernels.STATIC
-        if config.get("TORCH_NEURONX_HLO_CACHE") and not config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
-            store.hlo_cache().put(kernels.hlo_key(family), kernels.STATIC_ENTRY)
+        kernels.mark_static(family)
     return kernel

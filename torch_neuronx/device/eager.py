@@ -45,8 +45,7 @@ _kernels = kernels.registry  # the kernels of every key seen (tests inject fault
 _warned: set[str] = set()
 
 
-def _cpu(value: Any) -> Any:
-    return value._data if isinstance(value, NeuronTensor) else value
+_cpu = kernels.host_view
 
 
 def _to_device(value: Any, index: int = 0) -> Any:

@@ -38,7 +38,19 @@ STATIC = object()  # a dynamic key whose op needs a kernel per shape
 STATIC_ENTRY = "static"  # the HLO cache entry of such a key
 
 
-def _cpu(value: Any) -> Any:
+def hlo_cache_enabled() -> bool:
+    """Whether eager lowerings (and per-shape marks) are read from and written to the HLO cache."""
+    return bool(config.get("TORCH_NEURONX_HLO_CACHE")) and not config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE")
+
+
+def mark_static(key: tuple) -> None:
+    """Record, in the HLO cache, that the op family of dynamic ``key`` needs a kernel per shape."""
+    if hlo_cache_enabled():
+        store.hlo_cache().put(hlo_key(key), STATIC_ENTRY)
+
+
+def host_view(value: Any) -> Any:
+    """A neuron tensor's inner tensor (its device memory seen from the host); anything else as it is."""
     return value._data if isinstance(value, NeuronTensor) else value
 
 
@@ -143,7 +155,7 @@ def _compile(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any],
 
 
 def _compile_graph(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any], dynamic: bool) -> Any:
-    use_hlo_cache = config.get("TORCH_NEURONX_HLO_CACHE") and not config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE")
+    use_hlo_cache = hlo_cache_enabled()
     name = f"eager_{func._schema.name.split('::')[1]}"
     if use_hlo_cache:
         text = store.hlo_cache().get(hlo_key(key))
@@ -166,7 +178,7 @@ def _compile_graph(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str,
         call_args, call_kwargs = pytree.tree_unflatten(filled, spec)
         return scalars.call(func, call_args, call_kwargs)
 
-    cpu_tensors = [_cpu(leaves[i]) for i in positions]
+    cpu_tensors = [host_view(leaves[i]) for i in positions]
     try:
         dims = _dynamic_dims(cpu_tensors, args, kwargs) if dynamic else None
         # Dynamic kernels return their results and these are copied into the outputs: IREE does not
@@ -181,8 +193,7 @@ def _compile_graph(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str,
         # Depends on sizes (a reshape to given sizes), or the dynamic lowering fails: a kernel per
         # shape. Stored, so no process tries again (the key holds the lowering's versions).
         _log.debug("%s keeps a kernel per shape: %s", func, exc)
-        if use_hlo_cache:
-            store.hlo_cache().put(hlo_key(key), STATIC_ENTRY)
+        mark_static(key)
         return STATIC
     observe.count("eager_ops_compiled")
     text = stored.to_json()
@@ -198,9 +209,7 @@ def _compiler_thread() -> concurrent.futures.ThreadPoolExecutor:
 
 def stored(key: tuple) -> bool:
     """Whether the HLO cache holds an entry for ``key`` (a trace, or the mark of a per-shape op)."""
-    if not config.get("TORCH_NEURONX_HLO_CACHE") or config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE"):
-        return False
-    return store.hlo_cache().get(hlo_key(key)) is not None
+    return hlo_cache_enabled() and store.hlo_cache().get(hlo_key(key)) is not None
 
 
 def compiled_kernel(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any], dynamic: bool) -> Any:
@@ -233,10 +242,11 @@ def agrees_with_cpu(kernel: Kernel, func: Any, args: Sequence[Any], kwargs: dict
     runs on copies of the inputs; checked once per dynamic key and process.
     """
     leaves = pytree.tree_leaves((list(args), kwargs))
-    originals = [_cpu(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    originals = [host_view(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
     tensors = [t.clone() for t in originals]
     try:
-        expected = pytree.tree_leaves(scalars.call(func, pytree.tree_map(_cpu, args), pytree.tree_map(_cpu, kwargs)))
+        on_host = pytree.tree_map(host_view, (list(args), kwargs))
+        expected = pytree.tree_leaves(scalars.call(func, *on_host))
     except Exception as exc:  # bad input (an index out of range): nothing to judge the kernel by
         _log.debug("%s: dynamic kernel not checked on this call (%s)", func, exc)
         return None
