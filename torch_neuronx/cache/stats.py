@@ -30,8 +30,9 @@ from torch_neuronx.cache import atomic, layout
 
 _log = logging.getLogger("torch_neuronx.cache")
 
-COUNTERS = ("hits_memory", "hits_disk", "misses", "compiles", "corrupt", "lock_waits", "io_errors")
-_LAZY = frozenset({"hits_memory"})  # written with the next write or at exit
+COUNTERS = ("hits_memory", "hits_disk", "misses", "compiles", "corrupt", "lock_waits", "io_errors",
+            "evictions", "bytes_read", "bytes_written")
+_LAZY = frozenset({"hits_memory", "evictions", "bytes_read", "bytes_written"})  # written with the next write or at exit
 _CLAIM = ".claim-"
 COMPACT_AFTER = 64  # files of finished processes tolerated before compact() folds them
 FINISHED_AGE = 24 * 3600.0  # a file untouched this long counts as finished even on another host

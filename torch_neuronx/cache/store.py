@@ -107,6 +107,7 @@ class NeffCache:
             self._memory.move_to_end(digest)
             while len(self._memory) > self.memory_entries:
                 self._memory.popitem(last=False)
+                self.stats.incr("evictions")
 
     def forget(self) -> None:
         """Drop the in-memory entries (the disk entries stay)."""
@@ -138,7 +139,7 @@ class NeffCache:
         return neff_obj
 
     def _lookup(self, key: CacheKey) -> neff.Neff | None:
-        with observe.span("cache.get", cache="neff", key=key.digest):
+        with observe.stage("cache.get", cache="neff", key=key.digest):
             return self._lookup_tiers(key)
 
     def _lookup_tiers(self, key: CacheKey) -> neff.Neff | None:
@@ -148,6 +149,7 @@ class NeffCache:
             return found
         found = self._load(key)
         if found is not None:
+            self.stats.incr("bytes_read", found.header.payload_length)
             self.stats.incr("hits_disk")
             self._memory_put(key.digest, found)
         return found
@@ -171,6 +173,7 @@ class NeffCache:
         except OSError as exc:
             self._io_error("write", path, exc)
             return None
+        self.stats.incr("bytes_written", len(data))
         try:  # the sidecar and index only serve listings and explanations
             atomic.write_atomic(layout.sidecar_path(self.root, key.digest),
                                 json.dumps(sidecar, sort_keys=True).encode(), durable=False)
@@ -215,7 +218,7 @@ class NeffCache:
             return found
         with contextlib.ExitStack() as stack:
             try:
-                with observe.span("cache.lock_wait", cache="neff", key=key.digest):
+                with observe.stage("cache.lock_wait", cache="neff", key=key.digest):
                     state = stack.enter_context(
                         locks.key_lock(key.digest, self._lock_timeout, directory=self.lock_dir))
             except locks.LockTimeoutError:
@@ -232,7 +235,7 @@ class NeffCache:
             data = compile_fn()
             self.stats.incr("compiles")
             neff_obj = neff.decode(data)
-            with observe.span("cache.put", cache="neff", key=key.digest):
+            with observe.stage("cache.put", cache="neff", key=key.digest):
                 path = self._write(key, data)
             neff_obj = dataclasses.replace(neff_obj, path=path)
             self._memory_put(key.digest, neff_obj)
@@ -269,7 +272,7 @@ class HloCache:
 
     def get(self, key: str) -> str | None:
         """The cached text of ``key``, or None."""
-        with observe.span("cache.get", cache=self.kind):
+        with observe.stage("cache.get", cache=self.kind):
             return self._get(key)
 
     def _get(self, key: str) -> str | None:
@@ -297,12 +300,13 @@ class HloCache:
             self.stats.incr("corrupt")
             atomic.remove_quietly(path)
             return None
+        self.stats.incr("bytes_read", len(data))
         self.stats.incr("hits_disk")
         return text
 
     def put(self, key: str, text: str) -> str | None:
         """Store ``text`` under ``key`` atomically; its path, or None when it could not be written."""
-        with observe.span("cache.put", cache=self.kind):
+        with observe.stage("cache.put", cache=self.kind):
             return self._put(key, text)
 
     def _put(self, key: str, text: str) -> str | None:
@@ -310,11 +314,13 @@ class HloCache:
         header = {"key": key, "length": len(body), "sha256": hashlib.sha256(body).hexdigest()}
         path = self.path(key)
         try:
-            atomic.write_atomic(path, json.dumps(header).encode() + b"\n" + body)
+            data = json.dumps(header).encode() + b"\n" + body
+            atomic.write_atomic(path, data)
         except OSError as exc:
             self.stats.incr("io_errors")
             self._warn_io("write", path, exc)
             return None
+        self.stats.incr("bytes_written", len(data))
         return path
 
 

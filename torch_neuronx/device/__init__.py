@@ -71,14 +71,16 @@ def _register_kernels() -> None:
         return eager.empty_on_device(size, stride, dtype, device)
 
     def copy_from(src, dst, non_blocking=False):
-        if observe.state.active:
-            to_device = isinstance(dst, NeuronTensor)
-            observe.emit("transfer.host_to_device" if to_device else "transfer.device_to_host", src.nbytes,
-                         device=(dst if to_device else src).device.index)
         def copy() -> torch.Tensor:
             source = src._data if isinstance(src, NeuronTensor) else src
             target = dst._data if isinstance(dst, NeuronTensor) else dst
-            target.copy_(source)
+            if observe.state.active:
+                to_device = isinstance(dst, NeuronTensor)
+                with observe.span("transfer.host_to_device" if to_device else "transfer.device_to_host",
+                                  src.nbytes, device=(dst if to_device else src).device.index):
+                    target.copy_(source)
+            else:
+                target.copy_(source)
             eager.wrote(dst)
             return dst
 

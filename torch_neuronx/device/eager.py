@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,6 +44,7 @@ aten = torch.ops.aten
 
 _kernels = kernels.registry  # the kernels of every key seen (tests inject faults here)
 _warned: set[str] = set()
+_fell_back = threading.local()  # whether the op being dispatched ran on the CPU (for its eager.op span)
 
 
 _cpu = kernels.host_view
@@ -117,11 +119,10 @@ def _to_copy_on_host(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tenso
     source = args[0]
     device = kwargs.get("device")
     plain = {k: v for k, v in kwargs.items() if k != "device"}
+    if device is not None and torch.device(device).type != "neuron":  # leaves device memory
+        with observe.span("transfer.device_to_host", source._data.nbytes, device=source._index):
+            return aten._to_copy.default(_cpu(source), **plain).to(device)
     copied = aten._to_copy.default(_cpu(source), **plain)
-    if device is not None and torch.device(device).type != "neuron":
-        if observe.state.active:
-            observe.emit("transfer.device_to_host", copied.nbytes, device=source.device.index)
-        return copied.to(device)  # neuron -> cpu (or another device): leaves device memory
     index = torch.device(device).index if device is not None else None
     return from_cpu(copied, index=source._index if index is None else checked_device_index(index))
 
@@ -154,7 +155,10 @@ def _copy_on_host(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
 
 
 def _local_scalar_dense(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    return _cpu(args[0]).item()
+    if not observe.state.active:
+        return _cpu(args[0]).item()
+    with observe.span("transfer.device_to_host", args[0].element_size(), device=args[0]._index):
+        return _cpu(args[0]).item()
 
 
 def _native_batch_norm(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
@@ -234,6 +238,8 @@ def _fallback(func: Any, args: Sequence[Any], kwargs: dict[str, Any], reason: st
 
 def _warn_fallback(func: Any, reason: str) -> None:
     observe.count("eager_fallbacks")
+    observe.count("aten::" + func._schema.name.split("::")[-1])  # TorchXLA's per-op fallback counter
+    _fell_back.op = True
     name = str(func)
     if name not in _warned:
         _warned.add(name)
@@ -362,8 +368,27 @@ def _classify(func: Any) -> tuple[int, Any]:
     return kind
 
 
+_HOW = {_SPECIAL_OP: "other", _COMPOSITE_VIEW: "view", _INPLACE_VIEW: "view", _VIEW: "view", _RANDOM: "random",
+        _IN_PLACE: "compiled", _NO_FUNCTIONAL: "fallback", _FUNCTIONAL: "compiled"}
+
+
 def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """Run one ATen op whose arguments include neuron tensors."""
+    """Run one ATen op whose arguments include neuron tensors (an ``eager.op`` span when observed)."""
+    if not observe.state.active:
+        return _dispatch(func, args, kwargs)
+    name = func._schema.name.split("::")[-1]
+    if func._overloadname != "default":
+        name += "." + func._overloadname
+    with observe.span("eager.op", op=name, how=_HOW[_classify(func)[0]]) as span:
+        _fell_back.op = False
+        try:
+            return _dispatch(func, args, kwargs)
+        finally:
+            if _fell_back.op:
+                span.fields["how"] = "fallback"
+
+
+def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     kind, extra = _classify(func)
     if kind == _FUNCTIONAL:
         return _run_compiled(func, args, kwargs)

@@ -86,9 +86,8 @@ def run_writing_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any], w
     for key, copy in scratch.items():
         target = targets[key]
         resize(target, copy.shape)
-        if observe.state.active:  # the op's values cross from host memory into the device's
-            observe.emit("transfer.host_to_device", copy.nbytes, device=target._index)
-        target._data.copy_(copy)
+        with observe.span("transfer.host_to_device", copy.nbytes, device=target._index):
+            target._data.copy_(copy)  # the op's values cross from host memory into the device's
         back[id(copy)] = target
     if scratch:
         torch._C._increment_version([t._data for t in targets.values()])

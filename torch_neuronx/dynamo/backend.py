@@ -35,7 +35,7 @@ from torch_neuronx.compiler import decompositions
 from torch_neuronx.compiler.decompositions import functional, linalg
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, ResolvedOptions
-from torch_neuronx.dynamo import autocopy, fallback, plans, precompile
+from torch_neuronx.dynamo import autocopy, fallback, plans, precompile, stats
 from torch_neuronx.dynamo.graph import compile_graph
 from torch_neuronx.pipeline.graph import CompiledGraph, from_plan
 from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
@@ -238,6 +238,6 @@ def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
     if plan is not None:
         _log.info("warm start of %s from plan %s", model, plan_key)
         precompile.record(gm, plan, opts)
-        with resolved.applied():
+        with resolved.applied(), stats.compiling(gm, model, "inference"):
             return from_plan(plan, resolved, gm, name=f"{model}_inference").call_unboxed
     return _aot_compile(gm, example_inputs, resolved, model, plan_key)

@@ -199,7 +199,9 @@ class CachingAllocator:
                 block = self._new_segment(rounded, size, small, stream)
             address = self._hand_out(block, rounded, size, small)
         if _observing.active:
-            observe.emit("memory.malloc", size, device=self.device, stream=stream, address=address)
+            observe.emit("memory.malloc", size, device=self.device, stream=stream, address=address,
+                         allocated=self._all_stats.allocated_bytes.current,
+                         reserved=self._all_stats.reserved_bytes.current)
         return address
 
     def _take_free_block(self, keys: list[int], rounded: int) -> Block | None:
@@ -312,8 +314,6 @@ class CachingAllocator:
         """Free an allocation made by :meth:`malloc` (address 0 is ignored)."""
         if not address:
             return
-        if _observing.active:
-            observe.emit("memory.free", device=self.device, address=address)
         with self._lock:
             block = self._blocks.get(address)
             if block is None or block.state != _ALLOCATED:
@@ -338,6 +338,10 @@ class CachingAllocator:
                 self._defer_free(block)
             else:
                 self._free_block(block)
+        if _observing.active:
+            observe.emit("memory.free", requested, device=self.device, address=address,
+                         allocated=self._all_stats.allocated_bytes.current,
+                         reserved=self._all_stats.reserved_bytes.current)
 
     def _free_block(self, block: Block) -> None:
         """Return a block to its free list, merged with free neighbours (coalescing)."""

@@ -12,14 +12,19 @@ from torch_neuronx.observe.events import (
     counters,
     emit,
     listening,
+    record,
     reset_counters,
+    sample,
     span,
+    stage,
     state,
     subscribe,
     tally,
     unsubscribe,
 )
 from torch_neuronx.observe.names import Metric, UnknownMetricError, metric, metrics
+from torch_neuronx.observe.samples import collecting, note
 
-__all__ = ["Event", "Metric", "UnknownMetricError", "count", "counter", "counters", "emit", "listening", "metric",
-           "metrics", "reset_counters", "span", "state", "subscribe", "tally", "unsubscribe"]
+__all__ = ["Event", "Metric", "UnknownMetricError", "collecting", "count", "counter", "counters", "emit", "listening",
+           "metric", "metrics", "note", "record", "reset_counters", "sample", "span", "stage", "state", "subscribe",
+           "tally", "unsubscribe"]

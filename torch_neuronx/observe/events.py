@@ -7,10 +7,11 @@ returns at once and :func:`span` hands back a shared do-nothing context. Hot
 paths (a NEFF launch, an allocation) test ``state.active`` themselves before
 building any event.
 
-Counters (:func:`count`) are always kept, listeners or not: they are the
-process-wide totals ``torch_neuronx.metrics`` reports. A layer that keeps its own
-totals (the caches) reports its counts with :func:`tally`, to the listeners only. Every name must be
-registered in :mod:`torch_neuronx.observe.names`.
+Counters (:func:`count`, and :func:`tally` for counts whose persistent totals a layer keeps
+itself, the caches') are always kept, listeners or not: they are the process-wide totals
+``torch_neuronx.metrics`` reports. So are the measurements of work done at compile rate:
+:func:`stage` (a span timed always), :func:`sample` and :func:`record` (:mod:`.samples`).
+Every name must be registered in :mod:`torch_neuronx.observe.names`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torch_neuronx.observe import names
+from torch_neuronx.observe import names, samples
 
 _log = logging.getLogger("torch_neuronx.observe")
 
@@ -117,11 +118,13 @@ def count(name: str, amount: int = 1, **fields: Any) -> None:
 
 
 def tally(name: str, amount: int = 1, **fields: Any) -> None:
-    """Tell the listeners of a count whose running total another layer keeps (a cache instance's
-    counters, :mod:`torch_neuronx.cache.stats`): reported as a ``"count"`` event, not summed here."""
+    """A count whose persistent total another layer keeps (a cache instance's counters,
+    :mod:`torch_neuronx.cache.stats`): added to this process's counter ``name`` and told to the listeners."""
+    names.check(name)
+    with _lock:
+        _counters[name] += amount
     if not state.active:
         return
-    names.check(name)
     _deliver(Event(name, "count", time.perf_counter_ns(), 0, amount, threading.get_ident(), fields))
 
 
@@ -143,10 +146,10 @@ def reset_counters() -> None:
 
 
 class _Span:
-    __slots__ = ("name", "fields", "start")
+    __slots__ = ("name", "fields", "start", "value", "stage")
 
-    def __init__(self, name: str, fields: dict[str, Any]) -> None:
-        self.name, self.fields = name, fields
+    def __init__(self, name: str, fields: dict[str, Any], value: int = 0, stage: bool = False) -> None:
+        self.name, self.fields, self.value, self.stage = name, fields, value, stage
 
     def __enter__(self) -> _Span:
         self.start = time.perf_counter_ns()
@@ -154,21 +157,51 @@ class _Span:
 
     def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
         end = time.perf_counter_ns()
+        duration = end - self.start
+        if self.stage:
+            samples.add_stage(self.name, duration)
+            samples.add_sample(self.name, duration)
+        if not state.active:
+            return
         if exc is not None:
             self.fields["error"] = f"{type(exc).__name__}: {exc}"
-        _deliver(Event(self.name, "span", self.start, end - self.start, 0, threading.get_ident(), self.fields))
+        _deliver(Event(self.name, "span", self.start, duration, self.value, threading.get_ident(), self.fields))
 
 
 _NO_SPAN = contextlib.nullcontext()
 
 
-def span(name: str, **fields: Any) -> contextlib.AbstractContextManager[Any]:
+def span(name: str, value: int = 0, **fields: Any) -> contextlib.AbstractContextManager[Any]:
     """A timed span ``name`` (registered) around a block, reported when the block ends.
 
-    With no listener it is a shared do-nothing context. A span left by an exception
-    carries it in ``fields["error"]``.
+    ``value``: what the span moved or made (bytes, for transfers). With no listener it is a
+    shared do-nothing context. A span left by an exception carries it in ``fields["error"]``.
     """
     if not state.active:
         return _NO_SPAN
     names.check(name)
-    return _Span(name, fields)
+    return _Span(name, fields, value)
+
+
+def stage(name: str, **fields: Any) -> _Span:
+    """A span that is timed whether anything listens or not, for work done at compile rate (a trace,
+    a lowering, a compile, a cache lookup): its duration becomes a sample of the metric ``name``
+    (:mod:`.samples`) and counts towards the stages :func:`~.samples.collecting` gathers."""
+    names.check(name)
+    return _Span(name, fields, 0, True)
+
+
+def record(kind: str, row: dict[str, Any]) -> None:
+    """Keep ``row`` among the records of ``kind`` (a registered name; one row per compiled graph)
+    and tell the listeners (an ``"event"`` whose fields are the row)."""
+    names.check(kind)
+    samples.add_record(kind, row)
+    if state.active:
+        _deliver(Event(kind, "event", time.perf_counter_ns(), 0, 0, threading.get_ident(), dict(row)))
+
+
+def sample(name: str, value: float) -> None:
+    """Add a sample to the metric ``name`` (registered), kept whether anything listens or not: for
+    values produced at compile rate (a NEFF's size)."""
+    names.check(name)
+    samples.add_sample(name, value)

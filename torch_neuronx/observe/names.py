@@ -29,6 +29,7 @@ class Metric:
 
 
 _REGISTRY: dict[str, Metric] = {}
+_FAMILIES: dict[str, Metric] = {}  # prefix -> the entry every name starting with it shares
 
 
 def register(*metrics: Metric) -> None:
@@ -41,21 +42,35 @@ def register(*metrics: Metric) -> None:
         _REGISTRY[m.name] = m
 
 
+def register_family(prefix: str, kind: str, unit: str, doc: str, section: str) -> None:
+    """Register every name that starts with ``prefix`` (``aten::`` + an op's name) as one entry."""
+    if kind not in KINDS:
+        raise ValueError(f"metric family {prefix}: kind must be one of {KINDS}, got {kind!r}")
+    _FAMILIES[prefix] = Metric(prefix + "<op>", kind, unit, doc, section)
+
+
+def _family(name: str) -> Metric | None:
+    for prefix, entry in _FAMILIES.items():
+        if name.startswith(prefix):
+            return entry
+    return None
+
+
 def check(name: str) -> None:
-    """Raise :class:`UnknownMetricError` unless ``name`` is registered."""
-    if name not in _REGISTRY:
+    """Raise :class:`UnknownMetricError` unless ``name`` is registered (itself or by its family's prefix)."""
+    if name not in _REGISTRY and _family(name) is None:
         raise UnknownMetricError(f"{name!r} is not a registered metric name (torch_neuronx/observe/names.py)")
 
 
 def metric(name: str) -> Metric:
     """The registry entry of ``name``."""
     check(name)
-    return _REGISTRY[name]
+    return _REGISTRY.get(name) or _family(name)  # type: ignore[return-value]
 
 
 def metrics() -> list[Metric]:
-    """Every registered name, in registration order."""
-    return list(_REGISTRY.values())
+    """Every registered name, in registration order, then the families (``aten::<op>``)."""
+    return [*_REGISTRY.values(), *_FAMILIES.values()]
 
 
 def render_markdown() -> str:
@@ -67,7 +82,7 @@ def render_markdown() -> str:
              "The totals of the `*_cache.*` counters are each cache's own (`python -m torch_neuronx.cache stats`);",
              "listeners see every count.", ""]
     sections: dict[str, list[Metric]] = {}
-    for m in _REGISTRY.values():
+    for m in metrics():
         sections.setdefault(m.section, []).append(m)
     for section, entries in sections.items():
         lines += [f"## {section}", "", "| name | kind | unit | meaning |", "| --- | --- | --- | --- |"]
@@ -106,11 +121,17 @@ register(
     _s("pipeline.neff", "Getting one NEFF: cache key, cache lookup, the compiler on a miss.", _COMPILE),
     _s("compiler.compile", "One run of the compiler on a NEFF cache miss.", _COMPILE),
     _c("kernel_traces", "User kernels traced.", _COMPILE),
+    _e("graph.compiled", "A graph compiled for torch.compile: its row of the graph_stats table (fields: "
+       "graph_id, graph_name, model_name, has_collectives, graph_node_count, timestamp, stage times).",
+       _COMPILE, "row"),
+    _e("neff.size", "Bytes of a NEFF the compiler produced.", _COMPILE),
     _c("kernel_trace_cache_hits", "Kernel signatures served by the NKI trace cache.", _CACHE),
     _c("kernel_trace_cache_misses", "Kernel signatures the NKI trace cache did not hold.", _CACHE),
     _c("eager_ops_compiled", "Eager op signatures traced and lowered.", _EAGER),
     _c("eager_hlo_cache_hits", "Eager op signatures served by the HLO cache.", _EAGER),
     _c("eager_fallbacks", "Eager ops run on the CPU (not implemented, or failed to execute).", _EAGER),
+    _s("eager.op", "One eager op dispatched, from the call to its return (queued, not necessarily run; fields: "
+       "op, how: compiled, fallback, view, random, copy, other).", _EAGER),
     _c("eager_shapes_promoted", "Eager op shapes called again after running on their family's dynamic-shape "
        "kernel, which then get a kernel of their own.", _EAGER),
     _s("runtime.load", "Loading a NEFF into the runtime (a VM context).", _RUNTIME),
@@ -120,11 +141,19 @@ register(
     _c("volatile_parameter_graphs", "Graphs switched to parameters as arguments (weights change every call).",
        _RUNTIME),
     _e("stream.submit", "Work submitted to a stream (value: 0; fields: device, stream).", _RUNTIME, "calls"),
-    _e("memory.malloc", "A caching-allocator block handed out (value: bytes requested).", _MEMORY),
-    _e("memory.free", "A caching-allocator block given back (fields: device, address).", _MEMORY),
-    _e("transfer.host_to_device", "Bytes copied from host memory into a neuron tensor.", _MEMORY),
-    _e("transfer.device_to_host", "Bytes copied from a neuron tensor to host memory.", _MEMORY),
+    _s("stream.wait", "The host waiting for a stream's queued work (synchronize, a host read; fields: device, "
+       "stream).", _RUNTIME),
+    _e("memory.malloc", "A caching-allocator block handed out (value: bytes requested; fields: device, stream, "
+       "address, and the device's allocated and reserved bytes after it).", _MEMORY),
+    _e("memory.free", "A caching-allocator block given back (value: bytes requested; fields: device, address, "
+       "allocated, reserved).", _MEMORY),
+    _s("transfer.host_to_device", "A copy from host memory into a neuron tensor (value: bytes; fields: device).",
+       _MEMORY),
+    _s("transfer.device_to_host", "A copy from a neuron tensor to host memory (value: bytes; fields: device).",
+       _MEMORY),
 )
+register_family("aten::", "counter", "count", "Calls of this eager op that ran on the CPU (a fallback), "
+                "TorchXLA's per-op fallback counters.", _EAGER)
 
 #: The counters of each cache instance (``cache/stats.py``, which keeps their totals), reported to
 #: listeners as ``{kind}_cache.{counter}``.
@@ -136,10 +165,14 @@ CACHE_COUNTERS = {
     "corrupt": "Entries found corrupt or half-written: removed, never served.",
     "lock_waits": "Times a process waited on another's lock for the same entry.",
     "io_errors": "Cache reads or writes that failed (a warning, never a failure of the program).",
+    "evictions": "Entries the in-memory tier dropped to stay within its size (the disk entry stays).",
+    "bytes_read": "Bytes of entries read from the persistent tier.",
+    "bytes_written": "Bytes of entries written to the persistent tier.",
 }
 CACHE_KINDS = {"neff": "NEFF cache", "hlo": "HLO cache", "trace": "NKI trace cache", "other": "a cache"}
 for _kind, _title in CACHE_KINDS.items():
-    register(*(_c(f"{_kind}_cache.{name}", f"{_title}: {doc}", _CACHE) for name, doc in CACHE_COUNTERS.items()))
+    register(*(_c(f"{_kind}_cache.{name}", f"{_title}: {doc}", _CACHE,
+                  "bytes" if name.startswith("bytes_") else "count") for name, doc in CACHE_COUNTERS.items()))
 register(
     _s("cache.get", "A cache lookup (fields: cache, tier that answered).", _CACHE),
     _s("cache.put", "Writing a cache entry atomically.", _CACHE),

@@ -86,7 +86,7 @@ class CompiledGraph:
 
     def _open(self, neff: Any, on_volatile: Callable[[], None] | None = None) -> Executable:
         try:
-            with observe.span("runtime.load", graph=self.name):
+            with observe.stage("runtime.load", graph=self.name):
                 return Executable(neff, self._driver, on_volatile=on_volatile)
         except NeffLoadError as exc:
             raise NeuronCompileError("load", str(exc), graph=self.name, artifacts=exc.path) from exc

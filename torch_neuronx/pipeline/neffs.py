@@ -45,8 +45,11 @@ def get_neff(request: NeffRequest) -> neff.Neff:
                                                                    dialect=request.dialect)),
                                 key=key.digest, graph_name=request.graph_name,
                                 signature=request.signature, preserve=options.preserve_artifacts)
-        with observe.span("compiler.compile", graph=request.graph_name):
-            return driver.compile_neff(job)
+        with observe.stage("compiler.compile", graph=request.graph_name):
+            data = driver.compile_neff(job)
+        observe.sample("neff.size", len(data))
+        return data
 
-    with observe.span("pipeline.neff", graph=request.graph_name):
+    observe.note("neff_key", key.digest)
+    with observe.stage("pipeline.neff", graph=request.graph_name):
         return store.neff_cache().get_or_compile(key, compile_fn)

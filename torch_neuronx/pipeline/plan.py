@@ -99,7 +99,7 @@ def _prepare(gm: torch.fx.GraphModule, name: str,
              inputs_as_outputs: bool) -> tuple[torch.fx.GraphModule, list[Any]]:
     try:
         template = strip_outputs(gm, inputs_as_outputs)
-        with observe.span("pipeline.fx_passes", graph=name):
+        with observe.stage("pipeline.fx_passes", graph=name):
             gm = passes.run(gm)
     except NeuronCompileError:
         raise
@@ -140,7 +140,7 @@ def build_plan(gm: torch.fx.GraphModule, name: str, artifacts: GraphArtifacts, *
     artifacts.transformed_fx(gm)
     placeholders = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     outputs = [n.meta.get("val") for n in next(n for n in gm.graph.nodes if n.op == "output").args[0]]
-    with observe.span("pipeline.lower", graph=name):
+    with observe.stage("pipeline.lower", graph=name):
         lowered = lower_with_artifacts(gm, artifacts, hlo_cache, dialect)
     return Plan(graph_name=name, raw=lowered.raw, stablehlo=lowered.stablehlo,
                 template=[None if slot is None else list(slot) for slot in template],

@@ -160,7 +160,7 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
     options = options or default_options()
     with options.applied():
         try:
-            with observe.span("pipeline.trace", graph=name):
+            with observe.stage("pipeline.trace", graph=name):
                 functional = torch.func.functionalize(flat, remove="mutations")
                 gm = make_fx(functional, decomposition_table=decompositions.table(),
                              tracing_mode="fake" if dynamic is None else "symbolic")(

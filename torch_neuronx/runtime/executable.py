@@ -305,7 +305,10 @@ class Executable:
     def _observed(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if not _observing.active:
             return self._invoke(inputs)
-        with observe.span("runtime.launch", neff=self.neff.header.key[:16], driver=self.device.driver):
+        device, stream = streams.executing()
+        with observe.span("runtime.launch", neff=self.neff.header.key[:16], driver=self.device.driver,
+                          graph=self.neff.header.metadata.get("graph", ""),
+                          device=device, stream=stream):
             return self._invoke(inputs)
 
     def _push(self, arguments: Sequence[torch.Tensor]) -> object:
@@ -335,7 +338,10 @@ class Executable:
     def _observed_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         if not _observing.active:
             return self._invoke_into(inputs, outputs)
-        with observe.span("runtime.launch", neff=self.neff.header.key[:16], driver=self.device.driver):
+        device, stream = streams.executing()
+        with observe.span("runtime.launch", neff=self.neff.header.key[:16], driver=self.device.driver,
+                          graph=self.neff.header.metadata.get("graph", ""),
+                          device=device, stream=stream):
             return self._invoke_into(inputs, outputs)
 
     def _invoke_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:

@@ -124,6 +124,7 @@ class _Queue:
 
     def _work(self) -> None:
         _local.in_worker = True
+        _local.queue = self
         while True:
             with self._cond:
                 deadline = time.monotonic() + _IDLE_EXIT_S
@@ -156,6 +157,14 @@ class _Queue:
 
     def wait(self, seq: int, timeout: float | None = None) -> bool:
         """Block until the first ``seq`` tasks have run; False on timeout."""
+        if self.completed >= seq:
+            return True
+        if not _observing.active:
+            return self._wait(seq, timeout)
+        with observe.span("stream.wait", device=self.device, stream=self.id):
+            return self._wait(seq, timeout)
+
+    def _wait(self, seq: int, timeout: float | None) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: self.completed >= seq, timeout)
 
@@ -363,6 +372,7 @@ class _Local(threading.local):
     device = 0  # this thread's current device index
     streams: dict[int, Stream] | None = None
     in_worker = False  # this thread is a stream's worker
+    queue: _Queue | None = None  # the queue whose worker this thread is
 
 
 _local = _Local()
@@ -417,6 +427,16 @@ def stream(s: Stream | None) -> Iterator[Stream | None]:
         yield s
     finally:
         set_stream(previous)
+
+
+def executing() -> tuple[int, int]:
+    """The device index and stream id of the work running in this thread: the stream whose worker
+    this is, else the current stream of the current device (for events: where a launch ran)."""
+    queue = getattr(_local, "queue", None)
+    if queue is not None:
+        return queue.device, queue.id
+    stream = current_stream()
+    return stream._queue.device, stream._queue.id
 
 
 def launch(fn: Callable[..., Any], *args: Any) -> Any:

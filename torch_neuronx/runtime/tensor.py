@@ -23,7 +23,6 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from torch_neuronx import memory, observe
-from torch_neuronx.observe.events import state as _observing
 
 Dispatcher = Callable[[Any, Sequence[Any], dict[str, Any]], Any]
 _dispatcher: Dispatcher | None = None
@@ -296,13 +295,12 @@ def from_cpu(t: torch.Tensor, stride: Sequence[int] | None = None, index: int = 
     strides its trace decided (channels-last, transposed, or expanded, whose
     elements that share memory hold one value).
     """
-    if _observing.active:
-        observe.emit("transfer.host_to_device", t.nbytes, device=index)
     data, allocation = allocate(t.shape, stride, t.dtype, index)
-    if stride is None or (t.is_contiguous() and tuple(stride) == t.stride()) or not _overlapping(t.shape, stride):
-        data.copy_(t)
-    else:
-        _fill_overlapping(data, t)
+    with observe.span("transfer.host_to_device", t.nbytes, device=index):
+        if stride is None or (t.is_contiguous() and tuple(stride) == t.stride()) or not _overlapping(t.shape, stride):
+            data.copy_(t)
+        else:
+            _fill_overlapping(data, t)
     return NeuronTensor(data, allocation, index=index)
 
 

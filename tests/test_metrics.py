@@ -1,0 +1,248 @@
+"""TorchNeuron's metrics API, the graph_stats rows, and the metric tables' CSVs (issue: metric tables).
+
+The CSV tests run a real program in a fresh process with its own caches, so the numbers the
+tables hold are exactly what that program did (N cache hits, N fallbacks).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+
+import torch_neuronx
+from torch_neuronx import metrics, observe
+from torch_neuronx.metrics import tables
+
+GRAPH_STATS = ["graph_id", "graph_name", "model_name", "has_collectives", "graph_node_count", "timestamp",
+               "torch_neuronx_fx_passes_us", "torch_neuronx_lower_us", "torch_neuronx_compile_us"]
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+
+@pytest.fixture
+def enabled():
+    metrics.clear_metrics()
+    metrics.set_enabled(True)
+    yield
+    metrics.set_enabled(False)
+    metrics.clear_metrics()
+
+
+def test_nothing_listens_when_metrics_are_off():
+    assert not metrics.is_enabled() and not observe.state.active
+    a = torch.ones(4, device="neuron")
+    (a + 1).cpu()
+    assert not observe.state.active
+    metrics.set_enabled(True)
+    try:
+        assert metrics.is_enabled() and observe.state.active
+    finally:
+        metrics.set_enabled(False)
+    assert not observe.state.active
+
+
+def test_a_compiled_graph_has_its_graph_stats_row_and_dynamo_counters():
+    torch_neuronx.reset_dynamo_metrics()
+    before = torch._dynamo.utils.counters["neuron"]["compiled_graphs"]
+    model = _mlp()
+    compiled = torch.compile(model, backend="neuron", options={"model_name": "mlp"})
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    rows = torch_neuronx.get_dynamo_metrics()
+    assert len(rows) == 1
+    row = rows[0]
+    assert list(row) == GRAPH_STATS
+    assert re.fullmatch(r"mlp_\d+_inference_0", row["graph_name"]), row["graph_name"]
+    assert row["model_name"] == "mlp" and row["has_collectives"] is False
+    assert re.fullmatch(r"[0-9a-f]{16,}", row["graph_id"])
+    assert row["graph_node_count"] >= 5  # placeholders, two linears, relu, output
+    assert re.fullmatch(r"\d{8}_\d{6}_\d{6}", row["timestamp"])
+    assert row["torch_neuronx_lower_us"] > 0 and row["torch_neuronx_compile_us"] > 0
+    assert row["torch_neuronx_fx_passes_us"] >= 0
+    assert torch._dynamo.utils.counters["neuron"]["compiled_graphs"] == before + 1
+    torch_neuronx.reset_dynamo_metrics()
+    assert torch_neuronx.get_dynamo_metrics() == []
+
+
+def test_a_training_graph_names_its_forward_and_backward():
+    torch_neuronx.reset_dynamo_metrics()
+    model = _mlp()
+    compiled = torch.compile(model, backend="neuron", options={"model_name": "train"})
+    compiled(torch.randn(4, 8)).sum().backward()
+    kinds = sorted(r["graph_name"].split("_")[-2] for r in torch_neuronx.get_dynamo_metrics())
+    assert kinds == ["backward", "forward"]
+
+
+def test_report_blocks_and_torchneuron_cache_names():
+    model = _mlp()
+    with torch.no_grad():
+        torch.compile(model, backend="neuron")(torch.randn(2, 8))
+    counts = observe.counters()
+    assert metrics.get_counter_value("CompilationCache.PersistentHits") == counts.get("neff_cache.hits_disk", 0)
+    assert metrics.get_counter_value("CompilationCache.PersistentMisses") == counts.get("neff_cache.misses", 0)
+    assert metrics.get_counter_value("CompilationCache.InMemoryMisses") == \
+        counts.get("neff_cache.hits_disk", 0) + counts.get("neff_cache.misses", 0)
+    assert "CompilationCache.InMemoryMisses" in metrics.get_counter_names()
+    assert "pipeline.lower" in metrics.get_metric_names()
+    total, accumulator, recent = metrics.get_metric_data("pipeline.lower")
+    assert total >= 1 and accumulator > 0 and recent and all(t > 0 and v > 0 for t, v in recent)
+    text = metrics.report()
+    assert re.search(r"^Metric: pipeline\.lower\n  TotalSamples: \d+\n  Accumulator: .+\n  Mean: .+\n"
+                     r"  Min: .+\n  Max: .+\n", text, re.M)
+    assert re.search(r"^Counter: CompilationCache\.InMemoryMisses\n  Value: \d+$", text, re.M)
+    only = metrics.report_filtered(counter_names=["compiled_graphs"], metric_names=[])
+    assert only.startswith("Counter: compiled_graphs\n  Value: ") and "Metric:" not in only
+    assert metrics.get_metric_data("no.such.metric") is None
+    compilation = metrics.get_compilation_metrics()
+    assert compilation["CompiledGraphs"] == counts.get("compiled_graphs", 0)
+    assert compilation["PersistentMisses"] == counts.get("neff_cache.misses", 0)
+
+
+def test_clear_counters_and_metrics():
+    observe.count("kernel_traces")
+    observe.sample("neff.size", 10)
+    metrics.clear_counters()
+    assert metrics.get_counter_value("kernel_traces") == 0
+    assert metrics.get_metric_data("neff.size") is not None
+    metrics.clear_all()
+    assert metrics.get_metric_data("neff.size") is None and metrics.get_metric_data(
+        "CompilationCache.NeffSize") is None
+
+
+def test_enabled_metrics_count_every_eager_op_and_launch(enabled):
+    a = torch.randn(16, 16, device="neuron")
+    b = torch.randn(16, 16, device="neuron")
+    (a + b).cpu()  # warm the kernels up first: their compiles are not the point here
+    metrics.clear_metrics()
+    for _ in range(5):
+        c = a + b
+    c.cpu()
+    total, accumulator, _ = metrics.get_metric_data("eager.op")
+    rows = {r["op"]: r for r in metrics.table_rows("eager_ops")}
+    assert total == sum(r["calls"] for r in rows.values()) == 6 and accumulator > 0  # 5 adds, one copy
+    assert rows["add.Tensor"]["calls"] == 5 and rows["add.Tensor"]["compiled"] == 5
+    assert rows["_to_copy"]["calls"] == 1
+    assert metrics.get_metric_data("runtime.launch").total_samples == 5
+    moves = {r["kind"]: r for r in metrics.table_rows("transfers")}
+    assert moves["transfer.device_to_host"]["bytes"] == 16 * 16 * 4
+
+
+def test_fallbacks_are_counted_per_op(enabled):
+    a = torch.randn(6, device="neuron")
+    before = metrics.get_counter_value("aten::nonzero")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            torch.nonzero(a)
+    assert metrics.get_counter_value("aten::nonzero") == before + 3
+    assert {r["op"]: r for r in metrics.table_rows("eager_ops")}["nonzero"]["fallback"] == 3
+
+
+def test_memory_rows_follow_the_allocator(enabled):
+    keep = [torch.empty(1 << 16, device="neuron") for _ in range(3)]
+    rows = metrics.table_rows("memory")
+    assert rows and all(r["allocated_bytes"] <= r["reserved_bytes"] for r in rows)
+    assert rows[-1]["peak_allocated_bytes"] >= 3 * (1 << 18)
+    del keep
+
+
+def test_unknown_tables_are_refused_with_the_valid_names():
+    with pytest.raises(ValueError, match="graph_stats"):
+        metrics.enable_tables(["graph_stat"])
+    valid, unknown = tables.parse_names(" graph_stats, ,eager_ops,nope ")
+    assert valid == ["graph_stats", "eager_ops"] and unknown == ["nope"]
+
+
+_PROGRAM = textwrap.dedent("""
+    import warnings
+    import torch
+    import torch_neuronx
+    from torch_neuronx import metrics
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    with torch.no_grad():
+        for _ in range(2):  # a second torch.compile of the same graph: one in-memory NEFF cache hit
+            torch.compile(model, backend="neuron")(torch.randn(4, 8))
+            torch._dynamo.reset()
+    a = torch.randn(6, device="neuron")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(3):
+            torch.nonzero(a)
+    if {explicit!r}:
+        print("EXPORTED", metrics.export_tables({explicit!r}))
+""")
+
+
+def _run(tmp_path, tables_value: str, explicit: str | None = None, **env: str) -> subprocess.CompletedProcess:
+    environment = {**os.environ, "TORCH_NEURONX_ENABLED_METRIC_TABLES": tables_value,
+                   "TORCH_NEURONX_METRICS_DIR": str(tmp_path / "metrics"),
+                   "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+                   "TORCH_NEURONX_HLO_CACHE_DIR": str(tmp_path / "hlo"), **env}
+    environment.pop("RANK", None)
+    environment.update(env)
+    proc = subprocess.run([sys.executable, "-c", _PROGRAM.format(explicit=explicit)], capture_output=True,
+                          text=True, timeout=300, env=environment)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def test_tables_are_written_at_exit_with_exactly_what_the_program_did(tmp_path):
+    _run(tmp_path, "graph_stats,eager_ops,caches,memory,transfers")
+    directory = tmp_path / "metrics"
+    assert sorted(os.listdir(directory)) == sorted(f"metric_table_{n}_rank0.csv" for n in
+                                                   ("graph_stats", "eager_ops", "caches", "memory", "transfers"))
+    graphs = pd.read_csv(directory / "metric_table_graph_stats_rank0.csv")
+    assert list(graphs.columns) == GRAPH_STATS and len(graphs) == 2
+    assert graphs["graph_id"].nunique() == 1  # the same graph twice: one NEFF key
+    caches = pd.read_csv(directory / "metric_table_caches_rank0.csv").set_index("cache")
+    assert caches.loc["neff", "misses"] == 1 and caches.loc["neff", "compiles"] == 1
+    assert caches.loc["neff", "hits_memory"] == 1 and caches.loc["neff", "hits_disk"] == 0
+    assert caches.loc["neff", "bytes_written"] > 0
+    ops = pd.read_csv(directory / "metric_table_eager_ops_rank0.csv").set_index("op")
+    assert ops.loc["nonzero", "calls"] == 3 and ops.loc["nonzero", "fallback"] == 3
+    assert (ops["mean_us"] > 0).all()
+    memory = pd.read_csv(directory / "metric_table_memory_rank0.csv")
+    assert len(memory) >= 1 and (memory["allocated_bytes"] <= memory["reserved_bytes"]).all()
+    transfers = pd.read_csv(directory / "metric_table_transfers_rank0.csv")
+    assert list(transfers.columns) == ["kind", "calls", "bytes", "total_us", "mean_us"]
+
+
+def test_explicit_export_per_rank_and_unknown_names_reported_at_import(tmp_path):
+    proc = _run(tmp_path, "graph_stats,grpah_stats", explicit=str(tmp_path / "now"), RANK="3")
+    assert "grpah_stats" in proc.stderr and "valid tables: graph_stats, eager_ops" in proc.stderr
+    assert os.listdir(tmp_path / "now") == ["metric_table_graph_stats_rank3.csv"]
+    assert os.listdir(tmp_path / "metrics") == ["metric_table_graph_stats_rank3.csv"]  # and at exit
+
+
+def test_no_table_no_files_and_no_listener(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", "import torch, torch_neuronx\n"
+                           "from torch_neuronx import observe\n"
+                           "a = torch.ones(3, device='neuron'); (a * 2).cpu()\n"
+                           "print(observe.state.active)"], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TORCH_NEURONX_ENABLED_METRIC_TABLES": "",
+                               "TORCH_NEURONX_METRICS_DIR": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "False"
+    assert os.listdir(tmp_path) == []
+
+
+def test_every_table_and_column_is_documented():
+    text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs",
+                             "metric-tables.md")).read()
+    for name, table in tables.TABLES.items():
+        row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
+        assert all(f"`{column}`" in row for column in table.columns), (name, table.columns)

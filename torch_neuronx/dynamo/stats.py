@@ -1,0 +1,86 @@
+"""What each compiled graph reports: its ``graph_stats`` row and Dynamo's ``counters["neuron"]``.
+
+TorchNeuron keeps one row per graph compiled for torch.compile (the ``graph_stats`` metric
+table, ``torch_neuronx.get_dynamo_metrics()``) and counts ``compiled_graphs`` and
+``graphs_with_collectives`` in ``torch._dynamo.utils.counters["neuron"]``. :func:`compiling`
+times the stages of one graph's compilation (the instrumentation layer's stage spans inside it)
+and records the row when the graph compiled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import threading
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from torch_neuronx import observe
+
+_lock = threading.Lock()
+_nth: Counter[tuple[str, str, str]] = Counter()  # graphs per (model, aot id, graph type)
+_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d", "_dtensor")
+
+
+def has_collectives(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph calls a collective (functional or c10d ops)."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        namespace = getattr(node.target, "namespace", None)
+        if namespace in _COLLECTIVE_NAMESPACES:
+            return True
+        module = getattr(node.target, "__module__", "") or ""
+        if module.startswith("torch.distributed"):
+            return True
+    return False
+
+
+def _aot_id() -> str:
+    """aot_autograd's id of the compilation under way (``"0"`` outside aot_autograd)."""
+    try:
+        from torch._functorch._aot_autograd.logging_utils import get_aot_compilation_context
+        names, _, _ = get_aot_compilation_context()
+    except Exception:  # torch internals moved: the id is cosmetic
+        return "0"
+    return names[0].split("_", 1)[0] if names else "0"
+
+
+def graph_name(model: str, kind: str) -> str:
+    """TorchNeuron's graph name ``{model_name}_{aot_id}_{graph_type}_{nth}``."""
+    aot_id = _aot_id()
+    with _lock:
+        nth = _nth[(model, aot_id, kind)]
+        _nth[(model, aot_id, kind)] += 1
+    return f"{model}_{aot_id}_{kind}_{nth}"
+
+
+def _us(stages: dict[str, Any], *names: str) -> int:
+    return sum(int(stages.get(n, 0)) for n in names) // 1000
+
+
+@contextlib.contextmanager
+def compiling(gm: torch.fx.GraphModule, model: str, kind: str) -> Iterator[None]:
+    """Around one graph's compilation: when the block ends normally, record its ``graph.compiled``
+    row (stage times measured inside it) and count it in Dynamo's counters."""
+    with observe.collecting() as stages:
+        yield
+    collectives = has_collectives(gm)
+    observe.record("graph.compiled", {
+        "graph_id": stages.get("neff_key", ""),
+        "graph_name": graph_name(model, kind),
+        "model_name": model,
+        "has_collectives": collectives,
+        "graph_node_count": len(gm.graph.nodes),
+        "timestamp": datetime.datetime.now().strftime("%Y%m%d_%H%M%S_%f"),
+        "torch_neuronx_fx_passes_us": _us(stages, "pipeline.fx_passes"),
+        "torch_neuronx_lower_us": _us(stages, "pipeline.lower"),
+        "torch_neuronx_compile_us": _us(stages, "pipeline.neff"),
+    })
+    counters = torch._dynamo.utils.counters["neuron"]
+    counters["compiled_graphs"] += 1
+    if collectives:
+        counters["graphs_with_collectives"] += 1
