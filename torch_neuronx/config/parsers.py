@@ -104,3 +104,23 @@ def parse_path(raw: str) -> str:
 def parse_csv(raw: str) -> tuple[str, ...]:
     """Split a comma-separated list, dropping blanks."""
     return tuple(part.strip() for part in raw.split(",") if part.strip())
+
+
+def parse_index_ranges(raw: str) -> tuple[int, ...]:
+    """Parse indices and ranges (``0,1,2-5``): sorted, each once; empty means none.
+
+    Unlike :func:`parse_device_list`, a lone number is an index, never a count
+    (TORCH_NEURONX_PROFILE_RANKS, TORCH_NEURONX_PROFILE_CAPTURE_NC).
+    """
+    indices: set[int] = set()
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        first, dash, last = (s.strip() for s in part.partition("-"))
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ConfigValueError("expected comma-separated indices and ranges like 0,1,2-5")
+        span = range(int(first), int(last if dash else first) + 1)
+        if not span:
+            raise ConfigValueError(f"empty range {part!r}")
+        indices.update(span)
+    return tuple(sorted(indices))

@@ -14,6 +14,7 @@ import os
 from torch_neuronx.config.parsers import (
     parse_bool,
     parse_device_list,
+    parse_index_ranges,
     parse_log_level,
     parse_non_negative_int,
     parse_only_one_enables,
@@ -161,10 +162,10 @@ register(
 register(
     Var("TORCH_NEURONX_ENABLED_METRIC_TABLES", "str", "",
         "Comma-separated metric tables to enable for CSV export.",
-        _METRICS, parse_str, status="planned: metric tables issue"),
+        _METRICS, parse_str),
     Var("TORCH_NEURONX_METRICS_DIR", "str", "/tmp",
         "Directory for metric CSV files.",
-        _METRICS, parse_str, status="planned: metric tables issue"),
+        _METRICS, parse_str),
 )
 
 # Profiling
@@ -172,24 +173,24 @@ register(
     Var("TORCH_NEURONX_PROFILE_DEFAULT_SESSION", "bool", True,
         "Set to 0 to disable the default session. Then ProfilerActivity.PrivateUse1 without a "
         "NeuronConfig records no Neuron data.",
-        _PROFILE, parse_bool, status="planned: profiler issue"),
+        _PROFILE, parse_bool),
     Var("TORCH_NEURONX_PROFILE_MODES", "str", "runtime,cpu_util,host_memory",
         "Comma-separated profile modes. Add device for the device profile. The device profile "
         "reserves device memory for hardware notifications.",
-        _PROFILE, parse_str, status="planned: profiler issue"),
-    Var("TORCH_NEURONX_PROFILE_RANKS", "str", "0",
+        _PROFILE, parse_str),
+    Var("TORCH_NEURONX_PROFILE_RANKS", "str", (0,),
         "Comma-separated global ranks that capture a profile. The rank comes from the RANK "
         "environment variable.",
-        _PROFILE, parse_str, status="planned: profiler issue"),
+        _PROFILE, parse_index_ranges, default_doc="0"),
     Var("TORCH_NEURONX_PROFILE_MAX_EVENTS_PER_NC", "int", 10000000,
         "Maximum number of system trace events for each NeuronCore.",
-        _PROFILE, parse_non_negative_int, status="planned: profiler issue"),
-    Var("TORCH_NEURONX_PROFILE_CAPTURE_NC", "str", "0,1",
+        _PROFILE, parse_non_negative_int),
+    Var("TORCH_NEURONX_PROFILE_CAPTURE_NC", "str", (0, 1),
         "NeuronCore indices or ranges to capture, for example 0,1,2-5.",
-        _PROFILE, parse_str, status="planned: profiler issue"),
+        _PROFILE, parse_index_ranges, default_doc="0,1"),
     Var("TORCH_NEURONX_PROFILE_OUTPUT_DIR", "path", "neuron_profile",
         "Directory for the profile session output.",
-        _PROFILE, parse_path, status="planned: profiler issue"),
+        _PROFILE, parse_path),
 )
 
 # Distributed

@@ -1,0 +1,131 @@
+"""What a Neuron profiling session records: :class:`ProfileMode`, :class:`NeuronConfig`, :class:`Settings`.
+
+A :class:`NeuronConfig` handed to ``torch.profiler.profile(experimental_config=...)`` is a
+subclass of torch's ``_ExperimentalConfig`` (it survives into the profiler), and whatever it
+sets wins over the environment; what it leaves as None comes from the ``TORCH_NEURONX_PROFILE_*``
+variables. :func:`resolve` turns either into the :class:`Settings` a session runs with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+from collections.abc import Iterable
+
+import torch
+
+from torch_neuronx import config
+from torch_neuronx.config.parsers import ConfigValueError, parse_index_ranges
+
+_log = logging.getLogger("torch_neuronx.profiling")
+
+
+class ProfileMode(enum.Enum):
+    """What a session records, each in its own output file."""
+
+    DEVICE = "device"  # per-execution timings of every NEFF, and the NEFFs themselves
+    RUNTIME = "runtime"  # every event of the instrumentation layer
+    CPU_UTIL = "cpu_util"  # per-CPU and average utilization, once a second
+    HOST_MEMORY = "host_memory"  # system and process memory, once a second
+
+
+VALID_MODES = tuple(m.value for m in ProfileMode)
+
+
+def parse_modes(modes: str | Iterable[ProfileMode | str], source: str = "TORCH_NEURONX_PROFILE_MODES"
+                ) -> frozenset[ProfileMode]:
+    """Modes from a comma-separated string or an iterable; an unknown one is ignored with a warning."""
+    items = modes.split(",") if isinstance(modes, str) else list(modes)
+    chosen: set[ProfileMode] = set()
+    for item in items:
+        if isinstance(item, ProfileMode):
+            chosen.add(item)
+            continue
+        name = str(item).strip().lower()
+        if not name:
+            continue
+        try:
+            chosen.add(ProfileMode(name))
+        except ValueError:
+            _log.warning("%s: unknown profile mode %r ignored; valid modes are %s",
+                         source, item, ", ".join(VALID_MODES))
+    return frozenset(chosen)
+
+
+def _indices(value: str | Iterable[int], source: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    if not isinstance(value, str):
+        return tuple(sorted({int(v) for v in value}))
+    try:
+        return parse_index_ranges(value)
+    except ConfigValueError as exc:
+        _log.warning("%s=%r is not valid: %s; using the default %s", source, value, exc,
+                     ",".join(map(str, default)))
+        return default
+
+
+class NeuronConfig(torch._C._profiler._ExperimentalConfig):
+    """TorchNeuron's profiler options, passed as ``torch.profiler.profile(experimental_config=...)``.
+
+    Every option left as None comes from its environment variable: ``modes``
+    (TORCH_NEURONX_PROFILE_MODES; ProfileMode values or their names), ``max_events_per_nc``
+    (TORCH_NEURONX_PROFILE_MAX_EVENTS_PER_NC), ``capture_enabled_for_nc`` (``"0,1,2-5"`` or
+    indices; TORCH_NEURONX_PROFILE_CAPTURE_NC), ``profile_output_dir``
+    (TORCH_NEURONX_PROFILE_OUTPUT_DIR) and ``neff_cache_dir`` (TORCH_NEURONX_NEFF_CACHE_DIR).
+    """
+
+    def __init__(self, modes: Iterable[ProfileMode | str] | str | None = None, max_events_per_nc: int | None = None,
+                 capture_enabled_for_nc: str | Iterable[int] | None = None, profile_output_dir: str | None = None,
+                 neff_cache_dir: str | None = None, **experimental: object) -> None:
+        super().__init__(**experimental)
+        self.modes = modes
+        self.max_events_per_nc = max_events_per_nc
+        self.capture_enabled_for_nc = capture_enabled_for_nc
+        self.profile_output_dir = profile_output_dir
+        self.neff_cache_dir = neff_cache_dir
+
+    def __repr__(self) -> str:
+        return (f"NeuronConfig(modes={self.modes!r}, max_events_per_nc={self.max_events_per_nc!r}, "
+                f"capture_enabled_for_nc={self.capture_enabled_for_nc!r}, "
+                f"profile_output_dir={self.profile_output_dir!r}, neff_cache_dir={self.neff_cache_dir!r})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """The effective options of one session."""
+
+    modes: frozenset[ProfileMode]
+    max_events_per_nc: int
+    capture_nc: tuple[int, ...]
+    output_dir: str
+    neff_cache_dir: str
+
+    @property
+    def listens(self) -> bool:
+        """Whether the session subscribes to the instrumentation layer."""
+        return bool(self.modes & {ProfileMode.RUNTIME, ProfileMode.DEVICE})
+
+
+def resolve(cfg: NeuronConfig | None = None) -> Settings:
+    """The settings of a session: ``cfg``'s options where set, else the environment's."""
+    cfg = cfg if cfg is not None else NeuronConfig()
+    modes = (parse_modes(cfg.modes, "NeuronConfig(modes=...)") if cfg.modes is not None
+             else parse_modes(config.get("TORCH_NEURONX_PROFILE_MODES")))
+    env_nc = config.get("TORCH_NEURONX_PROFILE_CAPTURE_NC")
+    capture = (_indices(cfg.capture_enabled_for_nc, "NeuronConfig(capture_enabled_for_nc=...)", env_nc)
+               if cfg.capture_enabled_for_nc is not None else env_nc)
+    max_events = cfg.max_events_per_nc
+    if max_events is None:
+        max_events = config.get("TORCH_NEURONX_PROFILE_MAX_EVENTS_PER_NC")
+    return Settings(
+        modes=modes,
+        max_events_per_nc=int(max_events),
+        capture_nc=capture,
+        output_dir=cfg.profile_output_dir or config.get("TORCH_NEURONX_PROFILE_OUTPUT_DIR"),
+        neff_cache_dir=cfg.neff_cache_dir or config.get("TORCH_NEURONX_NEFF_CACHE_DIR"),
+    )
+
+
+def captures_this_rank(rank: int) -> bool:
+    """Whether global rank ``rank`` is listed in TORCH_NEURONX_PROFILE_RANKS."""
+    return rank in config.get("TORCH_NEURONX_PROFILE_RANKS")
