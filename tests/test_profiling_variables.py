@@ -1,0 +1,128 @@
+"""The TORCH_NEURONX_PROFILE_* variables: modes, ranks, the per-device cap, captured devices, output dir."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import pytest
+from profiling_support import (  # noqa: F401
+    NEURON,
+    eager_work,
+    neuron_log_fixture,
+    profile_dir_fixture,
+    read,
+    session_dirs,
+)
+from torch.profiler import profile
+
+from torch_neuronx import config
+from torch_neuronx.config.parsers import ConfigValueError, parse_index_ranges
+from torch_neuronx.observe import Event
+from torch_neuronx.profiling import ProfileMode, options
+from torch_neuronx.profiling.recorder import Recorder
+
+
+@pytest.mark.parametrize("raw,expected", [("0,1", (0, 1)), ("0,1,2-5", (0, 1, 2, 3, 4, 5)), (" 3 ", (3,)),
+                                          ("2-3,0", (0, 2, 3)), ("", ())])
+def test_index_ranges_parse(raw, expected):
+    assert parse_index_ranges(raw) == expected
+
+
+@pytest.mark.parametrize("raw", ["a", "1-", "3-1", "0;1"])
+def test_malformed_index_ranges_are_rejected(raw):
+    with pytest.raises(ConfigValueError):
+        parse_index_ranges(raw)
+
+
+def test_defaults(profile_dir, monkeypatch):
+    monkeypatch.delenv("TORCH_NEURONX_PROFILE_OUTPUT_DIR")
+    settings = options.resolve()
+    assert settings.modes == {ProfileMode.RUNTIME, ProfileMode.CPU_UTIL, ProfileMode.HOST_MEMORY}
+    assert settings.capture_nc == (0, 1) and settings.max_events_per_nc == 10_000_000
+    assert settings.output_dir == "neuron_profile"
+    assert settings.neff_cache_dir == config.get("TORCH_NEURONX_NEFF_CACHE_DIR")
+    assert config.get("TORCH_NEURONX_PROFILE_RANKS") == (0,)
+
+
+def test_unknown_mode_warns_naming_valid_modes_and_is_ignored(profile_dir, monkeypatch, neuron_log):
+    monkeypatch.setenv("TORCH_NEURONX_PROFILE_MODES", "runtime,gpu_trace, DEVICE")
+    assert options.resolve().modes == {ProfileMode.RUNTIME, ProfileMode.DEVICE}
+    (message,) = [m for m in neuron_log() if "gpu_trace" in m]
+    assert "TORCH_NEURONX_PROFILE_MODES" in message
+    assert all(mode in message for mode in ("device", "runtime", "cpu_util", "host_memory"))
+
+
+def test_malformed_capture_nc_warns_once_and_uses_the_default(profile_dir, monkeypatch, neuron_log):
+    monkeypatch.setenv("TORCH_NEURONX_PROFILE_CAPTURE_NC", "zero-one")
+    assert options.resolve().capture_nc == (0, 1)
+    assert options.resolve().capture_nc == (0, 1)
+    warnings = [m for m in neuron_log() if "zero-one" in m]
+    assert len(warnings) == 1
+    assert "TORCH_NEURONX_PROFILE_CAPTURE_NC" in warnings[0] and "0,1" in warnings[0]
+
+
+def test_only_captured_devices_are_kept(profile_dir, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_PROFILE_CAPTURE_NC", "1-3")
+    monkeypatch.setenv("TORCH_NEURONX_PROFILE_MODES", "runtime")
+    with profile(activities=NEURON):
+        eager_work()
+    (directory,) = session_dirs(profile_dir)
+    trace = read(os.path.join(directory, "runtime.json"))
+    assert trace["neuron"]["capture_nc"] == [1, 2, 3]
+    assert trace["neuron"]["events_not_captured"] > 0  # device 0's allocations, launches, transfers
+    assert not [e for e in trace["traceEvents"] if e.get("args", {}).get("device") == 0]
+    assert [e for e in trace["traceEvents"] if e.get("ph") == "X"]  # host-side events (cache lookups) stay
+
+
+def test_events_over_the_cap_are_dropped_counted_and_reported(profile_dir, monkeypatch, neuron_log):
+    monkeypatch.setenv("TORCH_NEURONX_PROFILE_MAX_EVENTS_PER_NC", "3")
+    monkeypatch.setenv("TORCH_NEURONX_PROFILE_MODES", "runtime")
+    with profile(activities=NEURON):
+        eager_work()
+    (directory,) = session_dirs(profile_dir)
+    meta = read(os.path.join(directory, "runtime.json"))["neuron"]
+    assert meta["events_dropped"] > 0 and meta["events_dropped_per_nc"]["0"] > 0
+    assert meta["events_kept"] <= 3 * (1 + len(meta["events_dropped_per_nc"]))
+    (warning,) = [m for m in neuron_log() if "dropped" in m]
+    assert "TORCH_NEURONX_PROFILE_MAX_EVENTS_PER_NC=3" in warning
+
+
+@pytest.mark.parametrize("ranks,captured", [("0", False), ("0-1", True), ("1,3", True), ("2", False)])
+def test_only_listed_ranks_capture(profile_dir, monkeypatch, ranks, captured):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("TORCH_NEURONX_PROFILE_RANKS", ranks)
+    with profile(activities=NEURON) as prof:
+        pass
+    assert (prof._neuron_session is not None) is captured
+    dirs = session_dirs(profile_dir)
+    assert len(dirs) == captured
+    if captured:
+        assert read(os.path.join(dirs[0], "runtime.json"))["neuron"]["rank"] == 1
+
+
+def test_output_dir_layout(profile_dir):
+    with profile(activities=NEURON):
+        pass
+    (directory,) = session_dirs(profile_dir)
+    instance_dir = os.path.basename(os.path.dirname(directory))
+    assert instance_dir == f"{socket.gethostname()}_pid_{os.getpid()}"
+    assert os.path.dirname(os.path.dirname(directory)) == str(profile_dir)
+
+
+def test_recorder_places_events_by_fields_or_stream_worker_thread():
+    recorder = Recorder(capture_nc=(0, 1), max_events_per_nc=100, offset_ns=0)
+    start = recorder.start_perf_ns + 1
+    recorder(Event("collective.all_reduce", "span", start, 10, 0, 1, {"device": "neuron:1", "stream": 2}))
+
+    def on_worker() -> None:
+        recorder(Event("runtime.launch", "span", start, 5, 0, threading.get_ident(), {"neff": "ab" * 8}))
+
+    worker = threading.Thread(target=on_worker, name="neuron:0 stream 3")
+    worker.start()
+    worker.join()
+    recorder(Event("some_new_layer.thing", "event", start, 0, 7, 1, {}))  # names are never a closed list
+    placed = {r.name: (r.device, r.stream, r.category) for r in recorder.snapshot()}
+    assert placed == {"collective.all_reduce": (1, 2, "collective"), "runtime.launch": (0, 3, "runtime"),
+                      "some_new_layer.thing": (None, None, "some_new_layer")}
