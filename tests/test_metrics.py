@@ -246,3 +246,19 @@ def test_every_table_and_column_is_documented():
     for name, table in tables.TABLES.items():
         row = next(line for line in text.splitlines() if line.startswith(f"| `{name}` |"))
         assert all(f"`{column}`" in row for column in table.columns), (name, table.columns)
+
+
+def test_each_torchrun_rank_writes_its_own_tables(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text("import torch, torch_neuronx\n"
+                      "a = torch.ones(4, device='neuron'); (a * 2).cpu()\n")
+    env = {**os.environ, "TORCH_NEURONX_ENABLED_METRIC_TABLES": "eager_ops,caches",
+           "TORCH_NEURONX_METRICS_DIR": str(tmp_path / "metrics"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script)], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(os.listdir(tmp_path / "metrics")) == [f"metric_table_{t}_rank{r}.csv" for t in ("caches", "eager_ops")
+                                                        for r in (0, 1)]
+    for rank in (0, 1):
+        ops = pd.read_csv(tmp_path / "metrics" / f"metric_table_eager_ops_rank{rank}.csv").set_index("op")
+        assert ops.loc["mul.Tensor", "calls"] == 1

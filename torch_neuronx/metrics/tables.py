@@ -2,8 +2,9 @@
 
 ``graph_stats`` is TorchNeuron's own table, column for column; the others are ours (TorchNeuron
 has no equivalent) and are documented in ``docs/metrics.md``. Each enabled table is written to
-``{TORCH_NEURONX_METRICS_DIR}/metric_table_{name}_rank{rank}.csv`` when the process exits and on
-:func:`export`. The variable is read, and an unknown table name reported with the valid names,
+``{TORCH_NEURONX_METRICS_DIR}/metric_table_{name}_rank{rank}.csv`` when the process exits (a
+process that used no neuron device and compiled nothing, such as torchrun's agent, writes
+nothing) and on :func:`export`. The variable is read, and an unknown table name reported with the valid names,
 when ``torch_neuronx`` is imported (:func:`configure`), not after a whole run.
 """
 
@@ -200,7 +201,18 @@ def export(names: Sequence[str] | None = None, directory: str | None = None) -> 
     return paths
 
 
+def _used() -> bool:
+    """Whether this process did anything the tables report (a launcher such as torchrun's agent
+    imports torch, and so this package, but must not write, or overwrite, rank 0's tables)."""
+    with collector._lock:
+        live = bool(collector.ops or collector.moves or collector.memory)
+    return live or any(observe.counters().values()) or bool(samples.records("graph.compiled"))
+
+
 def _export_at_exit() -> None:
+    if not _used():
+        _log.debug("no metric tables written: this process used no neuron device and compiled nothing")
+        return
     try:
         for path in export():
             _log.info("wrote metric table %s", path)
