@@ -169,3 +169,20 @@ def test_legacy_autograd_profiler_with_neuron_device_runs_on_kineto():
     averages = prof.key_averages()
     assert any(a.key == "aten::mul" for a in averages)
     assert all(a.cpu_time_total >= 0 for a in averages)
+
+
+def test_work_on_a_side_stream_gets_its_own_nested_track(profile_dir):
+    x = torch.randn(8, 8, device="neuron")
+    handler = NeuronProfiler()
+    with profile(activities=NEURON, on_trace_ready=handler.export_trace):
+        with torch.neuron.stream(torch.neuron.Stream()):
+            for _ in range(3):
+                y = x * 2 + 1
+        torch.neuron.synchronize()
+        y.cpu()
+    events = validate.validate(handler.exported[0], validate.neuron_event)
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+             if e.get("ph") == "M" and e["name"] == "thread_name"}
+    launch_tracks = {names[(e["pid"], e["tid"])] for e in neuron_spans(events)
+                     if e["args"]["event"] == "runtime.launch"}
+    assert any(t.startswith("stream ") and not t.startswith("stream 0") for t in launch_tracks), launch_tracks

@@ -9,7 +9,8 @@ is ``time.time_ns()``), so neuron events line up with torch's CPU ops. Tracks:
 - one process ``neuron runtime (host)`` for events of no device (compiles, cache lookups), one
   track per reporting thread; counts as counter (``C``) tracks there;
 - one process ``host`` for the cpu_util and host_memory counters;
-- device memory in use per device as a counter, from ``memory.malloc``/``memory.free``.
+- device memory in use per device as a counter, from ``memory.malloc``/``memory.free`` (their
+  ``allocated`` field when present, else the sizes allocated and freed within the session).
 """
 
 from __future__ import annotations
@@ -119,8 +120,11 @@ def record_events(records: Iterable[Record], base_ns: int) -> list[dict[str, Any
                 in_use[r.device] = in_use.get(r.device, 0) + r.value
             else:
                 in_use[r.device] = in_use.get(r.device, 0) - (r.value or sizes.pop(key, 0))
+            allocated = r.fields.get("allocated")  # the allocator's own total, when it reports one
+            in_use_now = allocated if isinstance(allocated, int) and not isinstance(allocated, bool) \
+                else in_use[r.device]
             out.append({"ph": "C", "name": "device memory in use", "cat": CATEGORY, "pid": pid, "tid": 0, "ts": ts,
-                        "args": {"bytes": in_use[r.device]}})
+                        "args": {"bytes": in_use_now}})
     return tracks.meta + out
 
 

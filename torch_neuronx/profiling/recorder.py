@@ -98,15 +98,16 @@ class Recorder:
         self.dropped: collections.Counter[int] = collections.Counter()  # over the cap, per device
         self.filtered = 0  # events of devices not captured
         self._lock = threading.Lock()
-        self._threads: dict[int, tuple[int | None, int | None]] = {}
+        self._threads: dict[tuple[int, str], tuple[int | None, int | None]] = {}
 
     def _thread_place(self, ident: int) -> tuple[int | None, int | None]:
         """(device, stream) of the calling thread when it is a stream's worker."""
-        place = self._threads.get(ident)
+        name = threading.current_thread().name  # idents are reused once a thread ends: the name decides
+        place = self._threads.get((ident, name))
         if place is None:
-            match = _WORKER.fullmatch(threading.current_thread().name)
+            match = _WORKER.fullmatch(name)
             place = (int(match[1]), int(match[2])) if match else (None, None)
-            self._threads[ident] = place
+            self._threads[(ident, name)] = place
         return place
 
     def __call__(self, event: Event) -> None:
