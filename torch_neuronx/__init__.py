@@ -50,6 +50,10 @@ if _sys.argv[:1] != ["-m"] or "torch" in _sys.modules:
     except Exception as _exc:
         _log.logger().warning("the neuron profiler hooks were not installed: %s", _exc)
 
+# TorchNeuron's metrics API; importing it reads TORCH_NEURONX_ENABLED_METRIC_TABLES, so an unknown
+# table name is reported now rather than after a whole run.
+from torch_neuronx import metrics  # noqa: E402, F401
+from torch_neuronx.metrics import get_dynamo_metrics, reset_dynamo_metrics  # noqa: E402, F401
 from torch_neuronx.version import __version__  # noqa: E402, F401
 
 
