@@ -262,3 +262,26 @@ def test_each_torchrun_rank_writes_its_own_tables(tmp_path):
     for rank in (0, 1):
         ops = pd.read_csv(tmp_path / "metrics" / f"metric_table_eager_ops_rank{rank}.csv").set_index("op")
         assert ops.loc["mul.Tensor", "calls"] == 1
+
+
+def test_with_nothing_listening_hot_paths_only_check_the_flag(monkeypatch):
+    """Warm eager ops, transfers both ways, a compiled call, allocations: no span or event is even built."""
+    model = _mlp()
+    compiled = torch.compile(model, backend="neuron")
+    x = torch.randn(4, 8)
+    a = torch.randn(8, 8).to("neuron")
+    with torch.no_grad():
+        compiled(x)
+    ((a + a) * 2).sum().item()
+    calls = []
+    for name in ("span", "emit"):
+        original = getattr(observe, name)
+        monkeypatch.setattr(observe, name, lambda *args, _o=original, **kw: calls.append(args[0]) or _o(*args, **kw))
+    assert not observe.state.active
+    for _ in range(3):
+        b = torch.randn(8, 8).to("neuron")
+        ((a + b) * 2).sum().item()
+        (a - b).cpu()
+        with torch.no_grad():
+            compiled(x)
+    assert calls == []

@@ -120,6 +120,8 @@ def _to_copy_on_host(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tenso
     device = kwargs.get("device")
     plain = {k: v for k, v in kwargs.items() if k != "device"}
     if device is not None and torch.device(device).type != "neuron":  # leaves device memory
+        if not observe.state.active:
+            return aten._to_copy.default(_cpu(source), **plain).to(device)
         with observe.span("transfer.device_to_host", source._data.nbytes, device=source._index):
             return aten._to_copy.default(_cpu(source), **plain).to(device)
     copied = aten._to_copy.default(_cpu(source), **plain)

@@ -86,8 +86,11 @@ def run_writing_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any], w
     for key, copy in scratch.items():
         target = targets[key]
         resize(target, copy.shape)
-        with observe.span("transfer.host_to_device", copy.nbytes, device=target._index):
-            target._data.copy_(copy)  # the op's values cross from host memory into the device's
+        if observe.state.active:  # the op's values cross from host memory into the device's
+            with observe.span("transfer.host_to_device", copy.nbytes, device=target._index):
+                target._data.copy_(copy)
+        else:
+            target._data.copy_(copy)
         back[id(copy)] = target
     if scratch:
         torch._C._increment_version([t._data for t in targets.values()])

@@ -288,6 +288,13 @@ def _trace_op(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return return_and_correct_aliasing(func, args, kwargs, wrapped)
 
 
+def _fill(data: torch.Tensor, t: torch.Tensor, stride: Sequence[int] | None) -> None:
+    if stride is None or (t.is_contiguous() and tuple(stride) == t.stride()) or not _overlapping(t.shape, stride):
+        data.copy_(t)
+    else:
+        _fill_overlapping(data, t)
+
+
 def from_cpu(t: torch.Tensor, stride: Sequence[int] | None = None, index: int = 0) -> NeuronTensor:
     """A new neuron tensor holding a copy of the CPU tensor ``t``.
 
@@ -296,11 +303,11 @@ def from_cpu(t: torch.Tensor, stride: Sequence[int] | None = None, index: int = 
     elements that share memory hold one value).
     """
     data, allocation = allocate(t.shape, stride, t.dtype, index)
-    with observe.span("transfer.host_to_device", t.nbytes, device=index):
-        if stride is None or (t.is_contiguous() and tuple(stride) == t.stride()) or not _overlapping(t.shape, stride):
-            data.copy_(t)
-        else:
-            _fill_overlapping(data, t)
+    if observe.state.active:
+        with observe.span("transfer.host_to_device", t.nbytes, device=index):
+            _fill(data, t, stride)
+    else:
+        _fill(data, t, stride)
     return NeuronTensor(data, allocation, index=index)
 
 
