@@ -220,6 +220,8 @@ def _run_inplace_view(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) ->
     fresh = inner.as_strided(inner.shape, inner.stride(), inner.storage_offset())
     func(fresh, *pytree.tree_map(_cpu, args[1:]), **pytree.tree_map(_cpu, kwargs))
     target._data = fresh
+    if target._allocation is not None:  # a storage resize repoints it too
+        target._allocation.track(fresh)
     return return_and_correct_aliasing(func, args, kwargs, target)
 
 
@@ -342,6 +344,7 @@ def _execute_into(kernel: kernels.Kernel, tensors: list[torch.Tensor], storage: 
 
 _SPECIAL_OP, _COMPOSITE_VIEW, _INPLACE_VIEW, _VIEW, _RANDOM, _IN_PLACE, _NO_FUNCTIONAL, _FUNCTIONAL = range(8)
 _kinds: dict[Any, tuple[int, Any]] = {}
+_no_result: set[Any] = set()  # in-place ops whose schema returns nothing (``fsdp.copy_``)
 
 
 def _classify(func: Any) -> tuple[int, Any]:
@@ -362,8 +365,12 @@ def _classify(func: Any) -> tuple[int, Any]:
             kind = (_RANDOM, bool(_mutated(func)))
         elif _mutated(func):
             functional = _functional_variant(func)
-            usable = functional is not None and _mutated(func) == [0]
+            # A list written in place (``_foreach_copy_``) runs on the CPU over the tensors' memory.
+            usable = functional is not None and _mutated(func) == [0] \
+                and str(func._schema.arguments[0].type) == "Tensor"
             kind = (_IN_PLACE, functional) if usable else (_NO_FUNCTIONAL, None)
+            if usable and not func._schema.returns:
+                _no_result.add(func)
         else:
             kind = (_FUNCTIONAL, None)
         _kinds[func] = kind
@@ -402,7 +409,7 @@ def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
             _queue_copy(target, result, str(func))
         else:
             on_host(target._index, [target], _write_back, target, result)
-        return target
+        return None if func in _no_result else target
     if kind == _VIEW:
         return _run_view(func, args, kwargs)
     if kind == _COMPOSITE_VIEW:

@@ -20,7 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from torch_neuronx import observe
-from torch_neuronx.runtime.tensor import NeuronTensor, allocate
+from torch_neuronx.runtime.tensor import NeuronTensor, allocate, rebind
 
 
 def _set_wrapper_shape(t: NeuronTensor, size: Sequence[int], stride: Sequence[int]) -> None:
@@ -51,7 +51,7 @@ def resize(t: NeuronTensor, size: Sequence[int]) -> NeuronTensor:
     keep = min(data.numel(), t._data.numel())
     if keep:
         data.view(-1)[:keep].copy_(t._data.reshape(-1)[:keep])
-    t._data, t._allocation = data, allocation
+    rebind(t, data, allocation)
     _set_wrapper_shape(t, size, data.stride())
     return t
 

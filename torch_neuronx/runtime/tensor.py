@@ -15,6 +15,7 @@ its dispatcher with :func:`register_dispatcher`, so neither imports the other.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -49,30 +50,74 @@ def _no_dispatcher(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> An
                        "(import torch_neuronx, or call torch_neuronx.device.register())")
 
 
-class Allocation:
-    """One caching-allocator block of the current stream; freed when the last tensor holding it is gone.
+class Memory:
+    """One caching-allocator block, given back when the last holder is gone.
 
-    ``writer`` is the last queued op that writes into the block (a :class:`PendingWrite`, or
-    None once nothing queued writes it); a host read waits for it (:func:`wait_for_host`).
-    ``error`` is set when that op failed: the block's values are undefined, and reading them
-    raises it (:class:`PoisonedTensorError`).
+    Held by its :class:`Allocation` and by every CPU view of the block (``block_view``'s owner),
+    so queued work that still holds an inner tensor keeps the block allocated after its
+    allocation let it go (a storage resized to 0 bytes, :mod:`.storage`).
     """
 
-    __slots__ = ("address", "nbytes", "index", "writer", "error", "_allocator", "__weakref__")
+    __slots__ = ("address", "_allocator", "__weakref__")
 
-    def __init__(self, nbytes: int, index: int = 0) -> None:
-        self.nbytes = nbytes
-        self.index = index
-        self.writer: Any = None
-        self.error: BaseException | None = None
-        self._allocator = memory.device_allocator(index)
-        self.address = self._allocator.malloc(max(nbytes, 1), memory.current_stream_id(index))
+    def __init__(self, allocator: Any, nbytes: int, index: int) -> None:
+        self._allocator = allocator
+        self.address = allocator.malloc(nbytes, memory.current_stream_id(index))
 
     def __del__(self) -> None:
         try:
             self._allocator.free(self.address)
         except Exception:  # interpreter shutdown: the allocator may already be gone
             pass
+
+
+class Allocation:
+    """The device memory of a neuron tensor and of its views: their storage.
+
+    ``writer`` is the last queued op that writes into the block (a :class:`PendingWrite`, or
+    None once nothing queued writes it); a host read waits for it (:func:`wait_for_host`).
+    ``error`` is set when that op failed: the block's values are undefined, and reading them
+    raises it (:class:`PoisonedTensorError`).
+
+    The memory is a :class:`Memory` (``address``, ``nbytes``); ``untyped_storage().resize_()``
+    (:mod:`.storage`) replaces it, or drops it at 0 bytes, and repoints in place every live inner
+    tensor over the allocation (:meth:`track`): whatever assigns a neuron tensor's ``_data`` outside
+    this module calls :func:`rebind` (or ``track``), or a resize would leave that tensor behind.
+    """
+
+    __slots__ = ("address", "nbytes", "index", "writer", "error", "memory", "storage", "_views", "_prune_at",
+                 "__weakref__")
+
+    def __init__(self, nbytes: int, index: int = 0) -> None:
+        self.nbytes = nbytes
+        self.index = index
+        self.writer: Any = None
+        self.error: BaseException | None = None
+        self.memory: Memory | None = Memory(memory.device_allocator(index), max(nbytes, 1), index)
+        self.address = self.memory.address
+        self.storage: Any = None  # the torch.UntypedStorage of the tensors, made when first asked for
+        self._views: list[weakref.ref] = []
+        self._prune_at = 8
+
+    def track(self, data: torch.Tensor) -> None:
+        """Remember ``data``, the inner tensor of a neuron tensor over this memory, for a later resize.
+
+        The inner tensors, not the neuron tensors, are held (weakly): ``torch.utils.swap_tensors``
+        (``module.to("neuron")``) refuses a tensor that has weak references, and a resize repoints
+        an inner tensor in place, which every neuron tensor holding it then sees.
+        """
+        views = self._views
+        views.append(weakref.ref(data))
+        if len(views) > self._prune_at:  # amortized: dead views are dropped when the list doubles
+            views[:] = [r for r in views if r() is not None]
+            self._prune_at = 2 * len(views) + 8
+
+    def inner_tensors(self) -> list[torch.Tensor]:
+        """The live inner tensors over this allocation's memory (each once)."""
+        live = list({id(t): t for t in (r() for r in self._views) if t is not None}.values())
+        self._views = [weakref.ref(t) for t in live]
+        self._prune_at = 2 * len(live) + 8
+        return live
 
 
 class PoisonedTensorError(RuntimeError):
@@ -90,6 +135,9 @@ def wait_for_host(tensors: Sequence[Any]) -> None:
         allocation = getattr(t, "_allocation", None)
         if allocation is None:
             continue
+        if allocation.memory is None and t.numel():
+            raise RuntimeError(f"a neuron tensor ({tuple(t.shape)}, {t.dtype}) has no device memory: its storage "
+                               "was resized to 0 bytes (untyped_storage().resize_(0)); resize it back first")
         writer = allocation.writer
         if writer is not None:
             writer.wait()
@@ -134,7 +182,7 @@ def allocate(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dty
     allocation = Allocation(nbytes, index)
     if nbytes == 0:
         return torch.empty(size, dtype=dtype), allocation
-    flat = memory.block_view(allocation.address, nbytes, owner=allocation, dtype=dtype)
+    flat = memory.block_view(allocation.address, nbytes, owner=allocation.memory, dtype=dtype)
     return flat.as_strided(size, stride), allocation
 
 
@@ -163,9 +211,15 @@ class NeuronTensor(torch.Tensor):
         wrapper._data = data
         wrapper._allocation = allocation
         wrapper._index = index  # what Dynamo's guards read through __tensor_flatten__ on every call
+        if allocation is not None:
+            allocation.track(data)
         return wrapper
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
+        allocation = getattr(self, "_allocation", None)
+        if allocation is not None and allocation.memory is None and self.numel():
+            return (f"tensor(<storage resized to 0 bytes>, size={tuple(self.shape)}, dtype={self.dtype}, "
+                    f"device='{self.device}')")
         _host_read(self)
         return f"{self._data!r}"[:-1] + f", device='{self.device}')"
 
@@ -179,7 +233,26 @@ class NeuronTensor(torch.Tensor):
         """``p.data = t``: ``p`` now holds ``t``'s device memory (torch swaps only the metadata)."""
         torch.Tensor.data.__set__(self, value)
         if isinstance(value, NeuronTensor):
-            self._data, self._allocation, self._index = value._data, value._allocation, value._index
+            rebind(self, value._data, value._allocation)
+            self._index = value._index
+
+    def untyped_storage(self) -> torch.UntypedStorage:
+        """The device memory as a ``torch.UntypedStorage`` on ``neuron:N``, one object shared by the
+        tensor and its views: truthful ``size()``/``data_ptr()``, and ``resize_(0)`` / ``resize_(n)``
+        free and allocate it again, as FSDP2's reshard does (:mod:`.storage`)."""
+        allocation = getattr(self, "_allocation", None)
+        if allocation is None:  # a traced value (or a bare wrapper): the wrapper's own storage
+            return torch.Tensor.untyped_storage(self)
+        from torch_neuronx.runtime import storage
+
+        return storage.storage_of(allocation)
+
+    def data_ptr(self) -> int:
+        """The device address of the first element (0 for a tensor without memory), as on CUDA."""
+        allocation = getattr(self, "_allocation", None)
+        if allocation is None or not allocation.nbytes or type(self._data) is not torch.Tensor:
+            return 0
+        return self._data.data_ptr()
 
     def tolist(self) -> Any:
         """The values as nested Python lists, read from device memory (as ``Tensor.tolist`` on CUDA;
@@ -240,11 +313,18 @@ class NeuronTensor(torch.Tensor):
         try:
             if _traced(args, kwargs):
                 return _trace_op(func, args, kwargs)
+            if func is _RESIZE_STORAGE_BYTES:  # torch.ops.inductor.resize_storage_bytes_(t, n)
+                from torch_neuronx.runtime import storage
+
+                return storage.resize_storage_bytes(args, kwargs)
             return (_dispatcher or _no_dispatcher)(func, args, kwargs)
         except BaseException as exc:  # in a backward pass PyTorch loses it: the hook keeps it
             if _on_error is not None:
                 _on_error(exc)
             raise
+
+
+_RESIZE_STORAGE_BYTES = torch.ops.inductor.resize_storage_bytes_.default
 
 
 def _traced(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
@@ -323,3 +403,11 @@ def alias(data: torch.Tensor, source: NeuronTensor) -> NeuronTensor:
     """A neuron tensor over ``data``, a view of ``source``'s memory."""
     return NeuronTensor(data, source._allocation, index=source._index)
 
+
+
+def rebind(t: NeuronTensor, data: torch.Tensor, allocation: Allocation | None) -> None:
+    """Make ``t`` a neuron tensor over ``data``, a CPU view of ``allocation``'s memory (``p.data = x``,
+    ``resize_`` to a new size): a later storage resize of that allocation reaches ``t`` too."""
+    t._data, t._allocation = data, allocation
+    if allocation is not None:
+        allocation.track(data)

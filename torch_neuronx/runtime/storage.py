@@ -1,0 +1,187 @@
+"""The storage of ``neuron`` tensors: one ``torch.UntypedStorage`` per allocation, resizable to 0 and back.
+
+FSDP2 (``torch.distributed.fsdp.fully_shard``) frees a parameter's unsharded memory between
+forward and backward with ``t.untyped_storage().resize_(0)`` and allocates it again with
+``resize_(nbytes)`` before copying the all-gathered values in; the tensor, and the views of it
+that autograd saved, keep their identity and see the new memory. A wrapper subclass's own
+storage holds no data and refuses ``resize_``, so :meth:`NeuronTensor.untyped_storage
+<torch_neuronx.runtime.tensor.NeuronTensor.untyped_storage>` answers with the storage made
+here instead:
+
+- one object per :class:`~torch_neuronx.runtime.tensor.Allocation` (the tensor and its views
+  share it: the same Python object, the same ``_cdata``), on ``neuron:N``, whose ``size()``,
+  ``nbytes()`` and ``data_ptr()`` are the device memory's (a non-owning storage over the
+  caching allocator's block, repointed with ``_swap_data_ptr_`` on every resize);
+- ``resize_(n)`` (an attribute of that object: PyTorch sends a PrivateUse1 storage's resize to
+  C++ hooks a Python backend cannot provide) gives the block back to the caching allocator at 0
+  bytes and takes a new one otherwise, keeping the leading bytes when the storage had some (as
+  CUDA's ``resize_`` does), and points every live neuron tensor over the allocation at it (a
+  tensor that the new size cannot hold, and every tensor at 0 bytes, is left over host address
+  space without memory: its values are gone, as on CUDA, and host reads of it raise);
+- ``torch.ops.inductor.resize_storage_bytes_(t, n)`` on a neuron tensor does the same.
+
+Queued work (``device/queued.py``) holds CPU views of the memory it reads and writes, and each
+view holds the block (:class:`~torch_neuronx.runtime.tensor.Memory`); a resize repoints in place
+only the neuron tensors' own inner tensors. So a block whose storage shrank to 0 goes back to the allocator once that work has run and let go of it, and then, when
+``record_stream`` marked it, only after the marking streams' work (the allocator's deferred free).
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from torch_neuronx import memory
+from torch_neuronx.memory.segments import PAGE_SIZE, HostSegmentSource
+from torch_neuronx.runtime import tensor as _tensor
+from torch_neuronx.runtime.tensor import Allocation, Memory, NeuronTensor
+
+__all__ = ["resize", "resize_storage_bytes", "storage_of"]
+
+
+@functools.cache
+def _device(index: int) -> torch.device:
+    return torch.device("neuron", index)
+
+
+def _raw_storage(address: int, nbytes: int, index: int) -> torch.UntypedStorage:
+    """A non-owning ``neuron:index`` storage over ``nbytes`` at ``address`` (none at 0 bytes)."""
+    return torch._C._construct_storage_from_data_pointer(address if nbytes else 0, _device(index), nbytes)
+
+
+def storage_of(allocation: Allocation) -> torch.UntypedStorage:
+    """The ``torch.UntypedStorage`` of the neuron tensors over ``allocation`` (made on first use)."""
+    storage = allocation.storage
+    if storage is None:
+        storage = _raw_storage(allocation.address, allocation.nbytes, allocation.index)
+        # Weakly: the allocation holds its storage object, which must not keep it alive in a cycle.
+        storage.resize_ = functools.partial(_resize_method, weakref.ref(allocation))
+        allocation.storage = storage
+    return storage
+
+
+def _resize_method(allocation_ref: weakref.ref, nbytes: Any) -> torch.UntypedStorage:
+    """``UntypedStorage.resize_`` of a neuron tensors' storage: returns the storage, as torch's does."""
+    allocation = allocation_ref()
+    if allocation is None:
+        raise RuntimeError("resize_ of the storage of neuron tensors that no longer exist: keep a tensor "
+                           "over it (its storage object does not keep the device memory alive)")
+    resize(allocation, nbytes)
+    return allocation.storage
+
+
+def resize_storage_bytes(args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """``torch.ops.inductor.resize_storage_bytes_(t, new_size)`` of a neuron tensor ``t``."""
+    bound = dict(zip(("variable", "new_size"), args), **kwargs)
+    t = bound["variable"]
+    if not isinstance(t, NeuronTensor) or t._allocation is None:
+        raise RuntimeError("resize_storage_bytes_: expected a neuron tensor with device memory")
+    resize(t._allocation, bound["new_size"])
+
+
+def resize(allocation: Allocation, nbytes: Any) -> None:
+    """Resize the storage ``allocation`` to ``nbytes`` bytes (see the module docstring)."""
+    if isinstance(nbytes, bool) or not hasattr(nbytes, "__index__"):
+        raise TypeError(f"resize_ expects an int, but got {type(nbytes).__name__}")
+    nbytes = operator.index(nbytes)
+    if nbytes < 0:
+        raise RuntimeError(f"resize_ of a neuron storage: the size must be at least 0 bytes, got {nbytes}")
+    if nbytes == allocation.nbytes:
+        return
+    keep = min(allocation.nbytes, nbytes) if allocation.memory is not None else 0
+    if keep:
+        _wait_for_writers(allocation)  # the leading bytes are copied on the host: after their writers
+    new = Memory(memory.device_allocator(allocation.index), nbytes, allocation.index) if nbytes else None
+    if keep:
+        memory.block_view(new.address, keep).copy_(memory.block_view(allocation.address, keep))
+    _install(allocation, new, nbytes)
+
+
+def _wait_for_writers(allocation: Allocation) -> None:
+    """Wait for the queued work that writes the allocation's memory (before the host reads it)."""
+    host_view = next(iter(allocation.inner_tensors()), None)
+    if host_view is not None:
+        # The eager device's host read takes a neuron tensor: one over the same memory will do.
+        _tensor._host_read(NeuronTensor(host_view, allocation, index=allocation.index))
+
+
+def _install(allocation: Allocation, new: Memory | None, nbytes: int) -> None:
+    """Make ``new`` (None: no memory) the allocation's memory and point its tensors and storage at it.
+
+    The old block goes back to the allocator when the last CPU view of it goes (queued work's).
+    """
+    allocation.memory = new
+    allocation.address = new.address if new is not None else 0
+    allocation.nbytes = nbytes
+    # ``writer`` and ``error`` stay: ops queued before the resize still wait for (or fail with) the op
+    # that writes the old memory, and a later write of the new memory replaces ``writer``.
+    host = memory.block_view(new.address, nbytes, owner=new).untyped_storage() if new is not None else None
+    with torch.inference_mode():  # inner tensors made in inference mode are inference tensors
+        for inner in allocation.inner_tensors():
+            _repoint(inner, host, nbytes)
+    if allocation.storage is not None:
+        _point(allocation.storage, allocation.address, nbytes, allocation.index)
+
+
+def _repoint(inner: torch.Tensor, host: torch.UntypedStorage | None, nbytes: int) -> None:
+    """Set ``inner`` (same sizes, strides, offset) over ``host``, the new memory's CPU storage, in
+    place: queued work holds inner tensors of its own over the old memory, which it keeps.
+
+    Without memory for it (0 bytes, or fewer than it spans) it goes over host address space that
+    holds no memory (:func:`_no_memory`): its shape stays, host reads of it are refused
+    (``wait_for_host``), and nothing it could be given to crashes.
+    """
+    size, stride, offset = inner.shape, inner.stride(), inner.storage_offset()
+    elements = offset + (sum((s - 1) * st for s, st in zip(size, stride)) + 1 if inner.numel() else 0)
+    needed = elements * inner.dtype.itemsize
+    if host is None or needed > nbytes:
+        host = _no_memory(needed)
+    inner.set_(host, offset, size, stride)
+
+
+class _Reservation:
+    """Host address space with no memory behind it (``MAP_NORESERVE``): what tensors over a storage
+    resized to 0 bytes point at. Unused pages cost nothing; a misplaced write commits a page."""
+
+    _source: HostSegmentSource | None = None
+
+    def __init__(self, nbytes: int) -> None:
+        if _Reservation._source is None:
+            _Reservation._source = HostSegmentSource(1 << 46, pinned=False)
+        self.nbytes = -(-nbytes // PAGE_SIZE) * PAGE_SIZE
+        address = _Reservation._source.allocate(self.nbytes)
+        if address is None:
+            raise MemoryError(f"cannot reserve {self.nbytes} bytes of host address space")
+        self.address = address
+        self.storage = memory.block_view(address, self.nbytes, owner=self).untyped_storage()
+
+    def __del__(self) -> None:
+        try:
+            _Reservation._source.release(self.address, self.nbytes)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+_reservation: _Reservation | None = None
+
+
+def _no_memory(nbytes: int) -> torch.UntypedStorage:
+    """A CPU storage of at least ``nbytes`` over the shared reservation (grown by doubling)."""
+    global _reservation
+    if _reservation is None or _reservation.nbytes < nbytes:
+        _reservation = _Reservation(max(nbytes, 2 * _reservation.nbytes if _reservation else 1 << 20))
+    return _reservation.storage
+
+
+def _point(storage: torch.UntypedStorage, address: int, nbytes: int, index: int) -> None:
+    """Make the storage object's data pointer and size ``address`` and ``nbytes`` (in place: its
+    identity is what the tensors share)."""
+    if storage.nbytes():
+        storage._swap_data_ptr_(_raw_storage(0, 0, index))
+    if nbytes:
+        storage._swap_data_ptr_(_raw_storage(address, nbytes, index))
