@@ -41,8 +41,14 @@ def _per_call_us(fn, n: int) -> float:
 
 
 def _profiler() -> contextlib.AbstractContextManager:
+    import tempfile
+
     from torch.profiler import ProfilerActivity, profile
-    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1])
+
+    from torch_neuronx.profiling import NeuronConfig
+
+    config = NeuronConfig(profile_output_dir=tempfile.mkdtemp(prefix="neuron_profile_bench_"))
+    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1], experimental_config=config)
 
 
 def _settings() -> dict[str, object]:

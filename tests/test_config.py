@@ -168,11 +168,6 @@ def test_log_level_sets_the_torch_neuronx_logger(level, expected, monkeypatch):
 # still to be built (its status says which issue owes it). Remove a name once code reads it; a
 # new unread variable fails the test until it is read or listed here.
 UNREAD_YET = frozenset({
-    "TORCH_NEURONX_ENABLE_HOST_CC",
-    "NEURON_USE_SPLIT_ALLGATHER",
-    "NEURON_USE_SPLIT_REDUCE_SCATTER",
-    "NEURON_USE_NKI_ALLTOALLV",
-    "COLLECTIVE_BUCKETSIZE_IN_MB",
 })
 
 

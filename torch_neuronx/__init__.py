@@ -43,6 +43,12 @@ from torch_neuronx.device import register as _register_device  # noqa: E402
 # (cache, config) do not need the device, so they skip importing torch for it.
 if _sys.argv[:1] != ["-m"] or "torch" in _sys.modules:
     _register_device()
+    try:  # the `neuron` c10d backend: dist.init_process_group("neuron")
+        from torch_neuronx.distributed import register as _register_distributed
+
+        _register_distributed()
+    except Exception as _exc:
+        _log.logger().warning("the neuron c10d backend was not registered: %s", _exc)
     try:  # the Neuron session behind torch.profiler; a failure only costs the profiler
         from torch_neuronx.profiling import install as _install_profiling
 

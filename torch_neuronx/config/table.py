@@ -203,21 +203,21 @@ register(
     Var("TORCH_NEURONX_ENABLE_HOST_CC", "bool", False,
         "When 1, enables collectives to execute on non-default streams, allowing communication to "
         "overlap with computation. Requires TORCH_NEURONX_ENABLE_STREAMS=1 (the default).",
-        _DIST, parse_bool, status="planned: c10d issue"),
+        _DIST, parse_bool),
     Var("NEURON_USE_SPLIT_ALLGATHER", "bool", None,
         "Enables split-based allgather for better memory efficiency. When unset, the default depends "
         "on the stream; when set, only 1 enables it and any other value disables it.",
-        _DIST, parse_only_one_enables, default_doc="on (default stream)", status="planned: c10d issue"),
+        _DIST, parse_only_one_enables, default_doc="on (default stream)"),
     Var("NEURON_USE_SPLIT_REDUCE_SCATTER", "bool", None,
         "Enables split-based reduce_scatter. When unset, the default depends on the stream; when "
         "set, only 1 enables it and any other value disables it.",
-        _DIST, parse_only_one_enables, default_doc="on (default stream)", status="planned: c10d issue"),
+        _DIST, parse_only_one_enables, default_doc="on (default stream)"),
     Var("NEURON_USE_NKI_ALLTOALLV", "bool", True,
         "Enables native NKI all_to_all_v. Set to 0 to use the compatibility padding fallback.",
-        _DIST, parse_bool, status="planned: c10d issue"),
+        _DIST, parse_bool),
     Var("COLLECTIVE_BUCKETSIZE_IN_MB", "int", 512,
         "Maximum bucket size (MB) for collective operations.",
-        _DIST, parse_non_negative_int, status="planned: c10d issue"),
+        _DIST, parse_non_negative_int),
     Var("RANK", "int", 0,
         "Global rank of this process (set by torchrun). Selects the rank{rank} artifact directory "
         "and the profiled ranks.",

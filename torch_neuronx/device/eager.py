@@ -163,6 +163,25 @@ def _local_scalar_dense(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         return _cpu(args[0]).item()
 
 
+def _collective(func: Any) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
+    """A functional collective on neuron tensors (``_c10d_functional.all_reduce``, ...): its CPU
+    kernel on the host views of their memory, which calls the group's process group; its result,
+    waited for, placed on the device. ``wait_tensor`` of a neuron tensor has nothing left to wait
+    for: the collective that made it already ended."""
+    if func.__name__.startswith("wait_tensor"):
+        return lambda args, kwargs: args[0]
+
+    def run(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        def on_cpu() -> Any:
+            out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
+            for t in pytree.tree_leaves(out):
+                if isinstance(t, torch.Tensor):
+                    torch.ops._c10d_functional.wait_tensor(t)
+            return pytree.tree_map(_on_device(_first_neuron((args, kwargs))._index), out)
+        return _synchronized(args, kwargs, on_cpu)
+    return run
+
+
 def _native_batch_norm(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """``native_batch_norm``, whose schema does not say it writes the running statistics in
     training (ATen's kernels do): traced as a functional op, their update would be lost. In
@@ -353,6 +372,8 @@ def _classify(func: Any) -> tuple[int, Any]:
     if kind is None:
         if func in _SPECIAL:
             kind = (_SPECIAL_OP, _SPECIAL[func])
+        elif func.namespace == "_c10d_functional":  # collectives: the process group's business
+            kind = (_SPECIAL_OP, _collective(func))
         elif _is_view(func) and func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
             # An op that may alias (``to``, ``reshape``): without autograd keys (inference mode)
             # it arrives whole; its decomposition decides between a view and a copy.

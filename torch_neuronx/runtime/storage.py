@@ -22,8 +22,9 @@ here instead:
 
 Queued work (``device/queued.py``) holds CPU views of the memory it reads and writes, and each
 view holds the block (:class:`~torch_neuronx.runtime.tensor.Memory`); a resize repoints in place
-only the neuron tensors' own inner tensors. So a block whose storage shrank to 0 goes back to the allocator once that work has run and let go of it, and then, when
-``record_stream`` marked it, only after the marking streams' work (the allocator's deferred free).
+only the neuron tensors' own inner tensors. So a block whose storage shrank to 0 goes back to
+the allocator once that work has run and let go of it, and then, when ``record_stream`` marked
+it, only after the marking streams' work (the allocator's deferred free).
 """
 
 from __future__ import annotations

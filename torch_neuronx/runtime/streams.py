@@ -287,6 +287,11 @@ class Stream:
             raise TimeoutError(f"{self!r} did not finish its work within {timeout} s")
         queue.raise_error()
 
+    @property
+    def position(self) -> int:
+        """How many tasks were ever submitted to this stream (a point in its queue, see :meth:`Event.at`)."""
+        return self._queue.submitted
+
     def record_event(self, event: Event | None = None) -> Event:
         """Record ``event`` (a new one if None) at the current end of this stream's queue."""
         event = event if event is not None else Event()
@@ -331,6 +336,13 @@ class Event:
             with queue._cond:
                 self._seq = queue.submitted
         self._queue = queue
+
+    @classmethod
+    def at(cls, stream: Stream, position: int) -> Event:
+        """An event at an earlier point of ``stream``'s queue: after its first ``position`` tasks."""
+        event = cls()
+        event._queue, event._seq = stream._queue, position
+        return event
 
     def _stamp(self) -> None:
         self._time = time.perf_counter()

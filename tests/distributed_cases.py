@@ -1,0 +1,148 @@
+"""Run under torchrun by tests/test_distributed.py: one named case per run (argv[1]); each rank
+prints ``OK <case> rank <r>`` or ``RAISED <case> rank <r>: <error>``."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+
+def peer_dies(rank: int) -> None:
+    if rank == 1:
+        os._exit(0)  # gone without a word before the collective (exit 0: torchrun lets rank 0 go on)
+    t = torch.ones(4, device="neuron")
+    dist.all_reduce(t)
+    t.cpu()
+
+
+def peer_never_arrives(rank: int) -> None:
+    if rank == 1:
+        time.sleep(12)  # alive, but never calls the collective
+        return
+    t = torch.ones(4, device="neuron")
+    dist.all_reduce(t)
+    t.cpu()
+
+
+def mismatched_shapes(rank: int) -> None:
+    t = torch.ones(4 + rank, device="neuron")
+    dist.all_reduce(t)
+    t.cpu()
+
+
+def mismatched_gather(rank: int) -> None:
+    out = torch.empty(4 * 2, device="neuron")
+    dist.all_gather_into_tensor(out, torch.ones(4 + rank, device="neuron"))
+    out.cpu()
+
+
+def bad_reduce_scatter(rank: int) -> None:
+    out = torch.empty(3, device="neuron")
+    dist.reduce_scatter_tensor(out, torch.ones(2, 4, device="neuron"))  # 8 elements for 2 outputs of 3
+
+
+def host_cc_overlap(rank: int) -> None:
+    """A collective in flight on a side stream while compute proceeds on the default stream:
+    rank 1 holds back its part; rank 0's default stream finishes its compute meanwhile."""
+    x = torch.randn(64, 64, device="neuron")
+    (x @ x * 0.01).cpu()  # compiled before the clock starts
+    side = torch.neuron.Stream()
+    t = torch.ones(1 << 16, device="neuron")
+    side.wait_stream(torch.neuron.current_stream())
+    if rank == 1:
+        time.sleep(5)
+    with torch.neuron.stream(side):
+        work = dist.all_reduce(t, async_op=True)
+    start = time.perf_counter()
+    y = x
+    for _ in range(20):
+        y = y @ x * 0.01
+    torch.neuron.current_stream().synchronize()
+    compute_s = time.perf_counter() - start
+    done_during_compute = work.is_completed()
+    work.wait()
+    side.synchronize()
+    assert torch.equal(t.cpu(), torch.full((1 << 16,), 2.0)), t
+    if rank == 0:
+        print(f"COMPUTE {compute_s:.3f} s, collective completed by then: {done_during_compute}", flush=True)
+
+
+class _Counting:
+    """Stands in for a process group's transport (gloo) and counts the calls of each method."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.calls = inner, {}
+
+    def __getattr__(self, name: str):
+        method = getattr(self.inner, name)
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return method(*args, **kwargs)
+        return counted
+
+
+def split_and_buckets(rank: int) -> None:
+    """NEURON_USE_SPLIT_* and COLLECTIVE_BUCKETSIZE_IN_MB: the same results, in the documented
+    number of transport calls (the test runs this with the variables set several ways)."""
+    from torch_neuronx.distributed import options
+    options.SPLIT_CHUNK_BYTES = 1024  # 256 floats a step, so a 1000-float slice takes 4
+    pg = dist.group.WORLD
+    size = dist.get_world_size()
+    counting = pg._transport = _Counting(pg._transport)
+
+    def calls(name: str) -> int:
+        return counting.calls.get(name, 0)
+    report = {}
+    for where, stream in (("default", torch.neuron.default_stream()), ("side", torch.neuron.Stream())):
+        with torch.neuron.stream(stream):
+            x = torch.arange(1000, dtype=torch.float32, device="neuron") + rank * 1000
+            out = torch.empty(1000 * size, device="neuron")
+            before = calls("_allgather_base")
+            dist.all_gather_into_tensor(out, x)
+            assert torch.equal(out.cpu(), torch.arange(1000 * size, dtype=torch.float32)), where
+            report[f"gather_{where}"] = calls("_allgather_base") - before - 1  # one call checks the ranks agree
+            full = torch.arange(1000 * size, dtype=torch.float32, device="neuron")
+            part = torch.empty(1000, device="neuron")
+            before = calls("allreduce")
+            dist.reduce_scatter_tensor(part, full)
+            want = torch.arange(1000 * rank, 1000 * (rank + 1), dtype=torch.float32) * size
+            assert torch.equal(part.cpu(), want), where
+            report[f"scatter_{where}"] = calls("allreduce") - before
+        stream.synchronize()
+    big = torch.ones(600_000, device="neuron")  # 2.4 MB
+    before = calls("allreduce")
+    dist.all_reduce(big)
+    assert torch.equal(big.cpu(), torch.full((600_000,), float(size)))
+    report["big_all_reduce"] = calls("allreduce") - before
+    small = [torch.ones(10, device="neuron") * i for i in range(100)]
+    before = calls("allreduce")
+    dist.all_reduce_coalesced(small)
+    for i, t in enumerate(small):
+        assert torch.equal(t.cpu(), torch.full((10,), float(i * size)))
+    report["coalesced_100"] = calls("allreduce") - before
+    print("CALLS " + " ".join(f"{k}={v}" for k, v in sorted(report.items())), flush=True)
+
+
+def main() -> None:
+    import faulthandler
+    faulthandler.dump_traceback_later(90, exit=True)
+    case = sys.argv[1]
+    dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=float(os.environ.get("PG_TIMEOUT", "10"))))
+    rank = dist.get_rank()
+    try:
+        globals()[case](rank)
+    except Exception as exc:  # the test reads what each rank saw
+        print(f"RAISED {case} rank {rank}: {type(exc).__name__}: {exc}".replace("\n", " ")[:600], flush=True)
+        os._exit(0)
+    print(f"OK {case} rank {rank}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

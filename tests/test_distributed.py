@@ -1,0 +1,113 @@
+"""The ``neuron`` c10d backend under torchrun (gloo on loopback): every collective and dtype, the
+backend strings, failures that must be errors on every rank (never a hang, never an abort), and
+the distributed variables."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 240, **env: str) -> subprocess.CompletedProcess:
+    """``script`` (under tests/) on ``nproc`` local ranks; its output, whatever the exit status."""
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        environment.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc_per_node={nproc}", os.path.join(HERE, script), *args],
+                          capture_output=True, text=True, timeout=timeout, env=environment)
+
+
+def _done(proc: subprocess.CompletedProcess, nproc: int) -> None:
+    ranks = sorted(int(m) for m in re.findall(r"^DONE rank (\d+)", proc.stdout, re.M))
+    assert proc.returncode == 0 and ranks == list(range(nproc)), proc.stdout[-2000:] + proc.stderr[-4000:]
+
+
+def test_every_collective_and_dtype_on_two_ranks():
+    _done(torchrun("distributed_collectives.py"), 2)
+
+
+def test_every_collective_on_four_ranks():
+    _done(torchrun("distributed_collectives.py", nproc=4, timeout=400), 4)
+
+
+@pytest.mark.parametrize("backend", ["none", "cpu:gloo,neuron:neuron"])
+def test_backend_strings_and_the_padding_all_to_all(backend):
+    """``init_process_group()`` with no backend, and the mixed string; all_to_all_v's padding path."""
+    _done(torchrun("distributed_collectives.py", backend, NEURON_USE_NKI_ALLTOALLV="0"), 2)
+
+
+def _outcomes(proc: subprocess.CompletedProcess) -> dict[int, str]:
+    assert "SIGABRT" not in proc.stderr and "core dumped" not in proc.stderr, proc.stderr[-3000:]
+    found = dict((int(r), line) for line, r in re.findall(r"^((?:OK|RAISED) \S+ rank (\d+).*)$", proc.stdout, re.M))
+    return found
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("mismatched_shapes", {0: "disagree on the tensor sizes", 1: "disagree on the tensor sizes"}),
+    ("bad_reduce_scatter", {0: "input of 8 elements for 2 outputs of 3", 1: "input of 8 elements"}),
+    ("mismatched_gather", {1: "output of 8 elements for 2 inputs of 5", 0: "CollectiveError"}),
+    ("peer_dies", {0: "Connection closed by peer"}),
+    ("peer_never_arrives", {0: "did not complete within 5 s"}),
+])
+def test_failures_are_errors_on_every_rank_never_hangs_or_aborts(case, expect):
+    proc = torchrun("distributed_cases.py", case, PG_TIMEOUT="5", timeout=150)
+    outcomes = _outcomes(proc)
+    for rank, text in expect.items():
+        assert rank in outcomes and outcomes[rank].startswith("RAISED") and text in outcomes[rank], \
+            (rank, outcomes, proc.stderr[-3000:])
+
+
+@pytest.mark.parametrize("env, calls", [
+    ({}, "big_all_reduce=1 coalesced_100=1 gather_default=4 gather_side=1 scatter_default=4 scatter_side=1"),
+    ({"NEURON_USE_SPLIT_ALLGATHER": "0", "NEURON_USE_SPLIT_REDUCE_SCATTER": "1", "COLLECTIVE_BUCKETSIZE_IN_MB": "1"},
+     "big_all_reduce=3 coalesced_100=1 gather_default=1 gather_side=1 scatter_default=4 scatter_side=4"),
+    ({"NEURON_USE_SPLIT_ALLGATHER": "yes", "NEURON_USE_SPLIT_REDUCE_SCATTER": "true"},  # only "1" enables
+     "big_all_reduce=1 coalesced_100=1 gather_default=1 gather_side=1 scatter_default=1 scatter_side=1"),
+])
+def test_split_collectives_and_buckets_follow_the_documented_rules(env, calls):
+    """Unset: split on the default stream only; set: only ``1`` enables. Buckets of at most
+    COLLECTIVE_BUCKETSIZE_IN_MB; many small tensors in one bucket. Results identical every way."""
+    proc = torchrun("distributed_cases.py", "split_and_buckets", timeout=150, **env)
+    assert proc.stdout.count(f"CALLS {calls}") == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("host_cc, overlaps", [("1", True), ("0", False)])
+def test_host_collectives_overlap_compute_only_when_enabled(host_cc, overlaps):
+    """A collective issued on a side stream waits for a late peer. With TORCH_NEURONX_ENABLE_HOST_CC=1
+    the default stream's compute completes meanwhile; without it the collective is ordered on the
+    default stream too, so that compute waits for it."""
+    proc = torchrun("distributed_cases.py", "host_cc_overlap", TORCH_NEURONX_ENABLE_HOST_CC=host_cc, timeout=150)
+    outcomes = _outcomes(proc)
+    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert f"collective completed by then: {not overlaps}" in proc.stdout, proc.stdout[-2000:]
+
+
+_INIT_ONE = ("import datetime, torch, torch_neuronx, torch.distributed as dist\n"
+             "dist.init_process_group('neuron', init_method='tcp://127.0.0.1:0', rank=0, world_size=1,\n"
+             "                        timeout=datetime.timedelta(seconds=20))\n"
+             "t = torch.ones(2, device='neuron'); dist.all_reduce(t); print('VALUE', t.cpu().tolist())\n")
+
+
+@pytest.mark.parametrize("env, message", [
+    ({"TORCH_NEURONX_ENABLE_STREAMS": "2"}, "TORCH_NEURONX_ENABLE_STREAMS"),
+    ({"TORCH_NEURONX_ENABLE_HOST_CC": "1", "TORCH_NEURONX_ENABLE_STREAMS": "0"},
+     "TORCH_NEURONX_ENABLE_HOST_CC=1 requires TORCH_NEURONX_ENABLE_STREAMS=1"),
+    ({"COLLECTIVE_BUCKETSIZE_IN_MB": "0"}, "COLLECTIVE_BUCKETSIZE_IN_MB must be at least 1"),
+])
+def test_impossible_settings_are_clear_errors(env, message):
+    proc = subprocess.run([sys.executable, "-c", _INIT_ONE], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **env})
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr[-3000:]
+
+
+def test_one_rank_group_in_process_works_with_streams_off():
+    proc = subprocess.run([sys.executable, "-c", _INIT_ONE], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TORCH_NEURONX_ENABLE_STREAMS": "0"})
+    assert proc.returncode == 0 and "VALUE [1.0, 1.0]" in proc.stdout, proc.stderr[-3000:]

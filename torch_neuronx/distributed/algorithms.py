@@ -1,0 +1,241 @@
+"""The collectives' algorithms over the transport (gloo's process group), on host views of memory.
+
+Each function runs one collective to completion on plain tensors (a neuron tensor's memory seen
+from the host, or CPU tensors): the transport does the exchange; this module adds what it lacks
+(AVG, PREMUL_SUM, uneven all-gather and reduce-scatter by padding, all_to_all_v by padding,
+split all-gather and reduce-scatter in chunks, buckets of at most COLLECTIVE_BUCKETSIZE_IN_MB).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+RedOp = dist.ReduceOp.RedOpType
+
+
+def _wait(work: dist.Work) -> None:
+    work.wait()
+
+
+def _reduce_options(op: RedOp) -> dist.AllreduceOptions:
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp(op)
+    return options
+
+
+def op_and_factor(reduce_op: dist.ReduceOp) -> tuple[RedOp, float | torch.Tensor | None]:
+    """The reduction of ``reduce_op`` and PREMUL_SUM's factor (None for other reductions)."""
+    op = reduce_op.op if hasattr(reduce_op, "op") else RedOp(int(reduce_op))
+    return op, getattr(reduce_op, "factor", None) if op == RedOp.PREMUL_SUM else None
+
+
+def _transport_op(op: RedOp) -> RedOp:
+    return RedOp.SUM if op in (RedOp.AVG, RedOp.PREMUL_SUM) else op
+
+
+def _before(tensor: torch.Tensor, op: RedOp, factor: float | torch.Tensor | None) -> None:
+    if op == RedOp.PREMUL_SUM:
+        tensor.mul_(factor.to(tensor.device) if isinstance(factor, torch.Tensor) else factor)
+
+
+def _after(tensor: torch.Tensor, op: RedOp, size: int) -> None:
+    if op != RedOp.AVG:
+        return
+    if tensor.is_floating_point() or tensor.is_complex():
+        tensor.div_(size)
+    else:  # NCCL's average of integers truncates
+        tensor.copy_(torch.div(tensor, size, rounding_mode="trunc"))
+
+
+def _bucketed(tensors: Sequence[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:
+    """Consecutive tensors of one dtype grouped so that each group holds at most ``bucket_bytes``
+    (a tensor larger than that is a group of its own, split later)."""
+    buckets: list[list[torch.Tensor]] = []
+    size = 0
+    for t in tensors:
+        if buckets and buckets[-1][0].dtype == t.dtype and size + t.nbytes <= bucket_bytes:
+            buckets[-1].append(t)
+            size += t.nbytes
+        else:
+            buckets.append([t])
+            size = t.nbytes
+    return buckets
+
+
+def _reduce_flat(pg: dist.ProcessGroup, flat: torch.Tensor, op: RedOp, bucket_bytes: int) -> None:
+    """All-reduce a 1-D contiguous tensor in pieces of at most ``bucket_bytes``."""
+    step = max(1, bucket_bytes // max(flat.element_size(), 1))
+    options = _reduce_options(op)
+    for start in range(0, flat.numel(), step):
+        _wait(pg.allreduce([flat[start:start + step]], options))
+
+
+def all_reduce(pg: dist.ProcessGroup, tensors: Sequence[torch.Tensor], reduce_op: dist.ReduceOp,
+               size: int, bucket_bytes: int) -> None:
+    """All-reduce ``tensors`` in place, every ReduceOp included; small tensors coalesced into
+    buckets and large ones split into buckets of at most ``bucket_bytes``."""
+    op, factor = op_and_factor(reduce_op)
+    wire = _transport_op(op)
+    for bucket in _bucketed(tensors, bucket_bytes):
+        if len(bucket) == 1 and bucket[0].is_contiguous():
+            flat = bucket[0].view(-1)
+            _before(flat, op, factor)
+            _reduce_flat(pg, flat, wire, bucket_bytes)
+            _after(flat, op, size)
+            continue
+        flat = torch.cat([t.reshape(-1) for t in bucket])
+        _before(flat, op, factor)
+        _reduce_flat(pg, flat, wire, bucket_bytes)
+        _after(flat, op, size)
+        offset = 0
+        for t in bucket:
+            t.copy_(flat[offset:offset + t.numel()].view(t.shape))
+            offset += t.numel()
+
+
+def broadcast(pg: dist.ProcessGroup, tensors: Sequence[torch.Tensor], root: int) -> None:
+    """Broadcast ``tensors`` from ``root`` (in place)."""
+    options = dist.BroadcastOptions()
+    options.rootRank = root
+    _wait(pg.broadcast([_contiguous(t) for t in tensors], options))
+
+
+def reduce(pg: dist.ProcessGroup, tensor: torch.Tensor, root: int, reduce_op: dist.ReduceOp, size: int) -> None:
+    """Reduce ``tensor`` onto ``root`` (in place there)."""
+    op, factor = op_and_factor(reduce_op)
+    work = tensor if tensor.is_contiguous() else tensor.contiguous()
+    _before(work, op, factor)
+    options = dist.ReduceOptions()
+    options.rootRank, options.reduceOp = root, dist.ReduceOp(_transport_op(op))
+    _wait(pg.reduce([work], options))
+    if pg.rank() == root:
+        _after(work, op, size)
+        if work is not tensor:
+            tensor.copy_(work)
+    elif op == RedOp.PREMUL_SUM and work is tensor:  # non-roots keep their input as it was
+        tensor.div_(factor.to(tensor.device) if isinstance(factor, torch.Tensor) else factor)
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    if not t.is_contiguous():
+        raise ValueError("collectives need contiguous tensors (call .contiguous() first)")
+    return t
+
+
+def all_gather_base(pg: dist.ProcessGroup, output: torch.Tensor, input: torch.Tensor, split: bool) -> None:
+    """Gather every rank's ``input`` into ``output`` (rank-major). ``split``: in chunks, so that the
+    extra memory stays within one chunk per rank."""
+    size = pg.size()
+    out = output.view(size, -1)
+    flat_in = input.reshape(-1)
+    n = flat_in.numel()
+    if not split or n * input.element_size() <= _chunk_bytes():
+        _wait(pg._allgather_base(output.view(-1), flat_in.contiguous(), c10d.AllgatherOptions()))
+        return
+    step = max(1, _chunk_bytes() // input.element_size())
+    buffer = torch.empty(size * min(step, n), dtype=input.dtype)
+    for start in range(0, n, step):
+        count = min(step, n - start)
+        chunk = buffer[:size * count]
+        _wait(pg._allgather_base(chunk, flat_in[start:start + count].contiguous(), c10d.AllgatherOptions()))
+        out[:, start:start + count].copy_(chunk.view(size, count))
+
+
+def _chunk_bytes() -> int:
+    from torch_neuronx.distributed.options import SPLIT_CHUNK_BYTES
+    return SPLIT_CHUNK_BYTES
+
+
+def all_gather(pg: dist.ProcessGroup, outputs: Sequence[torch.Tensor], input: torch.Tensor) -> None:
+    """Gather into a list of per-rank outputs, whose sizes may differ (uneven: padded to the largest)."""
+    size = pg.size()
+    largest = max(o.numel() for o in outputs)
+    if all(o.numel() == largest for o in outputs) and input.numel() == largest:
+        gathered = torch.empty(size * largest, dtype=input.dtype)
+        _wait(pg._allgather_base(gathered, input.reshape(-1).contiguous(), c10d.AllgatherOptions()))
+    else:
+        padded = torch.zeros(largest, dtype=input.dtype)
+        padded[:input.numel()] = input.reshape(-1)
+        gathered = torch.empty(size * largest, dtype=input.dtype)
+        _wait(pg._allgather_base(gathered, padded, c10d.AllgatherOptions()))
+    for rank, out in enumerate(outputs):
+        out.copy_(gathered[rank * largest:rank * largest + out.numel()].view(out.shape))
+
+
+def reduce_scatter_base(pg: dist.ProcessGroup, output: torch.Tensor, input: torch.Tensor,
+                        reduce_op: dist.ReduceOp, split: bool) -> None:
+    """Reduce ``input`` (rank-major slices) and keep this rank's slice in ``output``. Without
+    ``split``, one all-reduce of a copy of the whole input (gloo's own algorithm); with it, the
+    same in chunks, so the extra memory stays within one chunk per rank."""
+    size, rank = pg.size(), pg.rank()
+    op, factor = op_and_factor(reduce_op)
+    wire = _reduce_options(_transport_op(op))
+    n = output.numel()
+    rows = input.reshape(size, n)
+    step = n if not split else max(1, _chunk_bytes() // input.element_size())
+    flat_out = output.view(-1) if output.is_contiguous() else None
+    for start in range(0, n, step):
+        count = min(step, n - start)
+        chunk = rows[:, start:start + count].contiguous() if (step < n or not input.is_contiguous()) else \
+            rows.clone()
+        _before(chunk, op, factor)
+        _wait(pg.allreduce([chunk.view(-1)], wire))
+        _after(chunk, op, size)
+        if flat_out is not None:
+            flat_out[start:start + count].copy_(chunk[rank])
+        else:
+            output.view(-1)[start:start + count] = chunk[rank]
+
+
+def reduce_scatter(pg: dist.ProcessGroup, output: torch.Tensor, inputs: Sequence[torch.Tensor],
+                   reduce_op: dist.ReduceOp, split: bool) -> None:
+    """The list form: ``inputs[r]`` is what this rank contributes to rank ``r``'s ``output``
+    (uneven sizes padded to the largest)."""
+    largest = max(t.numel() for t in inputs)
+    stacked = torch.zeros(len(inputs), largest, dtype=output.dtype)
+    for r, t in enumerate(inputs):
+        stacked[r, :t.numel()] = t.reshape(-1)
+    result = torch.empty(largest, dtype=output.dtype)
+    reduce_scatter_base(pg, result, stacked, reduce_op, split)
+    output.copy_(result[:output.numel()].view(output.shape))
+
+
+def all_to_all_single(pg: dist.ProcessGroup, output: torch.Tensor, input: torch.Tensor,
+                      output_splits: Sequence[int], input_splits: Sequence[int], native: bool) -> None:
+    """Exchange rows: rank ``r`` receives ``input_splits[r]`` rows of this rank's input.
+
+    ``native`` (NEURON_USE_NKI_ALLTOALLV=1): the transport's uneven exchange; otherwise the
+    compatibility path: pad every block to the largest split of any pair, exchange evenly, unpad.
+    """
+    size = pg.size()
+    if native or (not input_splits and not output_splits):
+        _wait(pg.alltoall_base(output, input, list(output_splits), list(input_splits), dist.AllToAllOptions()))
+        return
+    row = math.prod(input.shape[1:])
+    splits = torch.tensor(list(input_splits), dtype=torch.int64)
+    every = torch.empty(size * size, dtype=torch.int64)
+    _wait(pg._allgather_base(every, splits, c10d.AllgatherOptions()))
+    largest = max(1, int(every.max()))
+    send = torch.zeros(size, largest * row, dtype=input.dtype)
+    offset = 0
+    flat_in = input.reshape(-1)
+    for r, count in enumerate(input_splits):
+        send[r, :count * row] = flat_in[offset:offset + count * row]
+        offset += count * row
+    received = torch.empty_like(send)
+    _wait(pg.alltoall_base(received, send, [], [], dist.AllToAllOptions()))
+    offset = 0
+    flat_out = output.view(-1)
+    for r, count in enumerate(output_splits):
+        flat_out[offset:offset + count * row] = received[r, :count * row]
+        offset += count * row
+
+
+def even_splits(rows: int, size: int) -> list[int]:
+    """The splits of an even all_to_all_single over ``rows`` rows."""
+    return [rows // size] * size

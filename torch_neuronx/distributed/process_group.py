@@ -1,0 +1,374 @@
+"""``ProcessGroupNeuron``: the ``neuron`` c10d backend, a Python ``dist.ProcessGroup`` over gloo.
+
+``dist.init_process_group("neuron")`` (or no backend, or ``"cpu:gloo,neuron:neuron"``) creates
+one per group. Every collective of torch.distributed's API (and those c10d's C++ side calls:
+DDP's reducer, functional collectives, FSDP2) arrives at a method here, is checked on this
+rank before anything is exchanged, runs as an algorithm of :mod:`.algorithms` on the host views
+of the tensors' device memory over torch.distributed's own transport (gloo), in the group's
+program order (:mod:`.work`), ordered with the issuing stream.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from torch_neuronx import config
+from torch_neuronx.distributed import algorithms, validate
+from torch_neuronx.distributed.options import Options
+from torch_neuronx.distributed.work import CollectiveQueue, NeuronWork, Task, issue
+from torch_neuronx.runtime import streams
+from torch_neuronx.runtime.tensor import NeuronTensor
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """What the ranks of a collective must agree on (see :func:`.validate.signature`)."""
+
+    dtype: torch.dtype | None
+    agreed: Sequence[int] = ()
+    mine: Sequence[int] = ()
+    expected: Sequence[Sequence[int]] | None = None  # every rank's ``mine``, as this rank sees it
+    sends: Sequence[int] = ()
+    receives: Sequence[int] = ()
+
+
+def _numels(tensors: Sequence[torch.Tensor]) -> list[int]:
+    return [t.numel() for t in tensors]
+
+
+def _plain(t: torch.Tensor) -> torch.Tensor:
+    """The host view of a neuron tensor's memory (a CPU tensor as is): a tensor of its own over the
+    memory the neuron tensor has now, which a later storage resize (FSDP2's reshard) does not repoint."""
+    return t._data.detach() if isinstance(t, NeuronTensor) else t
+
+
+def _flatten(values: Any) -> list[torch.Tensor]:
+    out: list[torch.Tensor] = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            out.append(v)
+        elif isinstance(v, list | tuple):
+            out.extend(_flatten(v))
+    return out
+
+
+class ProcessGroupNeuron(dist.ProcessGroup):
+    """TorchNeuron's ``neuron`` process group: collectives on neuron (and CPU) tensors over gloo."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        super().__init__(rank, size)
+        self.options = Options.from_environment()
+        self._transport = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._timeout_s = timeout.total_seconds()
+        self._name = ""
+        self._desc = ""
+        self._queue = CollectiveQueue(f"rank {rank}/{size}")
+        # per stream: (the point the last collective waited for, the stream's end after its waits)
+        self._awaits: dict[streams.Stream, tuple[int, int]] = {}
+
+    # -- identity (c10d calls these) ----------------------------------------------------------
+
+    def getBackendName(self) -> str:  # noqa: N802 - c10d's name
+        return "neuron"
+
+    def name(self) -> str:
+        return "neuron"
+
+    def setGroupName(self, name: str) -> None:  # noqa: N802
+        self._name = name
+        self._queue.name = name
+
+    def getGroupName(self) -> str:  # noqa: N802
+        return self._name
+
+    def setGroupDesc(self, desc: str) -> None:  # noqa: N802
+        self._desc = desc
+
+    def getGroupDesc(self) -> str:  # noqa: N802
+        return self._desc
+
+    @property
+    def transport(self) -> dist.ProcessGroup:
+        """The gloo process group that moves the bytes."""
+        return self._transport
+
+    # -- issuing ------------------------------------------------------------------------------
+
+    def _issue(self, kind: str, tensors: Sequence[torch.Tensor], outputs: list[Any],
+               fn: Callable[[], Any], agree: Agreement | None = None) -> NeuronWork:
+        """Queue ``fn`` (the algorithm on host views) in this group's order, after the neuron work
+        producing ``tensors`` and before the work that consumes them; with ``agree``, the ranks
+        first check that they called the same collective on matching sizes."""
+        if agree is not None and self.size() > 1:
+            fn = self._checked(kind, agree, fn)
+        neuron = [t for t in tensors if isinstance(t, NeuronTensor)]
+        ready: list[streams.Event] = []
+        consumers: list[streams.Stream] = []
+        if neuron:
+            index = neuron[0]._index
+            validate.same_device(kind, neuron, index)
+            current = streams.current_stream(index)
+            consumers = [current] if self.options.host_cc else list(dict.fromkeys(
+                [current, streams.default_stream(index)]))
+            ready = [self._ready(s) for s in consumers]
+        nbytes = sum(t.nbytes for t in tensors)
+        task = Task(kind, fn, ready, outputs, nbytes, self._name or "default", self._timeout_s)
+        work = issue(self._queue, task, neuron, consumers, blocking=bool(config.get("NEURON_LAUNCH_BLOCKING")))
+        self._after_issue(ready, consumers)
+        return work
+
+    def _checked(self, kind: str, agree: Agreement, fn: Callable[[], Any]) -> Callable[[], Any]:
+        row = validate.signature(kind, agree.dtype, agree.agreed, agree.mine, self.size(), agree.sends,
+                                 agree.receives)
+
+        def run() -> Any:
+            rows = torch.empty(self.size(), row.numel(), dtype=torch.int64)
+            self._transport._allgather_base(rows.view(-1), row, c10d.AllgatherOptions()).wait()
+            problem = validate.disagreement(kind, rows, agree.expected)
+            if problem is not None:
+                raise validate.CollectiveArgumentError(f"{kind}: {problem}")
+            return fn()
+        return run
+
+    def _ready(self, stream: streams.Stream) -> streams.Event:
+        """The point of ``stream`` a new collective waits for: its current end, except the waits for
+        this group's earlier collectives queued there last (the FIFO orders those already, and a
+        ``recv`` must not wait for the ``send`` before it to complete)."""
+        position = stream.position
+        before, after = self._awaits.get(stream, (0, -1))
+        return streams.Event.at(stream, before if position == after else position)
+
+    def _after_issue(self, ready: Sequence[streams.Event], consumers: Sequence[streams.Stream]) -> None:
+        for event, stream in zip(ready, consumers):
+            self._awaits[stream] = (event._seq, stream.position)
+
+    def _on_default_stream(self, tensors: Sequence[torch.Tensor]) -> bool:
+        for t in tensors:
+            if isinstance(t, NeuronTensor):
+                return streams.current_stream(t._index).id == 0
+        return True
+
+    # -- reductions ---------------------------------------------------------------------------
+
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> NeuronWork:
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        validate.dtypes("all_reduce", tensors)
+        validate.contiguous("all_reduce", tensors)
+        plain = [_plain(t) for t in tensors]
+        return self._issue("all_reduce", tensors, list(tensors), lambda: algorithms.all_reduce(
+            self._transport, plain, op, self.size(), self.options.bucket_bytes),
+            Agreement(tensors[0].dtype if tensors else None, [*_numels(tensors), int(algorithms.op_and_factor(op)[0])]))
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> NeuronWork:
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        validate.contiguous("all_reduce_coalesced", tensors)
+        plain = [_plain(t) for t in tensors]
+        return self._issue("all_reduce_coalesced", tensors, list(tensors), lambda: algorithms.all_reduce(
+            self._transport, plain, op, self.size(), self.options.bucket_bytes), Agreement(None, _numels(tensors)))
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> NeuronWork:
+        validate.root("reduce", opts.rootRank, self.size())
+        validate.contiguous("reduce", tensors)
+        plain = _plain(tensors[0])
+        return self._issue("reduce", tensors, list(tensors), lambda: algorithms.reduce(
+            self._transport, plain, opts.rootRank, opts.reduceOp, self.size()),
+            Agreement(tensors[0].dtype, [*_numels(tensors), opts.rootRank]))
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> NeuronWork:
+        validate.root("broadcast", opts.rootRank, self.size())
+        validate.contiguous("broadcast", tensors)
+        plain = [_plain(t) for t in tensors]
+        return self._issue("broadcast", tensors, list(tensors),
+                           lambda: algorithms.broadcast(self._transport, plain, opts.rootRank),
+                           Agreement(tensors[0].dtype if tensors else None, [*_numels(tensors), opts.rootRank]))
+
+    # -- gathers and scatters -----------------------------------------------------------------
+
+    def _split_gather(self, tensors: Sequence[torch.Tensor]) -> bool:
+        return Options.split(self.options.split_allgather, self._on_default_stream(tensors))
+
+    def _split_scatter(self, tensors: Sequence[torch.Tensor]) -> bool:
+        return Options.split(self.options.split_reduce_scatter, self._on_default_stream(tensors))
+
+    def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> NeuronWork:
+        validate.gather_base("all_gather_into_tensor", output, input, self.size())
+        split = self._split_gather([output, input])
+        out, inp = _plain(output), _plain(input)
+        return self._issue("all_gather", [input, output], [output],
+                           lambda: algorithms.all_gather_base(self._transport, out, inp, split),
+                           Agreement(input.dtype, [input.numel()]))
+
+    all_gather_single = _allgather_base
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> NeuronWork:
+        for output, input in zip(outputs, inputs, strict=True):
+            validate.gather_base("all_gather_into_tensor_coalesced", output, input, self.size())
+        split = self._split_gather(outputs)
+        pairs = [(_plain(o), _plain(i)) for o, i in zip(outputs, inputs)]
+
+        def run() -> None:
+            for out, inp in pairs:
+                algorithms.all_gather_base(self._transport, out, inp, split)
+        return self._issue("all_gather_coalesced", [*inputs, *outputs], list(outputs), run,
+                           Agreement(inputs[0].dtype if inputs else None, _numels(inputs)))
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                  opts: Any = None) -> NeuronWork:
+        validate.gather_lists("all_gather", output_lists, inputs, self.size())
+        pairs = [([_plain(o) for o in outs], _plain(i)) for outs, i in zip(output_lists, inputs)]
+
+        def run() -> None:
+            for outs, inp in pairs:
+                algorithms.all_gather(self._transport, outs, inp)
+        agree = Agreement(inputs[0].dtype, _numels(output_lists[0]), [inputs[0].numel()],
+                          [[o.numel()] for o in output_lists[0]]) if len(inputs) == 1 else Agreement(None)
+        return self._issue("all_gather", [*inputs, *_flatten(output_lists)], list(output_lists), run, agree)
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                            opts: Any = None) -> NeuronWork:
+        validate.coalesced_gather("all_gather_coalesced", output_lists, inputs, self.size())
+        pairs = [([_plain(lst[j]) for lst in output_lists], _plain(inp)) for j, inp in enumerate(inputs)]
+
+        def run() -> None:
+            for outs, inp in pairs:
+                algorithms.all_gather(self._transport, outs, inp)
+        return self._issue("all_gather_coalesced", [*inputs, *_flatten(output_lists)], list(output_lists), run,
+                           Agreement(None, _numels(inputs)))
+
+    def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> NeuronWork:
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        validate.scatter_base("reduce_scatter_tensor", output, input, self.size())
+        split = self._split_scatter([output, input])
+        out, inp = _plain(output), _plain(input)
+        return self._issue("reduce_scatter", [input, output], [output],
+                           lambda: algorithms.reduce_scatter_base(self._transport, out, inp, op, split),
+                           Agreement(output.dtype, [output.numel()]))
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> NeuronWork:
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        for output, input in zip(outputs, inputs, strict=True):
+            validate.scatter_base("reduce_scatter_tensor_coalesced", output, input, self.size())
+        split = self._split_scatter(outputs)
+        pairs = [(_plain(o), _plain(i)) for o, i in zip(outputs, inputs)]
+
+        def run() -> None:
+            for out, inp in pairs:
+                algorithms.reduce_scatter_base(self._transport, out, inp, op, split)
+        return self._issue("reduce_scatter_coalesced", [*inputs, *outputs], list(outputs), run,
+                           Agreement(outputs[0].dtype if outputs else None, _numels(outputs)))
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                       opts: Any = None) -> NeuronWork:
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        validate.scatter_lists("reduce_scatter", outputs, input_lists, self.size())
+        split = self._split_scatter(outputs)
+        pairs = [(_plain(o), [_plain(t) for t in ins]) for o, ins in zip(outputs, input_lists)]
+
+        def run() -> None:
+            for out, ins in pairs:
+                algorithms.reduce_scatter(self._transport, out, ins, op, split)
+        agree = Agreement(outputs[0].dtype, _numels(input_lists[0]), [outputs[0].numel()],
+                          [[t.numel()] for t in input_lists[0]]) if len(outputs) == 1 else Agreement(None)
+        return self._issue("reduce_scatter", [*outputs, *_flatten(input_lists)], list(outputs), run, agree)
+
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> NeuronWork:
+        validate.root("gather", opts.rootRank, self.size())
+        validate.rooted_lists("gather", output_lists, inputs, self.rank() == opts.rootRank, self.size())
+        outs = [[_plain(o) for o in lst] for lst in output_lists]
+        ins = [_plain(i) for i in inputs]
+        options = dist.GatherOptions()
+        options.rootRank = opts.rootRank
+        return self._issue("gather", [*inputs, *_flatten(output_lists)], list(output_lists),
+                           lambda: self._transport.gather(outs, ins, options).wait(),
+                           Agreement(inputs[0].dtype, [inputs[0].numel(), opts.rootRank]))
+
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any) -> NeuronWork:
+        validate.root("scatter", opts.rootRank, self.size())
+        validate.rooted_lists("scatter", input_lists, outputs, self.rank() == opts.rootRank, self.size())
+        outs = [_plain(o) for o in outputs]
+        ins = [[_plain(i) for i in lst] for lst in input_lists]
+        options = dist.ScatterOptions()
+        options.rootRank = opts.rootRank
+        return self._issue("scatter", [*outputs, *_flatten(input_lists)], list(outputs),
+                           lambda: self._transport.scatter(outs, ins, options).wait(),
+                           Agreement(outputs[0].dtype, [outputs[0].numel(), opts.rootRank]))
+
+    # -- all to all ---------------------------------------------------------------------------
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: Any = None) -> NeuronWork:
+        validate.all_to_all("all_to_all_single", output, input, output_split_sizes, input_split_sizes,
+                            self.size())
+        out, inp = _plain(output), _plain(input)
+        native = self.options.native_alltoallv
+        rows = input.shape[0] if input.dim() else 1
+        sends = list(input_split_sizes) or algorithms.even_splits(rows, self.size())
+        receives = list(output_split_sizes) or algorithms.even_splits(output.shape[0] if output.dim() else 1,
+                                                                      self.size())
+        return self._issue("all_to_all", [input, output], [output], lambda: algorithms.all_to_all_single(
+            self._transport, out, inp, output_split_sizes, input_split_sizes, native),
+            Agreement(input.dtype, [math.prod(input.shape[1:])], sends=sends, receives=receives))
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> NeuronWork:
+        validate.list_lengths("all_to_all", outputs, inputs, self.size())
+        outs, ins = [_plain(o) for o in outputs], [_plain(i) for i in inputs]
+        native = self.options.native_alltoallv
+
+        def run() -> None:
+            send = torch.cat([i.reshape(-1) for i in ins])
+            received = torch.empty(sum(o.numel() for o in outs), dtype=send.dtype)
+            algorithms.all_to_all_single(self._transport, received, send, [o.numel() for o in outs],
+                                         [i.numel() for i in ins], native)
+            offset = 0
+            for o in outs:
+                o.copy_(received[offset:offset + o.numel()].view(o.shape))
+                offset += o.numel()
+        return self._issue("all_to_all", [*inputs, *outputs], list(outputs), run,
+                           Agreement(inputs[0].dtype, [], sends=_numels(inputs), receives=_numels(outputs)))
+
+    # -- point to point and barrier -----------------------------------------------------------
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> NeuronWork:
+        validate.root("send", dst, self.size())
+        plain = [_plain(t) for t in tensors]
+        return self._issue("send", tensors, list(tensors), lambda: self._transport.send(plain, dst, tag))
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> NeuronWork:
+        validate.root("recv", src, self.size())
+        plain = [_plain(t) for t in tensors]
+        return self._issue("recv", tensors, list(tensors), lambda: self._transport.recv(plain, src, tag))
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> NeuronWork:
+        plain = [_plain(t) for t in tensors]
+        return self._issue("recv", tensors, list(tensors),
+                           lambda: self._transport.recv_anysource(plain, tag))
+
+    def barrier(self, opts: Any = None) -> NeuronWork:
+        return self._issue("barrier", [], [], lambda: self._transport.barrier().wait())
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        self._issue("barrier", [], [], lambda: self._transport.monitored_barrier(
+            timeout or datetime.timedelta(seconds=self._timeout_s), wait_all_ranks)).wait()
+
+
+def create(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> ProcessGroupNeuron:
+    """The creator ``dist.Backend.register_backend("neuron", ...)`` calls for each new group."""
+    return ProcessGroupNeuron(store, rank, size, timeout)

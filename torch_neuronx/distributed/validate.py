@@ -1,0 +1,212 @@
+"""Checks of a collective's arguments on this rank, before anything is exchanged.
+
+gloo aborts the whole process on some shape errors (a stacked ``reduce_scatter_tensor``, an
+all-reduce whose sizes differ across ranks) and lets others fail on one rank only while the
+peers wait. The local checks here raise a clear :class:`CollectiveArgumentError` in the caller,
+before the collective is queued; :func:`signature` and :func:`disagreement` check, once every
+rank's row has been exchanged, what the ranks must agree on, so that a mismatch across ranks
+is the same error on every rank.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+class CollectiveArgumentError(ValueError):
+    """A collective called with tensors that cannot work (sizes, dtypes, devices, ranks)."""
+
+
+def _fail(kind: str, message: str) -> CollectiveArgumentError:
+    return CollectiveArgumentError(f"{kind}: {message}")
+
+
+def same_device(kind: str, tensors: Sequence[Any], index: int) -> None:
+    """Every neuron tensor of one collective lives on one device."""
+    for t in tensors:
+        if t._index != index:
+            raise _fail(kind, f"tensors on neuron:{index} and neuron:{t._index} in one collective")
+
+
+def dtypes(kind: str, tensors: Sequence[torch.Tensor]) -> None:
+    """A collective over several tensors: one dtype."""
+    if len({t.dtype for t in tensors}) > 1:
+        raise _fail(kind, f"tensors of different dtypes {sorted(str(t.dtype) for t in tensors)}")
+
+
+def contiguous(kind: str, tensors: Sequence[torch.Tensor]) -> None:
+    """The transport reads and writes memory in place: tensors must be contiguous."""
+    for t in tensors:
+        if not t.is_contiguous():
+            raise _fail(kind, f"a non-contiguous tensor of shape {tuple(t.shape)} (call .contiguous() first)")
+
+
+def root(kind: str, rank: int, size: int) -> None:
+    """A root or peer rank within the group."""
+    if not 0 <= rank < size:
+        raise _fail(kind, f"rank {rank} is not in a group of {size} ranks")
+
+
+def gather_base(kind: str, output: torch.Tensor, input: torch.Tensor, size: int) -> None:
+    """``all_gather_into_tensor``: the output holds ``size`` inputs (stacked or concatenated)."""
+    _same_dtype(kind, output, input)
+    contiguous(kind, [output])
+    if output.numel() != input.numel() * size:
+        raise _fail(kind, f"output of {output.numel()} elements for {size} inputs of {input.numel()}")
+
+
+def scatter_base(kind: str, output: torch.Tensor, input: torch.Tensor, size: int) -> None:
+    """``reduce_scatter_tensor``: the input holds ``size`` outputs (stacked or concatenated)."""
+    _same_dtype(kind, output, input)
+    if input.numel() != output.numel() * size:
+        raise _fail(kind, f"input of {input.numel()} elements for {size} outputs of {output.numel()}")
+
+
+def gather_lists(kind: str, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
+                 size: int) -> None:
+    """``all_gather`` (list form): one list of ``size`` outputs per input, each of the input's dtype."""
+    if len(output_lists) != len(inputs):
+        raise _fail(kind, f"{len(output_lists)} output lists for {len(inputs)} inputs")
+    for outputs, input in zip(output_lists, inputs):
+        if len(outputs) != size:
+            raise _fail(kind, f"{len(outputs)} outputs for a group of {size} ranks")
+        for output in outputs:
+            _same_dtype(kind, output, input)
+
+
+def coalesced_gather(kind: str, output_lists: Sequence[Sequence[torch.Tensor]], inputs: Sequence[torch.Tensor],
+                     size: int) -> None:
+    """``all_gather_coalesced``: ``size`` lists, each with one output per input."""
+    if len(output_lists) != size:
+        raise _fail(kind, f"{len(output_lists)} output lists for a group of {size} ranks")
+    for outputs in output_lists:
+        if len(outputs) != len(inputs):
+            raise _fail(kind, f"an output list of {len(outputs)} tensors for {len(inputs)} inputs")
+        for output, input in zip(outputs, inputs):
+            _same_dtype(kind, output, input)
+
+
+def scatter_lists(kind: str, outputs: Sequence[torch.Tensor], input_lists: Sequence[Sequence[torch.Tensor]],
+                  size: int) -> None:
+    """``reduce_scatter`` (list form): ``size`` inputs per output."""
+    if len(outputs) != len(input_lists):
+        raise _fail(kind, f"{len(outputs)} outputs for {len(input_lists)} input lists")
+    for output, inputs in zip(outputs, input_lists):
+        if len(inputs) != size:
+            raise _fail(kind, f"{len(inputs)} inputs for a group of {size} ranks")
+        for input in inputs:
+            _same_dtype(kind, output, input)
+        if inputs[0].numel() != output.numel() and len({t.numel() for t in inputs}) == 1:
+            raise _fail(kind, f"inputs of {inputs[0].numel()} elements for an output of {output.numel()}")
+
+
+def rooted_lists(kind: str, lists: Sequence[Sequence[torch.Tensor]], singles: Sequence[torch.Tensor],
+                 is_root: bool, size: int) -> None:
+    """``gather`` / ``scatter``: the root holds ``size`` tensors shaped like the single tensor;
+    other ranks hold none."""
+    if len(singles) != 1:
+        raise _fail(kind, f"expected one tensor, got {len(singles)}")
+    if not is_root:
+        if any(len(lst) for lst in lists):
+            raise _fail(kind, "only the root rank passes a list of tensors")
+        return
+    if len(lists) != 1 or len(lists[0]) != size:
+        raise _fail(kind, f"the root passes one list of {size} tensors")
+    for t in lists[0]:
+        _same_dtype(kind, t, singles[0])
+        if t.shape != singles[0].shape:
+            raise _fail(kind, f"the root's tensors must have this rank's shape {tuple(singles[0].shape)}, "
+                        f"got {tuple(t.shape)}")
+
+
+def all_to_all(kind: str, output: torch.Tensor, input: torch.Tensor, output_splits: Sequence[int],
+               input_splits: Sequence[int], size: int) -> None:
+    """``all_to_all_single``: splits (rows) that add up to the tensors' first dimension."""
+    _same_dtype(kind, output, input)
+    contiguous(kind, [output, input])
+    for name, tensor, splits in (("input", input, input_splits), ("output", output, output_splits)):
+        if splits:
+            if len(splits) != size:
+                raise _fail(kind, f"{len(splits)} {name} splits for a group of {size} ranks")
+            if any(s < 0 for s in splits):
+                raise _fail(kind, f"negative {name} split in {list(splits)}")
+            rows = tensor.shape[0] if tensor.dim() else 1
+            if sum(splits) != rows:
+                raise _fail(kind, f"{name} splits {list(splits)} add up to {sum(splits)}, not its {rows} rows")
+        elif tensor.dim() and tensor.shape[0] % size:
+            raise _fail(kind, f"{name} of {tensor.shape[0]} rows does not split evenly over {size} ranks")
+
+
+def list_lengths(kind: str, outputs: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor], size: int) -> None:
+    """``all_to_all`` (list form): one tensor per rank each way, of one dtype."""
+    if len(outputs) != size or len(inputs) != size:
+        raise _fail(kind, f"{len(inputs)} inputs and {len(outputs)} outputs for a group of {size} ranks")
+    dtypes(kind, [*outputs, *inputs])
+
+
+def _same_dtype(kind: str, a: torch.Tensor, b: torch.Tensor) -> None:
+    if a.dtype != b.dtype:
+        raise _fail(kind, f"tensors of dtypes {a.dtype} and {b.dtype}")
+
+
+# -- agreement across ranks --------------------------------------------------------------------
+
+_KINDS = ("all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather", "all_gather_coalesced",
+          "reduce_scatter", "reduce_scatter_coalesced", "gather", "scatter", "all_to_all")
+_FIXED = 12  # kind, dtype, crc of what must agree, four per-rank values, ranks' count, the first four agreed
+
+
+def _dtype_code(dtype: torch.dtype | None) -> int:
+    return -1 if dtype is None else zlib.crc32(str(dtype).encode()) & 0x7FFFFFFF
+
+
+def signature(kind: str, dtype: torch.dtype | None, agreed: Sequence[int], mine: Sequence[int], size: int,
+              sends: Sequence[int] = (), receives: Sequence[int] = ()) -> torch.Tensor:
+    """This rank's row of a collective's agreement check: what every rank must agree on (its kind,
+    dtype, the sizes they share) and this rank's own values (up to four; all_to_all's splits)."""
+    row = torch.zeros(_FIXED + 2 * size, dtype=torch.int64)
+    row[0] = _KINDS.index(kind) if kind in _KINDS else len(_KINDS)
+    row[1] = _dtype_code(dtype)
+    row[2] = zlib.crc32(",".join(map(str, agreed)).encode())
+    row[3:3 + len(mine)] = torch.tensor(list(mine), dtype=torch.int64)
+    row[7] = size
+    shown = list(agreed)[:4]
+    row[8:8 + len(shown)] = torch.tensor(shown, dtype=torch.int64)
+    if sends:
+        row[_FIXED:_FIXED + size] = torch.tensor(list(sends), dtype=torch.int64)
+        row[_FIXED + size:] = torch.tensor(list(receives), dtype=torch.int64)
+    return row
+
+
+def disagreement(kind: str, rows: torch.Tensor, expected_mine: Sequence[Sequence[int]] | None = None) -> str | None:
+    """What the ranks disagree on, from every rank's :func:`signature` (the same verdict on every
+    rank, since each sees every row); None when they agree."""
+    size = rows.shape[0]
+    for column, what in ((0, "the collective called"), (1, "the dtype"), (2, "the tensor sizes")):
+        values = rows[:, column].tolist()
+        if len(set(values)) > 1:
+            return f"the ranks disagree on {what}: " + _per_rank(rows, column, what)
+    if expected_mine is not None:
+        for r in range(size):
+            got = rows[r, 3:3 + len(expected_mine[r])].tolist()
+            if got != list(expected_mine[r]):
+                return f"rank {r} contributes {got} elements where the others expect {list(expected_mine[r])}"
+    if rows.shape[1] > _FIXED and rows[:, _FIXED:].any():
+        sends, receives = rows[:, _FIXED:_FIXED + size], rows[:, _FIXED + size:]
+        if not torch.equal(sends, receives.t()):
+            return (f"{kind} splits do not match: rank i sends rows {sends.tolist()} (row i), "
+                    f"rank j expects {receives.t().tolist()} (column j)")
+    return None
+
+
+def _per_rank(rows: torch.Tensor, column: int, what: str) -> str:
+    if column == 0:
+        names = [(_KINDS[v] if v < len(_KINDS) else "another") for v in rows[:, 0].tolist()]
+        return ", ".join(f"rank {r}: {n}" for r, n in enumerate(names))
+    if column == 2:  # the first sizes they hold
+        return ", ".join(f"rank {r}: {[v for v in rows[r, 8:12].tolist()]}" for r in range(rows.shape[0]))
+    return "different on " + ", ".join(f"rank {r}" for r in range(rows.shape[0]))

@@ -1,0 +1,245 @@
+"""Collectives in program order: one FIFO per process group, ordered with the streams, and their Work.
+
+gloo (and NCCL) match collectives by the order each rank issues them, so every collective of a
+group, whatever stream it was issued on, goes through that group's :class:`CollectiveQueue`
+in the order the program issued it. A collective on neuron tensors first waits (on the queue's
+worker thread) for the work queued before it on the issuing stream, which produces its inputs;
+the streams that consume its outputs wait for it in turn (a task queued on each), so the host
+returns at once, as with NCCL on CUDA. :class:`NeuronWork` is the ``dist.Work`` handed back;
+its future holds the collective's output tensors (neuron tensors for neuron collectives).
+
+Every wait is bounded by the group's timeout and says what it waited for.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from torch_neuronx import observe
+from torch_neuronx.runtime import streams
+
+_log = logging.getLogger("torch_neuronx.distributed")
+_IDLE_EXIT_S = 30.0
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed (a peer died or timed out, mismatched arguments): raised by ``wait()``,
+    and by the next synchronization of the streams that consume its outputs."""
+
+
+class Task:
+    """One collective: what it waits for, what it runs, and how it ended."""
+
+    __slots__ = ("kind", "fn", "ready", "outputs", "nbytes", "future", "done", "error", "group", "timeout_s")
+
+    def __init__(self, kind: str, fn: Callable[[], Any], ready: Sequence[streams.Event], outputs: list[Any],
+                 nbytes: int, group: str, timeout_s: float) -> None:
+        self.kind, self.fn, self.ready, self.outputs, self.nbytes = kind, fn, list(ready), outputs, nbytes
+        self.group, self.timeout_s = group, timeout_s
+        self.future: torch.futures.Future = torch.futures.Future()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+    def describe(self) -> str:
+        return f"{self.kind} on process group {self.group!r}"
+
+    def run(self) -> dist.Work | None:
+        """Wait for the inputs' producers and run the collective (never raises).
+
+        ``fn`` either completes the collective or, for point-to-point operations, which must not
+        hold the group's queue while the peer's matching operation waits behind it, returns the
+        transport's ``Work``, which is returned: the task ends with :meth:`complete` once it did.
+        """
+        try:
+            for event in self.ready:
+                try:
+                    event.synchronize(self.timeout_s)
+                except TimeoutError:
+                    raise CollectiveError(f"{self.describe()} waited {self.timeout_s:g} s for the neuron work "
+                                          "producing its inputs, which did not finish") from None
+            if observe.state.active:
+                with observe.span("collective." + self.kind, self.nbytes, group=self.group):
+                    pending = self.fn()
+            else:
+                pending = self.fn()
+        except BaseException as exc:  # kept for wait(), the future and the consuming streams
+            self._finish(exc)
+            return None
+        if not isinstance(pending, dist.Work):
+            self._finish(None)
+            return None
+        self.fn = None
+        return pending
+
+    def complete(self, pending: dist.Work) -> None:
+        """Wait for the transport's work of a point-to-point operation, then end (never raises)."""
+        try:
+            pending.wait(datetime.timedelta(seconds=self.timeout_s))
+        except BaseException as exc:
+            self._finish(exc)
+        else:
+            self._finish(None)
+
+    def _finish(self, exc: BaseException | None) -> None:
+        if exc is not None:
+            self.error = exc if isinstance(exc, CollectiveError) else CollectiveError(
+                f"{self.describe()} failed: {type(exc).__name__}: {exc}")
+            if exc is not self.error:
+                self.error.__cause__ = exc
+            self.future.set_exception(self.error)
+        else:
+            self.future.set_result(self.outputs)
+        self.fn = None  # the collective's closure (and its tensors' memory) goes now
+        self.done.set()
+
+    def wait(self) -> None:
+        """Block until the collective ended; raise its error."""
+        if not self.done.wait(self.timeout_s):
+            raise CollectiveError(f"{self.describe()} did not complete within {self.timeout_s:g} s "
+                                  "(a peer that never arrived, or work it waits for that never finished)")
+        if self.error is not None:
+            raise self.error
+
+
+class _Fifo:
+    """Items handled one at a time, in order, by a worker thread that exits when idle."""
+
+    def __init__(self, name: str, handle: Callable[[Any], None]) -> None:
+        self.name, self._handle = name, handle
+        self._cond = threading.Condition()
+        self._items: collections.deque[Any] = collections.deque()
+        self._worker: threading.Thread | None = None
+
+    def put(self, item: Any) -> None:
+        with self._cond:
+            self._items.append(item)
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, daemon=True, name=self.name)
+                self._worker.start()
+            else:
+                self._cond.notify()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                if not self._items and not self._cond.wait_for(lambda: bool(self._items), _IDLE_EXIT_S):
+                    self._worker = None
+                    return
+                item = self._items.popleft()
+            try:
+                self._handle(item)
+            except BaseException:  # the handlers never raise; a bug must not stop the queue
+                _log.exception("%s failed", self.name)
+
+    def reset_after_fork(self) -> None:
+        self._cond = threading.Condition()
+        self._items.clear()
+        self._worker = None
+
+
+class CollectiveQueue:
+    """The FIFO of one process group: a worker thread runs its collectives in issue order; the
+    point-to-point operations it started are waited for by a second one, so that a ``send`` never
+    holds up the ``recv`` issued after it."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._run = _Fifo(f"neuron collectives {name}", self._start)
+        self._pending = _Fifo(f"neuron point-to-point {name}", lambda item: item[0].complete(item[1]))
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
+        self._run.name, self._pending.name = f"neuron collectives {value}", f"neuron point-to-point {value}"
+
+    def submit(self, task: Task) -> None:
+        self._run.put(task)
+
+    def _start(self, task: Task) -> None:
+        pending = task.run()
+        if pending is not None:
+            self._pending.put((task, pending))
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: no worker came along, and the parent's collectives are not the child's."""
+        self._run.reset_after_fork()
+        self._pending.reset_after_fork()
+
+
+def _await(task: Task) -> None:
+    """Queued on a stream that consumes a collective's outputs: hold the stream until it ended."""
+    task.wait()
+
+
+class NeuronWork(dist.Work):
+    """The ``dist.Work`` of a collective issued on a ``neuron`` process group.
+
+    For neuron tensors, ``wait()`` returns at once: the consuming streams already wait for the
+    collective (host reads of its outputs wait for them). For CPU tensors it blocks until the
+    collective ended. Either way it raises the collective's error when it already failed.
+    """
+
+    def __init__(self, task: Task, host_wait: bool) -> None:
+        super().__init__()
+        self._task, self._host_wait = task, host_wait
+
+    def wait(self, timeout: Any = None) -> bool:
+        task = self._task
+        if self._host_wait:
+            task.wait()
+        elif task.error is not None:
+            raise task.error
+        return True
+
+    def is_completed(self) -> bool:
+        return self._task.done.is_set()
+
+    def is_success(self) -> bool:
+        return self._task.done.is_set() and self._task.error is None
+
+    def exception(self) -> BaseException | None:
+        return self._task.error
+
+    def get_future(self) -> torch.futures.Future:
+        return self._task.future
+
+    def result(self) -> list[Any]:
+        self._task.wait()
+        return self._task.outputs
+
+    def synchronize(self) -> None:
+        self._task.wait()
+
+    def source_rank(self) -> int:
+        return -1
+
+
+def issue(queue: CollectiveQueue, task: Task, neuron: Sequence[Any], consumers: Sequence[streams.Stream],
+          blocking: bool) -> NeuronWork:
+    """Put ``task`` in its group's FIFO and make ``consumers`` (streams) wait for it.
+
+    ``neuron``: its neuron tensors (kept alive by the task until it ends). ``blocking``
+    (NEURON_LAUNCH_BLOCKING=1): run it now in this thread, errors raised here.
+    """
+    if blocking:
+        pending = task.run()
+        if pending is not None:
+            task.complete(pending)
+        task.wait()
+        return NeuronWork(task, host_wait=True)
+    queue.submit(task)
+    for stream in consumers:
+        stream.submit(_await, task)
+    return NeuronWork(task, host_wait=not neuron)
