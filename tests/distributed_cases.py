@@ -129,6 +129,17 @@ def split_and_buckets(rank: int) -> None:
     print("CALLS " + " ".join(f"{k}={v}" for k, v in sorted(report.items())), flush=True)
 
 
+def collective_metrics(rank: int) -> None:
+    """With the transfers table enabled, each collective is counted with its bytes (and the profiler
+    sees it: the same span)."""
+    for _ in range(3):
+        t = torch.ones(256, device="neuron")
+        dist.all_reduce(t)
+    out = torch.empty(512, device="neuron")
+    dist.all_gather_into_tensor(out, torch.ones(256, device="neuron"))
+    out.cpu()
+
+
 def main() -> None:
     import faulthandler
     faulthandler.dump_traceback_later(90, exit=True)

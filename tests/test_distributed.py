@@ -111,3 +111,16 @@ def test_one_rank_group_in_process_works_with_streams_off():
     proc = subprocess.run([sys.executable, "-c", _INIT_ONE], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "TORCH_NEURONX_ENABLE_STREAMS": "0"})
     assert proc.returncode == 0 and "VALUE [1.0, 1.0]" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_collectives_are_counted_in_the_metric_tables(tmp_path):
+    proc = torchrun("distributed_cases.py", "collective_metrics", timeout=150,
+                    TORCH_NEURONX_ENABLED_METRIC_TABLES="transfers", TORCH_NEURONX_METRICS_DIR=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import pandas as pd
+    for rank in (0, 1):
+        rows = pd.read_csv(tmp_path / f"metric_table_transfers_rank{rank}.csv").set_index("kind")
+        assert rows.loc["collective.all_reduce", "calls"] == 3
+        assert rows.loc["collective.all_reduce", "bytes"] == 3 * 256 * 4
+        assert rows.loc["collective.all_gather", "calls"] == 1
+        assert rows.loc["collective.all_gather", "bytes"] == (256 + 512) * 4

@@ -152,6 +152,9 @@ register(
     _s("transfer.device_to_host", "A copy from a neuron tensor to host memory (value: bytes; fields: device).",
        _MEMORY),
 )
+register_family("collective.", "span", "ns", "One collective of a neuron process group, from the start of the "
+                "exchange to its end on this rank (value: bytes of its tensors; fields: group; the name says "
+                "which: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, ...).", "Distributed")
 register_family("aten::", "counter", "count", "Calls of this eager op that ran on the CPU (a fallback), "
                 "TorchXLA's per-op fallback counters.", _EAGER)
 
