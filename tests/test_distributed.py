@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 
@@ -33,8 +34,34 @@ def test_every_collective_and_dtype_on_two_ranks():
     _done(torchrun("distributed_collectives.py"), 2)
 
 
-def test_every_collective_on_four_ranks():
-    _done(torchrun("distributed_collectives.py", nproc=4, timeout=400), 4)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_every_collective_on_two_nodes_of_two_processes():
+    """Four ranks as two hosts would run them: two torchrun invocations (``--nnodes=2 --node_rank``)
+    meeting at one rendezvous on 127.0.0.1 (README: the same command on real hosts)."""
+    port = _free_port()
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        environment.pop(name, None)
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
+                               "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}",
+                               os.path.join(HERE, "distributed_collectives.py")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment)
+             for node in (0, 1)]
+    outputs = []
+    try:
+        for node in nodes:
+            outputs.append(node.communicate(timeout=400))
+    finally:
+        for node in nodes:
+            node.kill()
+    ranks = sorted(int(m) for out, _ in outputs for m in re.findall(r"^DONE rank (\d+)", out, re.M))
+    assert ranks == [0, 1, 2, 3] and all(n.returncode == 0 for n in nodes), \
+        "\n".join(out[-1500:] + err[-3000:] for out, err in outputs)
 
 
 @pytest.mark.parametrize("backend", ["none", "cpu:gloo,neuron:neuron"])
