@@ -151,3 +151,9 @@ def test_collectives_are_counted_in_the_metric_tables(tmp_path):
         assert rows.loc["collective.all_reduce", "bytes"] == 3 * 256 * 4
         assert rows.loc["collective.all_gather", "calls"] == 1
         assert rows.loc["collective.all_gather", "bytes"] == (256 + 512) * 4
+
+
+def test_compiled_graphs_with_functional_collectives():
+    """A tensor-parallel MLP under torch.compile: compute partitions compiled, collectives on the
+    transport, forward and backward equal to one CPU's, graph_stats rows with has_collectives."""
+    _done(torchrun("distributed_compiled.py", timeout=300), 2)

@@ -19,7 +19,7 @@ import torch
 from torch_neuronx import observe
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import ResolvedOptions, compile_only_enabled
-from torch_neuronx.dynamo import fallback, plans, stats
+from torch_neuronx.dynamo import collectives, fallback, plans, stats
 from torch_neuronx.pipeline.artifacts import GraphArtifacts
 from torch_neuronx.pipeline.graph import CompiledGraph, build_graph, from_plan
 from torch_neuronx.pipeline.plan import Plan
@@ -74,6 +74,10 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         plain = on_plan is not None and plans.plain_inference(dynamo_inputs, example_inputs)
         try:
             with stats.compiling(gm, model, kind):
+                if collectives.present(gm):  # compute compiled, collectives on the transport
+                    split = collectives.compile_split(gm, options, name)
+                    observe.count("compiled_graphs")
+                    return split
                 compiled, plan = build_graph(gm, options, name, artifacts, inputs_as_outputs=True,
                                              resident=resident_inputs(dynamo_inputs) if plain else ())
         except NeuronCompileError as err:

@@ -22,7 +22,7 @@ from torch_neuronx import observe
 
 _lock = threading.Lock()
 _nth: Counter[tuple[str, str, str]] = Counter()  # graphs per (model, aot id, graph type)
-_COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d", "_dtensor")
+COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d", "_dtensor")
 
 
 def has_collectives(gm: torch.fx.GraphModule) -> bool:
@@ -31,7 +31,7 @@ def has_collectives(gm: torch.fx.GraphModule) -> bool:
         if node.op != "call_function":
             continue
         namespace = getattr(node.target, "namespace", None)
-        if namespace in _COLLECTIVE_NAMESPACES:
+        if namespace in COLLECTIVE_NAMESPACES:
             return True
         module = getattr(node.target, "__module__", "") or ""
         if module.startswith("torch.distributed"):

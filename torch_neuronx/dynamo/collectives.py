@@ -1,0 +1,107 @@
+"""Graphs with collectives: the compute between collectives compiled, the collectives on the transport.
+
+A graph from ``torch.compile`` that calls functional collectives
+(``_c10d_functional.all_reduce`` + ``wait_tensor``, tensor-parallel layers, DTensor) cannot
+become one NEFF: the exchange is the process group's (gloo here). :func:`compile_split` cuts
+the graph with ``torch.fx.passes.split_module`` so that each collective (and each wait) is a
+partition of its own, compiles every compute partition through the pipeline like any graph,
+and leaves the collective partitions to run as they are: on neuron tensors they reach the eager
+device's collective handling, which calls the group's ``neuron`` process group, in program order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.fx.passes.split_module import split_module
+
+from torch_neuronx.compiler.options import ResolvedOptions
+from torch_neuronx.dynamo import stats
+from torch_neuronx.pipeline.artifacts import GraphArtifacts
+from torch_neuronx.pipeline.graph import build_graph
+
+
+def _is_collective(node: torch.fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    namespace = getattr(node.target, "namespace", None)
+    return namespace in stats.COLLECTIVE_NAMESPACES or \
+        (getattr(node.target, "__module__", "") or "").startswith("torch.distributed")
+
+
+def present(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` calls a collective."""
+    return any(_is_collective(n) for n in gm.graph.nodes)
+
+
+def _partitions(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
+    """Node order cut into runs: each collective alone, the compute between them together."""
+    ids: dict[torch.fx.Node, int] = {}
+    current, in_compute = 0, True
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output", "get_attr"):
+            continue
+        if _is_collective(node):
+            current += 1
+            ids[node] = current
+            in_compute = False
+        else:
+            if not in_compute:
+                current += 1
+                in_compute = True
+            ids[node] = current
+    return ids
+
+
+class _CompiledPart(torch.nn.Module):
+    """A compute partition run by its compiled graph (outputs unpacked as the partition returned them)."""
+
+    def __init__(self, compiled: Callable[[list[Any]], list[Any]], single: bool) -> None:
+        super().__init__()
+        self.compiled, self.single = compiled, single
+
+    def forward(self, *args: Any) -> Any:
+        out = self.compiled(list(args))
+        return out[0] if self.single else tuple(out)
+
+
+def _as_tuple_output(part: torch.fx.GraphModule) -> bool:
+    """Make the partition return a tuple (what the pipeline compiles); whether it returned one value."""
+    output = next(n for n in reversed(part.graph.nodes) if n.op == "output")
+    value = output.args[0]
+    if isinstance(value, tuple | list):
+        return False
+    output.args = ((value,),)
+    part.recompile()
+    return True
+
+
+def _computes(part: torch.fx.GraphModule) -> bool:
+    return any(n.op == "call_function" for n in part.graph.nodes)
+
+
+def compile_split(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str) -> Callable[[list[Any]], Any]:
+    """``gm`` with its compute partitions compiled: a boxed callable (aot_autograd's convention)."""
+    ids = _partitions(gm)
+    split = split_module(gm, None, lambda node: ids[node], keep_original_order=True)
+    collective_ids = {ids[n] for n in gm.graph.nodes if _is_collective(n)}
+    for child_name, child in list(split.named_children()):
+        index = int(child_name.rsplit("_", 1)[-1])
+        if index in collective_ids or not _computes(child):
+            continue
+        single = _as_tuple_output(child)
+        part_name = f"{name}_part{index}"
+        compiled, _ = build_graph(child, options, part_name, GraphArtifacts(part_name, options.preserve_artifacts),
+                                  inputs_as_outputs=True)
+        setattr(split, child_name, _CompiledPart(compiled, single))
+
+    def run(args: list[Any]) -> Any:
+        values: Sequence[Any] = list(args)
+        args.clear()
+        out = split(*values)
+        return list(out) if isinstance(out, tuple | list) else [out]
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run
