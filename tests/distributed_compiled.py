@@ -9,6 +9,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as fc
 
 import torch_neuronx
+from torch_neuronx import observe
 
 
 def tensor_parallel(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -41,6 +42,18 @@ def main() -> None:
         y.square().sum().backward()
         torch.testing.assert_close(a.grad.cpu(), ca.grad, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(b.grad.cpu(), cb.grad, rtol=1e-4, atol=1e-4)
+    # called with a side stream current, the graph (with its collectives) runs on the default stream
+    launches = []
+
+    def on_event(event: observe.Event) -> None:
+        if event.name == "runtime.launch":
+            launches.append(event.fields["stream"])
+    side = torch.neuron.Stream()
+    side.wait_stream(torch.neuron.current_stream())
+    with observe.listening(on_event), torch.neuron.stream(side):
+        y = compiled(x.to("neuron"), a, b)
+        torch.testing.assert_close(y.cpu(), want.detach(), rtol=1e-4, atol=1e-4)
+    assert launches and set(launches) == {0}, launches
     rows = torch_neuronx.get_dynamo_metrics()
     assert sorted(r["graph_name"].split("_")[-2] for r in rows) == ["backward", "forward"], rows
     assert all(r["has_collectives"] and r["torch_neuronx_compile_us"] > 0 for r in rows), rows

@@ -11,16 +11,20 @@ device's collective handling, which calls the group's ``neuron`` process group, 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from torch.fx.passes.split_module import split_module
 
+from torch_neuronx import config
 from torch_neuronx.compiler.options import ResolvedOptions
 from torch_neuronx.dynamo import stats
 from torch_neuronx.pipeline.artifacts import GraphArtifacts
 from torch_neuronx.pipeline.graph import build_graph
+from torch_neuronx.runtime import streams
+from torch_neuronx.runtime.tensor import NeuronTensor
 
 
 def _is_collective(node: torch.fx.Node) -> bool:
@@ -82,6 +86,28 @@ def _computes(part: torch.fx.GraphModule) -> bool:
     return any(n.op == "call_function" for n in part.graph.nodes)
 
 
+@contextlib.contextmanager
+def _on_default_stream(values: Sequence[Any]) -> Iterator[None]:
+    """TorchNeuron routes compiled graphs with collectives to the default stream, in order with the
+    current stream's work before and after them (unless TORCH_NEURONX_ENABLE_HOST_CC=1 lets
+    collectives run on other streams)."""
+    if config.get("TORCH_NEURONX_ENABLE_HOST_CC"):
+        yield
+        return
+    # aot_autograd hands the graph the neuron tensors' inner tensors: the device is the current one
+    index = next((v._index for v in values if isinstance(v, NeuronTensor)), streams.current_device())
+    current, default = streams.current_stream(index), streams.default_stream(index)
+    if current == default:
+        yield
+        return
+    default.wait_stream(current)
+    try:
+        with streams.stream(default):
+            yield
+    finally:
+        current.wait_stream(default)
+
+
 def compile_split(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str) -> Callable[[list[Any]], Any]:
     """``gm`` with its compute partitions compiled: a boxed callable (aot_autograd's convention)."""
     ids = _partitions(gm)
@@ -100,7 +126,8 @@ def compile_split(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str)
     def run(args: list[Any]) -> Any:
         values: Sequence[Any] = list(args)
         args.clear()
-        out = split(*values)
+        with _on_default_stream(values):
+            out = split(*values)
         return list(out) if isinstance(out, tuple | list) else [out]
 
     run._boxed_call = True  # type: ignore[attr-defined]
