@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from torch_neuronx import observe
+from torch_neuronx.pipeline.progress import progress
 
 _lock = threading.Lock()
 _nth: Counter[tuple[str, str, str]] = Counter()  # graphs per (model, aot id, graph type)
@@ -64,14 +65,16 @@ def _us(stages: dict[str, Any], *names: str) -> int:
 
 @contextlib.contextmanager
 def compiling(gm: torch.fx.GraphModule, model: str, kind: str) -> Iterator[None]:
-    """Around one graph's compilation: when the block ends normally, record its ``graph.compiled``
-    row (stage times measured inside it) and count it in Dynamo's counters."""
-    with observe.collecting() as stages:
+    """Around one graph's compilation: a progress line on a terminal, the stages' logs, and when the
+    block ends normally its ``graph.compiled`` row (stage times measured inside it) and its count
+    in Dynamo's counters."""
+    name = graph_name(model, kind)
+    with progress.graph(name), observe.collecting(name) as stages:
         yield
     collectives = has_collectives(gm)
     observe.record("graph.compiled", {
         "graph_id": stages.get("neff_key", ""),
-        "graph_name": graph_name(model, kind),
+        "graph_name": name,
         "model_name": model,
         "has_collectives": collectives,
         "graph_node_count": len(gm.graph.nodes),

@@ -152,6 +152,8 @@ class _Span:
         self.name, self.fields, self.value, self.stage = name, fields, value, stage
 
     def __enter__(self) -> _Span:
+        if self.stage:
+            samples.begin_stage(self.name)
         self.start = time.perf_counter_ns()
         return self
 
@@ -159,7 +161,7 @@ class _Span:
         end = time.perf_counter_ns()
         duration = end - self.start
         if self.stage:
-            samples.add_stage(self.name, duration)
+            samples.add_stage(self.name, duration, self.fields.get("graph"))
             samples.add_sample(self.name, duration)
         if not state.active:
             return

@@ -20,11 +20,13 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
+_log = logging.getLogger("torch_neuronx.observe")
 KEEP_SAMPLES = 1024
 KEEP_RECORDS = 100_000
 
@@ -109,18 +111,22 @@ def clear_records(kind: str | None = None) -> None:
 
 
 @contextlib.contextmanager
-def collecting() -> Iterator[dict[str, Any]]:
+def collecting(graph: str | None = None) -> Iterator[dict[str, Any]]:
     """A dict that receives the nanoseconds of every stage timed on this thread inside the block,
-    summed per stage name (nested blocks each receive them)."""
+    summed per stage name (nested blocks each receive them); ``graph`` names the stages' logs."""
     stack = getattr(_local, "stack", None)
     if stack is None:
         stack = _local.stack = []
     stages: dict[str, Any] = {}
     stack.append(stages)
+    previous = getattr(_local, "graph", None)
+    if graph is not None:
+        _local.graph = graph
     try:
         yield stages
     finally:
         stack.remove(stages)
+        _local.graph = previous
 
 
 def note(name: str, value: Any) -> None:
@@ -129,7 +135,24 @@ def note(name: str, value: Any) -> None:
         stages[name] = value
 
 
-def add_stage(name: str, duration_ns: int) -> None:
-    """A stage of ``duration_ns`` ended on this thread: add it to the blocks of :func:`collecting`."""
+#: The stages under way, per thread id (innermost last): what a progress line shows.
+running: dict[int, list[str]] = {}
+
+
+def begin_stage(name: str) -> None:
+    """A stage started on this thread."""
+    running.setdefault(threading.get_ident(), []).append(name)
+
+
+def add_stage(name: str, duration_ns: int, graph: str | None = None) -> None:
+    """A stage of ``duration_ns`` ended on this thread: add it to the blocks of :func:`collecting`,
+    and log it (``torch_neuronx.observe`` at INFO, TORCH_NEURONX_LOG_LEVEL=2; cache stages at DEBUG)."""
+    stack = running.get(threading.get_ident())
+    if stack:
+        stack.pop()
     for stages in getattr(_local, "stack", ()):
         stages[name] = stages.get(name, 0) + duration_ns
+    level = logging.DEBUG if name.startswith("cache.") else logging.INFO
+    if _log.isEnabledFor(level):
+        graph = getattr(_local, "graph", None) or graph
+        _log.log(level, "%s%s: %.3f s", f"{graph}: " if graph else "", name, duration_ns / 1e9)
