@@ -179,10 +179,18 @@ def reduce_scatter_base(pg: dist.ProcessGroup, output: torch.Tensor, input: torc
     rows = input.reshape(size, n)
     step = n if not split else max(1, _chunk_bytes() // input.element_size())
     flat_out = output.view(-1) if output.is_contiguous() else None
+    # the transport reduces in place: a copy of the input, whole, or one chunk's rows at a time
+    # in a buffer reused by every chunk (one chunk live, its pages touched once)
+    whole = step >= n
+    buffer = (rows.clone() if input.is_contiguous() else rows.contiguous()) if whole else \
+        torch.empty(size * step, dtype=input.dtype)
     for start in range(0, n, step):
         count = min(step, n - start)
-        chunk = rows[:, start:start + count].contiguous() if (step < n or not input.is_contiguous()) else \
-            rows.clone()
+        if whole:
+            chunk = buffer
+        else:
+            chunk = buffer[:size * count].view(size, count)
+            chunk.copy_(rows[:, start:start + count])
         _before(chunk, op, factor)
         _wait(pg.allreduce([chunk.view(-1)], wire))
         _after(chunk, op, size)
