@@ -138,12 +138,12 @@ def all_gather_base(pg: dist.ProcessGroup, output: torch.Tensor, input: torch.Te
         _wait(pg._allgather_base(output.view(-1), flat_in.contiguous(), c10d.AllgatherOptions()))
         return
     step = max(1, _chunk_bytes() // input.element_size())
-    buffer = torch.empty(size * min(step, n), dtype=input.dtype)
+    flat_in = flat_in.contiguous()
     for start in range(0, n, step):
         count = min(step, n - start)
-        chunk = buffer[:size * count]
-        _wait(pg._allgather_base(chunk, flat_in[start:start + count].contiguous(), c10d.AllgatherOptions()))
-        out[:, start:start + count].copy_(chunk.view(size, count))
+        # each rank's slice of the chunk lands straight in its row of the output (contiguous views)
+        rows = [out[r, start:start + count] for r in range(size)]
+        _wait(pg.allgather([rows], [flat_in[start:start + count]], c10d.AllgatherOptions()))
 
 
 def _chunk_bytes() -> int:
