@@ -200,7 +200,21 @@ def _native_batch_norm(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return out, mean, invstd
 
 
+def _foreach_copy_(args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """``_foreach_copy_(dsts, srcs)`` (FSDP2's all-gather copy-in): queued copies when every pair is on
+    one device, otherwise each pair copied as ``copy_`` does."""
+    for dst, src in zip(args[0], args[1], strict=True):
+        _copy_((dst, src), {})
+
+
+def _torch_kernel(func: Any) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
+    """``func`` through torch's own PrivateUse1 kernel, on the neuron tensors themselves: its views
+    stay views (``fsdp.all_gather_copy_in`` returns its input as a view of its output)."""
+    return lambda args, kwargs: func._op_dk(torch._C.DispatchKey.PrivateUse1, *args, **kwargs)
+
+
 _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
+    aten._foreach_copy_.default: _foreach_copy_,
     aten.native_batch_norm.default: _native_batch_norm,
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
@@ -374,6 +388,8 @@ def _classify(func: Any) -> tuple[int, Any]:
             kind = (_SPECIAL_OP, _SPECIAL[func])
         elif func.namespace == "_c10d_functional":  # collectives: the process group's business
             kind = (_SPECIAL_OP, _collective(func))
+        elif func._schema.name == "fsdp::all_gather_copy_in":  # defined when FSDP2 is imported
+            kind = (_SPECIAL_OP, _torch_kernel(func))
         elif _is_view(func) and func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
             # An op that may alias (``to``, ``reshape``): without autograd keys (inference mode)
             # it arrives whole; its decomposition decides between a view and a copy.

@@ -23,7 +23,7 @@ import torch.distributed.distributed_c10d as c10d
 from torch_neuronx import config
 from torch_neuronx.distributed import algorithms, validate
 from torch_neuronx.distributed.options import Options
-from torch_neuronx.distributed.work import CollectiveQueue, NeuronWork, Task, issue
+from torch_neuronx.distributed.work import CollectiveQueue, NeuronWork, Task, issue, never_compiled
 from torch_neuronx.runtime import streams
 from torch_neuronx.runtime.tensor import NeuronTensor
 
@@ -60,6 +60,7 @@ def _flatten(values: Any) -> list[torch.Tensor]:
     return out
 
 
+@never_compiled
 class ProcessGroupNeuron(dist.ProcessGroup):
     """TorchNeuron's ``neuron`` process group: collectives on neuron (and CPU) tensors over gloo."""
 

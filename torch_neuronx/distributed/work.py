@@ -178,11 +178,26 @@ class CollectiveQueue:
         self._pending.reset_after_fork()
 
 
+def never_compiled(cls: type) -> type:
+    """Make ``cls``'s methods run eagerly under ``torch.compile``.
+
+    c10d's C++ side (DDP's reducer, for one) calls the methods of a Python process group or work
+    from inside a compiled function's frame; Dynamo would take each call for a new frame to compile
+    and fail on the group, an opaque object to it. Disabled, they run as Python, and so does all
+    they call.
+    """
+    for name, value in list(vars(cls).items()):
+        if callable(value) and not name.startswith("__") and not isinstance(value, type):
+            setattr(cls, name, torch.compiler.disable(value))
+    return cls
+
+
 def _await(task: Task) -> None:
     """Queued on a stream that consumes a collective's outputs: hold the stream until it ended."""
     task.wait()
 
 
+@never_compiled
 class NeuronWork(dist.Work):
     """The ``dist.Work`` of a collective issued on a ``neuron`` process group.
 

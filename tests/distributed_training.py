@@ -1,0 +1,169 @@
+"""Run under torchrun by tests/test_distributed_training.py: a tiny MLP trained for a few steps with
+DDP or FSDP2 (``fully_shard``) on ``neuron``, eager or under ``torch.compile(backend="neuron")``,
+against the same MLP trained in one process on the CPU on the whole batch (each rank trains on
+its own shard of one seeded global batch). FSDP2 also shows its reshard freeing device memory
+between forward and backward. Each rank prints DONE at the end.
+
+Usage: ``distributed_training.py {ddp,ddp_device_ids,fsdp2} {eager,compiled}``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+STEPS, BATCH, SIZES = 3, 8, (16, 32, 32, 4)
+TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
+
+
+class MLP(nn.Module):
+    """16 → 32 → 32 → 4. A class of this file, not ``nn.Sequential``: Dynamo compiles the forward of
+    a module that DDP's (untraceable) forward calls as a frame of its own, and never a frame of
+    torch.nn's files."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.hidden, self.last = (nn.Linear(a, b) for a, b in zip(SIZES, SIZES[1:]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.last(torch.relu(self.hidden(torch.relu(self.first(x)))))
+
+
+def mlp() -> MLP:
+    """The MLP with the same initial values in every process."""
+    torch.manual_seed(0)
+    return MLP()
+
+
+def batches() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The global batch of each step (CPU tensors), the same in every process."""
+    generator = torch.Generator().manual_seed(1)
+    return [(torch.randn(BATCH, SIZES[0], generator=generator), torch.randn(BATCH, SIZES[-1], generator=generator))
+            for _ in range(STEPS)]
+
+
+def optimizer(params: object) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(params, lr=1e-2, weight_decay=0.01)
+
+
+def reference() -> dict[str, torch.Tensor]:
+    """The parameters after training in this process on the CPU, on the whole batch."""
+    model = mlp()
+    opt = optimizer(model.parameters())
+    for x, y in batches():
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
+def shard(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+    rows = BATCH // size
+    return t[rank * rows:(rank + 1) * rows]
+
+
+def train(model: nn.Module, rank: int, size: int, between: Callable[[], None] = lambda: None) -> None:
+    """``STEPS`` steps on this rank's shards; ``between`` runs between each forward and backward."""
+    opt = optimizer(model.parameters())
+    for x, y in batches():
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(shard(x, rank, size).to("neuron")), shard(y, rank, size).to("neuron"))
+        between()
+        loss.backward()
+        opt.step()
+
+
+def compare(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], what: str) -> None:
+    assert sorted(got) == sorted(want), (sorted(got), sorted(want))
+    for name, value in got.items():
+        torch.testing.assert_close(value.cpu(), want[name], **TOLERANCE, msg=lambda m, name=name: f"{what} {name}: {m}")
+
+
+def maybe_compiled(model: nn.Module, how: str) -> nn.Module:
+    return torch.compile(model, backend="neuron") if how == "compiled" else model
+
+
+def check_compiled(how: str) -> None:
+    """Compiled: the neuron backend compiled forward and backward graphs, none fell back to eager."""
+    if how != "compiled":
+        return
+    import torch_neuronx
+
+    rows = torch_neuronx.get_dynamo_metrics()
+    kinds = {r["graph_name"].split("_")[-2] for r in rows}
+    print("GRAPHS", [r["graph_name"] for r in rows], flush=True)
+    assert {"forward", "backward"} <= kinds, rows
+    assert torch_neuronx.observe.counter("fallback_graphs") == 0
+
+
+def ddp(rank: int, size: int, how: str, device_ids: bool) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    module = mlp().to("neuron")
+    wrapped = DistributedDataParallel(module, device_ids=[torch.neuron.current_device()] if device_ids else None)
+    train(maybe_compiled(wrapped, how), rank, size)
+    check_compiled(how)
+    compare(module.state_dict(), reference(), f"ddp {how}")
+
+
+def allocated() -> int:
+    """The device's allocated bytes once queued work let go of the blocks it held."""
+    torch.neuron.synchronize()
+    return torch.neuron.memory_allocated()
+
+
+def watch_reshard(layer: nn.Module, freed: list[int]) -> None:
+    """Append to ``freed`` the bytes FSDP2's post-forward hook of ``layer`` gives back (its reshard):
+    our hooks run just before and just after it."""
+    before: list[int] = []
+    layer.register_forward_hook(lambda *_: before.append(allocated()), prepend=True)
+    layer.register_forward_hook(lambda *_: freed.append(before.pop() - allocated()))
+
+
+def fsdp2(rank: int, size: int, how: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = mlp().to("neuron")
+    mesh = init_device_mesh("neuron", (size,))
+    linears = [model.first, model.hidden, model.last]
+    for layer in linears:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    drops: list[list[int]] = [[] for _ in linears]  # bytes freed by each Linear's reshard after its forward
+    for i, layer in enumerate(linears):
+        watch_reshard(layer, drops[i])
+
+    def after_forward() -> None:
+        for layer in linears:
+            for p in layer._get_fsdp_state()._fsdp_param_group.fsdp_params:
+                assert p._unsharded_param.untyped_storage().size() == 0, f"{p._param_fqn} not resharded"
+
+    train(maybe_compiled(model, how), rank, size, after_forward)
+    check_compiled(how)
+    for layer, freed in zip(linears, drops):
+        unsharded = sum(p.numel() * p.element_size() for p in layer.parameters())  # the DTensors' global sizes
+        assert len(freed) == STEPS and all(f >= unsharded for f in freed), (layer, freed, unsharded)
+    full = {k: v.full_tensor() for k, v in model.state_dict().items()}
+    compare(full, reference(), f"fsdp2 {how}")
+    print(f"MEMORY rank {rank}: bytes freed by each Linear's reshard after forward {drops}", flush=True)
+
+
+def main() -> None:
+    mode, how = sys.argv[1], sys.argv[2]
+    dist.init_process_group("neuron")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if mode == "fsdp2":
+        fsdp2(rank, size, how)
+    else:
+        ddp(rank, size, how, device_ids=mode == "ddp_device_ids")
+    dist.destroy_process_group()
+    print(f"DONE rank {rank}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,21 @@
+"""DDP and FSDP2 (``fully_shard``) training on the ``neuron`` backend under torchrun: a few AdamW
+steps of a tiny MLP, eager and under ``torch.compile(backend="neuron")``, end with the parameters
+of the same MLP trained in one process on the CPU; FSDP2's reshard frees device memory after each
+layer's forward (``tests/distributed_training.py`` does the checks on every rank)."""
+
+from __future__ import annotations
+
+import pytest
+from test_distributed import _done, torchrun
+
+
+@pytest.mark.parametrize("mode, how, nproc", [
+    ("ddp", "eager", 2),
+    ("ddp_device_ids", "compiled", 2),  # DDP(device_ids=[current device]): inputs copied on a side stream
+    ("fsdp2", "eager", 2),
+    ("fsdp2", "compiled", 2),
+    ("ddp_device_ids", "eager", 4),
+    ("fsdp2", "eager", 4),
+])
+def test_training_matches_one_process_on_the_cpu(mode, how, nproc):
+    _done(torchrun("distributed_training.py", mode, how, nproc=nproc, timeout=300), nproc)
