@@ -68,6 +68,8 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         super().__init__(rank, size)
         self.options = Options.from_environment()
         self._transport = dist.ProcessGroupGloo(store, rank, size, timeout)
+        # the agreement checks travel on connections of their own, so they can run ahead of the data
+        self._checks = dist.ProcessGroupGloo(dist.PrefixStore("agreement", store), rank, size, timeout)
         self._timeout_s = timeout.total_seconds()
         self._name = ""
         self._desc = ""
@@ -108,8 +110,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         """Queue ``fn`` (the algorithm on host views) in this group's order, after the neuron work
         producing ``tensors`` and before the work that consumes them; with ``agree``, the ranks
         first check that they called the same collective on matching sizes."""
-        if agree is not None and self.size() > 1:
-            fn = self._checked(kind, agree, fn)
+        check = self._check(kind, agree) if agree is not None and self.size() > 1 else None
         neuron = [t for t in tensors if isinstance(t, NeuronTensor)]
         ready: list[streams.Event] = []
         consumers: list[streams.Stream] = []
@@ -121,23 +122,25 @@ class ProcessGroupNeuron(dist.ProcessGroup):
                 [current, streams.default_stream(index)]))
             ready = [self._ready(s) for s in consumers]
         nbytes = sum(t.nbytes for t in tensors)
-        task = Task(kind, fn, ready, outputs, nbytes, self._name or "default", self._timeout_s)
+        task = Task(kind, fn, ready, outputs, nbytes, self._name or "default", self._timeout_s, check)
         work = issue(self._queue, task, neuron, consumers, blocking=bool(config.get("NEURON_LAUNCH_BLOCKING")))
         self._after_issue(ready, consumers)
         return work
 
-    def _checked(self, kind: str, agree: Agreement, fn: Callable[[], Any]) -> Callable[[], Any]:
+    def _check(self, kind: str, agree: Agreement) -> Callable[[], None]:
+        """The agreement check of one collective: every rank's signature row exchanged on the
+        group's second transport, ahead of the data (:class:`~.work.CollectiveQueue` runs the
+        checks of queued collectives while earlier ones move their data)."""
         row = validate.signature(kind, agree.dtype, agree.agreed, agree.mine, self.size(), agree.sends,
                                  agree.receives)
 
-        def run() -> Any:
+        def check() -> None:
             rows = torch.empty(self.size(), row.numel(), dtype=torch.int64)
-            self._transport._allgather_base(rows.view(-1), row, c10d.AllgatherOptions()).wait()
+            self._checks._allgather_base(rows.view(-1), row, c10d.AllgatherOptions()).wait()
             problem = validate.disagreement(kind, rows, agree.expected)
             if problem is not None:
                 raise validate.CollectiveArgumentError(f"{kind}: {problem}")
-            return fn()
-        return run
+        return check
 
     def _ready(self, stream: streams.Stream) -> streams.Event:
         """The point of ``stream`` a new collective waits for: its current end, except the waits for

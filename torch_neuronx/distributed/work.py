@@ -38,18 +38,40 @@ class CollectiveError(RuntimeError):
 class Task:
     """One collective: what it waits for, what it runs, and how it ended."""
 
-    __slots__ = ("kind", "fn", "ready", "outputs", "nbytes", "future", "done", "error", "group", "timeout_s")
+    __slots__ = ("kind", "fn", "ready", "outputs", "nbytes", "future", "done", "error", "group", "timeout_s",
+                 "check", "checked", "check_error")
 
     def __init__(self, kind: str, fn: Callable[[], Any], ready: Sequence[streams.Event], outputs: list[Any],
-                 nbytes: int, group: str, timeout_s: float) -> None:
+                 nbytes: int, group: str, timeout_s: float, check: Callable[[], None] | None = None) -> None:
         self.kind, self.fn, self.ready, self.outputs, self.nbytes = kind, fn, list(ready), outputs, nbytes
         self.group, self.timeout_s = group, timeout_s
+        self.check = check  # the ranks' agreement check, run ahead of the data (CollectiveQueue)
+        self.checked = threading.Event()
+        self.check_error: BaseException | None = None
         self.future: torch.futures.Future = torch.futures.Future()
         self.done = threading.Event()
         self.error: BaseException | None = None
 
     def describe(self) -> str:
         return f"{self.kind} on process group {self.group!r}"
+
+    def run_check(self) -> None:
+        """Run the agreement check (never raises: its error is kept for :meth:`run`)."""
+        try:
+            if self.check is not None:
+                self.check()
+        except BaseException as exc:
+            self.check_error = exc
+        finally:
+            self.check = None
+            self.checked.set()
+
+    def await_check(self) -> BaseException | None:
+        """Wait for the agreement check; its error (or a timeout's), None when the ranks agree."""
+        if not self.checked.wait(self.timeout_s):
+            return CollectiveError(f"{self.describe()}: the ranks' agreement check did not complete within "
+                                   f"{self.timeout_s:g} s (a peer that never arrived)")
+        return self.check_error
 
     def run(self) -> dist.Work | None:
         """Wait for the inputs' producers and run the collective (never raises).
@@ -58,6 +80,10 @@ class Task:
         hold the group's queue while the peer's matching operation waits behind it, returns the
         transport's ``Work``, which is returned: the task ends with :meth:`complete` once it did.
         """
+        problem = self.await_check()
+        if problem is not None:
+            self._finish(problem)
+            return None
         try:
             for event in self.ready:
                 try:
@@ -153,6 +179,7 @@ class CollectiveQueue:
     def __init__(self, name: str) -> None:
         self._name = name
         self._run = _Fifo(f"neuron collectives {name}", self._start)
+        self._checks = _Fifo(f"neuron agreement checks {name}", Task.run_check)
         self._pending = _Fifo(f"neuron point-to-point {name}", lambda item: item[0].complete(item[1]))
 
     @property
@@ -163,8 +190,13 @@ class CollectiveQueue:
     def name(self, value: str) -> None:
         self._name = value
         self._run.name, self._pending.name = f"neuron collectives {value}", f"neuron point-to-point {value}"
+        self._checks.name = f"neuron agreement checks {value}"
 
     def submit(self, task: Task) -> None:
+        if task.check is None:
+            task.checked.set()
+        else:
+            self._checks.put(task)
         self._run.put(task)
 
     def _start(self, task: Task) -> None:
@@ -176,6 +208,7 @@ class CollectiveQueue:
         """In a forked child: no worker came along, and the parent's collectives are not the child's."""
         self._run.reset_after_fork()
         self._pending.reset_after_fork()
+        self._checks.reset_after_fork()
 
 
 def never_compiled(cls: type) -> type:
@@ -249,6 +282,7 @@ def issue(queue: CollectiveQueue, task: Task, neuron: Sequence[Any], consumers: 
     (NEURON_LAUNCH_BLOCKING=1): run it now in this thread, errors raised here.
     """
     if blocking:
+        task.run_check()
         pending = task.run()
         if pending is not None:
             task.complete(pending)
