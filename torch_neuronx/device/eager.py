@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from torch_neuronx import config, observe
 from torch_neuronx.compiler.options import compile_only_enabled
-from torch_neuronx.device import choice, kernels, mutations, queued, random, scalars
+from torch_neuronx.device import choice, distributed_ops, kernels, mutations, queued, random, scalars
 from torch_neuronx.device.queued import on_host
 from torch_neuronx.process import checked_device_index
 from torch_neuronx.runtime.device import current_index as current_device
@@ -163,25 +163,6 @@ def _local_scalar_dense(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         return _cpu(args[0]).item()
 
 
-def _collective(func: Any) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
-    """A functional collective on neuron tensors (``_c10d_functional.all_reduce``, ...): its CPU
-    kernel on the host views of their memory, which calls the group's process group; its result,
-    waited for, placed on the device. ``wait_tensor`` of a neuron tensor has nothing left to wait
-    for: the collective that made it already ended."""
-    if func.__name__.startswith("wait_tensor"):
-        return lambda args, kwargs: args[0]
-
-    def run(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        def on_cpu() -> Any:
-            out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
-            for t in pytree.tree_leaves(out):
-                if isinstance(t, torch.Tensor):
-                    torch.ops._c10d_functional.wait_tensor(t)
-            return pytree.tree_map(_on_device(_first_neuron((args, kwargs))._index), out)
-        return _synchronized(args, kwargs, on_cpu)
-    return run
-
-
 def _native_batch_norm(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """``native_batch_norm``, whose schema does not say it writes the running statistics in
     training (ATen's kernels do): traced as a functional op, their update would be lost. In
@@ -205,12 +186,6 @@ def _foreach_copy_(args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     one device, otherwise each pair copied as ``copy_`` does."""
     for dst, src in zip(args[0], args[1], strict=True):
         _copy_((dst, src), {})
-
-
-def _torch_kernel(func: Any) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
-    """``func`` through torch's own PrivateUse1 kernel, on the neuron tensors themselves: its views
-    stay views (``fsdp.all_gather_copy_in`` returns its input as a view of its output)."""
-    return lambda args, kwargs: func._op_dk(torch._C.DispatchKey.PrivateUse1, *args, **kwargs)
 
 
 _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
@@ -386,10 +361,8 @@ def _classify(func: Any) -> tuple[int, Any]:
     if kind is None:
         if func in _SPECIAL:
             kind = (_SPECIAL_OP, _SPECIAL[func])
-        elif func.namespace == "_c10d_functional":  # collectives: the process group's business
-            kind = (_SPECIAL_OP, _collective(func))
-        elif func._schema.name == "fsdp::all_gather_copy_in":  # defined when FSDP2 is imported
-            kind = (_SPECIAL_OP, _torch_kernel(func))
+        elif (distributed := distributed_ops.handler(func)) is not None:  # collectives, FSDP2's kernels
+            kind = (_SPECIAL_OP, distributed)
         elif _is_view(func) and func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
             # An op that may alias (``to``, ``reshape``): without autograd keys (inference mode)
             # it arrives whole; its decomposition decides between a view and a copy.
