@@ -142,7 +142,7 @@ def collective_metrics(rank: int) -> None:
 
 def main() -> None:
     import faulthandler
-    faulthandler.dump_traceback_later(90, exit=True)
+    faulthandler.dump_traceback_later(200, exit=True)
     case = sys.argv[1]
     dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=float(os.environ.get("PG_TIMEOUT", "10"))))
     rank = dist.get_rank()

@@ -186,7 +186,7 @@ def groups(rank: int, size: int, dev: str) -> None:
 
 def main() -> None:
     import faulthandler
-    faulthandler.dump_traceback_later(float(os.environ.get("HANG_DUMP_S", "100")), exit=True)
+    faulthandler.dump_traceback_later(float(os.environ.get("HANG_DUMP_S", "240")), exit=True)
     backend = sys.argv[1] if len(sys.argv) > 1 else "neuron"
     dist.init_process_group(None if backend == "none" else backend)
     rank, size = dist.get_rank(), dist.get_world_size()

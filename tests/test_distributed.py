@@ -15,7 +15,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 240, **env: str) -> subprocess.CompletedProcess:
+def torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 300, **env: str) -> subprocess.CompletedProcess:
     """``script`` (under tests/) on ``nproc`` local ranks; its output, whatever the exit status."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
@@ -84,7 +84,7 @@ def _outcomes(proc: subprocess.CompletedProcess) -> dict[int, str]:
     ("peer_never_arrives", {0: "did not complete within 5 s"}),
 ])
 def test_failures_are_errors_on_every_rank_never_hangs_or_aborts(case, expect):
-    proc = torchrun("distributed_cases.py", case, PG_TIMEOUT="5", timeout=150)
+    proc = torchrun("distributed_cases.py", case, PG_TIMEOUT="5", timeout=240)
     outcomes = _outcomes(proc)
     for rank, text in expect.items():
         assert rank in outcomes and outcomes[rank].startswith("RAISED") and text in outcomes[rank], \
@@ -101,7 +101,7 @@ def test_failures_are_errors_on_every_rank_never_hangs_or_aborts(case, expect):
 def test_split_collectives_and_buckets_follow_the_documented_rules(env, calls):
     """Unset: split on the default stream only; set: only ``1`` enables. Buckets of at most
     COLLECTIVE_BUCKETSIZE_IN_MB; many small tensors in one bucket. Results identical every way."""
-    proc = torchrun("distributed_cases.py", "split_and_buckets", timeout=150, **env)
+    proc = torchrun("distributed_cases.py", "split_and_buckets", timeout=240, **env)
     assert proc.stdout.count(f"CALLS {calls}") == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
 
 
@@ -110,7 +110,7 @@ def test_host_collectives_overlap_compute_only_when_enabled(host_cc, overlaps):
     """A collective issued on a side stream waits for a late peer. With TORCH_NEURONX_ENABLE_HOST_CC=1
     the default stream's compute completes meanwhile; without it the collective is ordered on the
     default stream too, so that compute waits for it."""
-    proc = torchrun("distributed_cases.py", "host_cc_overlap", TORCH_NEURONX_ENABLE_HOST_CC=host_cc, timeout=150)
+    proc = torchrun("distributed_cases.py", "host_cc_overlap", TORCH_NEURONX_ENABLE_HOST_CC=host_cc, timeout=240)
     outcomes = _outcomes(proc)
     assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), proc.stdout[-2000:] + proc.stderr[-3000:]
     assert f"collective completed by then: {not overlaps}" in proc.stdout, proc.stdout[-2000:]
@@ -141,7 +141,7 @@ def test_one_rank_group_in_process_works_with_streams_off():
 
 
 def test_collectives_are_counted_in_the_metric_tables(tmp_path):
-    proc = torchrun("distributed_cases.py", "collective_metrics", timeout=150,
+    proc = torchrun("distributed_cases.py", "collective_metrics", timeout=240,
                     TORCH_NEURONX_ENABLED_METRIC_TABLES="transfers", TORCH_NEURONX_METRICS_DIR=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     import pandas as pd
