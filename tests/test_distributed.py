@@ -40,6 +40,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # four ranks on two cores: CI's slow step
 def test_every_collective_on_two_nodes_of_two_processes():
     """Four ranks as two hosts would run them: two torchrun invocations (``--nnodes=2 --node_rank``)
     meeting at one rendezvous on 127.0.0.1 (README: the same command on real hosts)."""
@@ -64,7 +65,7 @@ def test_every_collective_on_two_nodes_of_two_processes():
         "\n".join(out[-1500:] + err[-3000:] for out, err in outputs)
 
 
-@pytest.mark.parametrize("backend", ["none", "cpu:gloo,neuron:neuron"])
+@pytest.mark.parametrize("backend", ["none", pytest.param("cpu:gloo,neuron:neuron", marks=pytest.mark.slow)])
 def test_backend_strings_and_the_padding_all_to_all(backend):
     """``init_process_group()`` with no backend, and the mixed string; all_to_all_v's padding path."""
     _done(torchrun("distributed_collectives.py", backend, NEURON_USE_NKI_ALLTOALLV="0"), 2)
@@ -95,8 +96,9 @@ def test_failures_are_errors_on_every_rank_never_hangs_or_aborts(case, expect):
     ({}, "big_all_reduce=1 coalesced_100=1 gather_default=4 gather_side=1 scatter_default=4 scatter_side=1"),
     ({"NEURON_USE_SPLIT_ALLGATHER": "0", "NEURON_USE_SPLIT_REDUCE_SCATTER": "1", "COLLECTIVE_BUCKETSIZE_IN_MB": "1"},
      "big_all_reduce=3 coalesced_100=1 gather_default=1 gather_side=1 scatter_default=4 scatter_side=4"),
-    ({"NEURON_USE_SPLIT_ALLGATHER": "yes", "NEURON_USE_SPLIT_REDUCE_SCATTER": "true"},  # only "1" enables
-     "big_all_reduce=1 coalesced_100=1 gather_default=1 gather_side=1 scatter_default=1 scatter_side=1"),
+    pytest.param({"NEURON_USE_SPLIT_ALLGATHER": "yes", "NEURON_USE_SPLIT_REDUCE_SCATTER": "true"},  # only "1"
+                 "big_all_reduce=1 coalesced_100=1 gather_default=1 gather_side=1 scatter_default=1 scatter_side=1",
+                 marks=pytest.mark.slow),
 ])
 def test_split_collectives_and_buckets_follow_the_documented_rules(env, calls):
     """Unset: split on the default stream only; set: only ``1`` enables. Buckets of at most

@@ -14,8 +14,8 @@ from test_distributed import _done, torchrun
     ("ddp_device_ids", "compiled", 2),  # DDP(device_ids=[current device]): inputs copied on a side stream
     ("fsdp2", "eager", 2),
     ("fsdp2", "compiled", 2),
-    ("ddp_device_ids", "eager", 4),
-    ("fsdp2", "eager", 4),
+    pytest.param("ddp_device_ids", "eager", 4, marks=pytest.mark.slow),  # 4 ranks on 2 cores: CI's slow step
+    pytest.param("fsdp2", "eager", 4, marks=pytest.mark.slow),
 ])
 def test_training_matches_one_process_on_the_cpu(mode, how, nproc):
     _done(torchrun("distributed_training.py", mode, how, nproc=nproc, timeout=300), nproc)
