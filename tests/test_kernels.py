@@ -221,7 +221,11 @@ def test_second_process_hits_and_a_changed_declared_argument_misses(primed_copy)
 def test_hit_neither_traces_nor_lowers(primed_copy):
     src, cache = primed_copy
     counters, _ = _run(src, cache, [2.0])
-    assert counters == {"kernel_trace_cache_hits": 1, "torch_mlir": False}
+    # (the NEFF cache's own counts, kept per cache kind, are the NEFF's business, not the trace's)
+    assert {k: v for k, v in counters.items() if "_cache." not in k} == {"kernel_trace_cache_hits": 1,
+                                                                        "torch_mlir": False}
+    assert not any(k.startswith(("hlo_cache.", "trace_cache.")) and k.endswith(("misses", "compiles"))
+                   for k, v in counters.items() if v)
 
 
 def test_edited_kernel_source_misses(primed_copy):
