@@ -42,6 +42,8 @@ import sys
 import time
 import warnings
 
+from common import isa  # bench/common.py (the scripts run from bench/ or by path)
+
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 #: size in MB: (rounds, calls per round)
 PLAN = {1: (11, 10), 4: (9, 5), 16: (9, 2), 64: (9, 1), 256: (5, 1)}
@@ -49,14 +51,6 @@ QUICK = {1: (7, 10), 16: (5, 2), 64: (5, 1)}
 RANKS = (2, 4)
 MEMORY_MB, MEMORY_RANKS = 256, 2
 _RESULT = "RESULT "
-
-
-def _isa() -> str:
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return "unknown"
-    return "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else "pre-AVX2"
 
 
 def _bus_factor(op: str, n: int) -> float:
@@ -242,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     memory = {setting: _torchrun(MEMORY_RANKS, ["--worker", "memory"], {
         "NEURON_USE_SPLIT_ALLGATHER": setting, "NEURON_USE_SPLIT_REDUCE_SCATTER": setting,
         "MALLOC_MMAP_THRESHOLD_": str(128 << 10)}) for setting in ("0", "1")}
-    print(f"CPU: {_isa()}, {os.cpu_count()} cores, torch threads per rank: 1, gloo over loopback (torchrun "
+    print(f"CPU: {isa()}, {os.cpu_count()} cores, torch threads per rank: 1, gloo over loopback (torchrun "
           f"--standalone); bench/collectives.py{' --quick' if args.quick else ''}, "
           f"{time.perf_counter() - started:.0f} s\n")
     _timing_table(rows)

@@ -21,16 +21,9 @@ import statistics
 import time
 
 import torch
+from common import isa  # bench/common.py (the scripts run from bench/ or by path)
 
 THREADS = min(2, os.cpu_count() or 1)
-
-
-def _isa() -> str:
-    try:
-        flags = open("/proc/cpuinfo").read()
-    except OSError:
-        return "unknown"
-    return "AVX-512" if " avx512f" in flags else "AVX2" if " avx2" in flags else "pre-AVX2"
 
 
 def _per_call_us(fn, n: int) -> float:
@@ -131,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(THREADS)
     result = measure(3 if args.quick else 9)
-    print(f"CPU: {_isa()}, torch threads: {THREADS}\n")
+    print(f"CPU: {isa()}, torch threads: {THREADS}\n")
     print("| workload, µs per call | off | metrics on | on / off | profiler | profiler / off |\n"
           "| --- | --- | --- | --- | --- | --- |")
     for workload, by in result.items():

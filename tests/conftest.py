@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
+import threading
 
 import pytest
 import torch
@@ -50,3 +51,23 @@ def retries(caplog):
         yield lambda: [r.getMessage() for r in caplog.records if "compiling again" in r.getMessage()]
     finally:
         logger.removeHandler(caplog.handler)
+
+
+GATE_WAIT_S = 60.0  # the longest a closed gate holds a stream (a test that forgets it cannot hang)
+
+
+class _Gate(threading.Event):
+    def close(self, stream=None) -> None:
+        """Hold ``stream`` (the default stream) back until the gate is set."""
+        from torch_neuronx.runtime import streams
+
+        (stream or streams.default_stream()).submit(self.wait, GATE_WAIT_S)
+
+
+@pytest.fixture
+def gated():
+    """A gate that holds a stream back once closed; always opened at the end."""
+    gate = _Gate()
+    yield gate
+    gate.set()
+    torch.neuron.synchronize()

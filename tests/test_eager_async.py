@@ -19,22 +19,7 @@ from torch_neuronx.runtime import streams
 from torch_neuronx.runtime.errors import NeuronRuntimeError
 from torch_neuronx.runtime.tensor import NeuronTensor, PoisonedTensorError
 
-WAIT = 60.0
-
-
-class _Gate(threading.Event):
-    def close(self, stream: streams.Stream | None = None) -> None:
-        """Hold ``stream`` (the default stream) back until the gate is set."""
-        (stream or streams.default_stream()).submit(self.wait, WAIT)
-
-
-@pytest.fixture
-def gated():
-    """A gate that holds a stream back once closed; always opened at the end."""
-    gate = _Gate()
-    yield gate
-    gate.set()
-    torch.neuron.synchronize()
+WAIT = 60.0  # the longest a test waits for queued work
 
 
 def _warm(*ops):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import threading
 import warnings
 
 import pytest
@@ -14,23 +13,6 @@ from torch.distributed.fsdp._fully_shard._fsdp_param import alloc_storage, free_
 
 import torch_neuronx  # noqa: F401
 from torch_neuronx.memory import device_allocator
-from torch_neuronx.runtime import streams
-
-WAIT = 60.0
-
-
-class _Gate(threading.Event):
-    def close(self, stream: streams.Stream | None = None) -> None:
-        """Hold ``stream`` (the default stream) back until the gate is set."""
-        (stream or streams.default_stream()).submit(self.wait, WAIT)
-
-
-@pytest.fixture
-def gated():
-    gate = _Gate()
-    yield gate
-    gate.set()
-    torch.neuron.synchronize()
 
 
 @pytest.fixture(autouse=True)
