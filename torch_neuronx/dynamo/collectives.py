@@ -26,18 +26,7 @@ from torch_neuronx.pipeline.graph import build_graph
 from torch_neuronx.runtime import streams
 from torch_neuronx.runtime.tensor import NeuronTensor
 
-
-def _is_collective(node: torch.fx.Node) -> bool:
-    if node.op != "call_function":
-        return False
-    namespace = getattr(node.target, "namespace", None)
-    return namespace in stats.COLLECTIVE_NAMESPACES or \
-        (getattr(node.target, "__module__", "") or "").startswith("torch.distributed")
-
-
-def present(gm: torch.fx.GraphModule) -> bool:
-    """Whether ``gm`` calls a collective."""
-    return any(_is_collective(n) for n in gm.graph.nodes)
+present = stats.has_collectives  # whether a graph calls a collective
 
 
 def _partitions(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
@@ -47,7 +36,7 @@ def _partitions(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue
-        if _is_collective(node):
+        if stats.is_collective(node):
             current += 1
             ids[node] = current
             in_compute = False
@@ -112,7 +101,7 @@ def compile_split(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str)
     """``gm`` with its compute partitions compiled: a boxed callable (aot_autograd's convention)."""
     ids = _partitions(gm)
     split = split_module(gm, None, lambda node: ids[node], keep_original_order=True)
-    collective_ids = {ids[n] for n in gm.graph.nodes if _is_collective(n)}
+    collective_ids = {ids[n] for n in gm.graph.nodes if stats.is_collective(n)}
     for child_name, child in list(split.named_children()):
         index = int(child_name.rsplit("_", 1)[-1])
         if index in collective_ids or not _computes(child):

@@ -26,18 +26,17 @@ _nth: Counter[tuple[str, str, str]] = Counter()  # graphs per (model, aot id, gr
 COLLECTIVE_NAMESPACES = ("_c10d_functional", "c10d", "_dtensor")
 
 
+def is_collective(node: torch.fx.Node) -> bool:
+    """Whether ``node`` calls a collective (functional or c10d ops, torch.distributed functions)."""
+    if node.op != "call_function":
+        return False
+    return getattr(node.target, "namespace", None) in COLLECTIVE_NAMESPACES or \
+        (getattr(node.target, "__module__", "") or "").startswith("torch.distributed")
+
+
 def has_collectives(gm: torch.fx.GraphModule) -> bool:
-    """Whether the graph calls a collective (functional or c10d ops)."""
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        namespace = getattr(node.target, "namespace", None)
-        if namespace in COLLECTIVE_NAMESPACES:
-            return True
-        module = getattr(node.target, "__module__", "") or ""
-        if module.startswith("torch.distributed"):
-            return True
-    return False
+    """Whether the graph calls a collective."""
+    return any(is_collective(n) for n in gm.graph.nodes)
 
 
 def _aot_id() -> str:
