@@ -67,7 +67,7 @@ def _is_symbolic(example_inputs: Sequence[Any]) -> bool:
 
 def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                  options: ResolvedOptions, model: str, plan_key: str | None = None) -> Callable:
-    plain: list[CompiledGraph] = []
+    plain: list[tuple[CompiledGraph, plans.Plan]] = []
     on_device = any(isinstance(a, NeuronTensor) for a in example_inputs)
 
     def keep_plan(plan: plans.Plan, compiled: CompiledGraph) -> None:
@@ -75,7 +75,7 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
             if plan_key:
                 plans.save(plan_key, plan)
             precompile.record(gm, plan, options.options)
-        plain.append(compiled)
+        plain.append((compiled, plan))
 
     def compiler(kind: str) -> Callable:
         extra = {"on_plan": keep_plan, "dynamo_inputs": list(example_inputs)} if kind == "inference" else {}
@@ -108,7 +108,10 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     # call for small graphs.
     if not plain:
         return wrapped
-    return _on_device(plain[0].call_unboxed, _device_outputs(gm)) if on_device else plain[0].call_unboxed
+    compiled, plan = plain[0]
+    if on_device:
+        return _on_device(compiled.call_unboxed, _device_outputs(gm))
+    return precompile.NeuronCompiledFn(compiled.call_unboxed, plan, options.options)
 
 
 def _on_device(fn: Callable, outputs: list[int]) -> Callable:
@@ -239,5 +242,6 @@ def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
         _log.info("warm start of %s from plan %s", model, plan_key)
         precompile.record(gm, plan, opts)
         with resolved.applied(), stats.compiling(gm, model, "inference"):
-            return from_plan(plan, resolved, gm, name=f"{model}_inference").call_unboxed
+            compiled = from_plan(plan, resolved, gm, name=f"{model}_inference")
+        return precompile.NeuronCompiledFn(compiled.call_unboxed, plan, opts)
     return _aot_compile(gm, example_inputs, resolved, model, plan_key)

@@ -1,4 +1,9 @@
-"""TORCH_CACHING_PRECOMPILE: our backend's result in PyTorch's Dynamo precompile cache.
+"""Our backend's result, serializable: PyTorch's precompile cache and ``aot_compile``.
+
+The backend returns a :class:`NeuronCompiledFn` for every graph that runs from a plan
+(plain inference graphs on host tensors): a :class:`SerializableCallable`, so
+``torch.compile(m, backend="neuron", fullgraph=True).forward.aot_compile(...)`` can save
+it; its serialized form is the plan and the compile options (:func:`payload`).
 
 With TORCH_CACHING_PRECOMPILE=1 PyTorch saves whole Dynamo frames (bytecode,
 guards and each graph's backend result) under ``{TORCHINDUCTOR_CACHE_DIR}/dynamo``
@@ -17,9 +22,11 @@ import dataclasses
 import json
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch._dynamo.aot_compile_types import SerializableCallable
 from torch._dynamo.precompile_context import BackendCacheArtifact, PrecompileContext
 
 from torch_neuronx import observe, process
@@ -40,13 +47,59 @@ class NeuronPrecompileArtifact(BackendCacheArtifact[Any]):
     """A plan (JSON) and the compile options it was built with, restored as a callable graph."""
 
     def after_deserialization(self) -> Any:
-        from torch_neuronx.dynamo.graph import from_plan_unboxed
-
-        payload = json.loads(self.content)
-        options = CompileOptions.from_any(payload["options"]).resolve()
-        plan = plans.Plan(**payload["plan"])
         observe.count("precompile_restores")
-        return from_plan_unboxed(plan, options)
+        return restore(self.content)
+
+
+def option_fields(options: CompileOptions) -> dict[str, Any]:
+    """The fields of ``options`` that are set (JSON); :meth:`CompileOptions.from_any` reads them back."""
+    return {k: v for k, v in dataclasses.asdict(options).items() if v not in (None, ())}
+
+
+def payload(plan: plans.Plan, options: CompileOptions) -> str:
+    """The serialized form of a compiled graph: its plan and the options it was built with (JSON)."""
+    return json.dumps({"plan": dataclasses.asdict(plan), "options": option_fields(options)})
+
+
+def read_payload(content: str | bytes) -> tuple[plans.Plan, CompileOptions]:
+    """The plan and options of a :func:`payload`."""
+    fields = json.loads(content)
+    return plans.Plan(**fields["plan"]), CompileOptions.from_any(fields["options"])
+
+
+def restore(content: str | bytes) -> NeuronCompiledFn:
+    """The compiled graph of a :func:`payload`: its NEFF from the NEFF cache (compiled from the
+    plan's StableHLO on a miss), loaded: no tracing, no lowering."""
+    from torch_neuronx.dynamo.graph import from_plan_unboxed
+
+    plan, options = read_payload(content)
+    return NeuronCompiledFn(from_plan_unboxed(plan, options.resolve()), plan, options)
+
+
+class NeuronCompiledFn(SerializableCallable):
+    """The backend's result for a graph that runs from a plan: Dynamo's calling convention
+    over the compiled graph, serializable as its plan (``torch._dynamo.aot_compile``)."""
+
+    __slots__ = ("fn", "plan", "options")
+
+    def __init__(self, fn: Callable[..., Any], plan: plans.Plan, options: CompileOptions) -> None:
+        self.fn, self.plan, self.options = fn, plan, options
+
+    @property
+    def compiled_graph(self) -> Any:
+        """The :class:`~torch_neuronx.pipeline.graph.CompiledGraph` that runs the graph."""
+        return getattr(self.fn, "__self__", None)
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: NeuronCompiledFn) -> bytes:
+        return payload(fn.plan, fn.options).encode()
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> NeuronCompiledFn:
+        return restore(data)
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
 
 
 def _per_rank_store() -> None:
@@ -72,8 +125,7 @@ def record(gm: torch.fx.GraphModule, plan: plans.Plan, options: CompileOptions) 
     backend_id = getattr(gm, "_backend_id", None)
     if not enabled() or backend_id is None:
         return
-    options_fields = {k: v for k, v in dataclasses.asdict(options).items() if v not in (None, ())}
-    content = json.dumps({"plan": dataclasses.asdict(plan), "options": options_fields})
+    content = payload(plan, options)
     PrecompileContext.record_artifact(NeuronPrecompileArtifact(key=backend_id, content=content))
     if not _save_registered:
         _per_rank_store()

@@ -1,0 +1,261 @@
+"""Ahead-of-time compilation: a model compiled once into a guard-free callable, saved and loaded.
+
+:func:`aot_compile` traces ``model`` with Dynamo once (``fullgraph=True``, static shapes,
+no grad) through PyTorch's ``aot_compile`` path, whose result runs Dynamo's transformed
+bytecode without the frame hook and, here, without Dynamo's guards. :class:`AOTCompiled`
+replaces those guards with its own checks of what the graph was compiled for: the number of
+arguments, each tensor's shape, dtype and device, each Python scalar's value; a mismatch is an
+:class:`AOTInputError` naming the argument, never a wrong result.
+
+:meth:`AOTCompiled.save` writes a package (:mod:`torch_neuronx.dynamo.package`): PyTorch's
+serialized function, whose backend state is the graph's plan, and the NEFFs it runs.
+:func:`aot_load` restores it in a serving process without tracing, lowering or compiling:
+the NEFFs go from the package straight to the runtime.
+
+What is not checked per call: grad mode (outputs never require grad: inference only), the
+module's parameters (read from the module at each call, as ``torch.compile`` reads them;
+:func:`aot_load` checks their names, shapes and dtypes once), global state Dynamo would guard.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch._dynamo.aot_compile import AOTCompiledFunction
+
+from torch_neuronx.cache import store
+from torch_neuronx.compiler.options import CompileOptions
+from torch_neuronx.dynamo import package
+from torch_neuronx.dynamo.precompile import NeuronCompiledFn, option_fields
+from torch_neuronx.format import neff as neff_format
+
+__all__ = ["AOTCompileError", "AOTCompiled", "AOTInputError", "aot_compile", "aot_load"]
+
+_log = logging.getLogger("torch_neuronx.dynamo.aot")
+_MODEL = "model"  # the external-data key of the module in PyTorch's serialized function
+
+
+class AOTCompileError(RuntimeError):
+    """A model that :func:`aot_compile` cannot compile into a serializable callable."""
+
+
+class AOTInputError(ValueError):
+    """A call of an :class:`AOTCompiled` with inputs other than those it was compiled for."""
+
+
+def _spec(value: Any, where: str) -> list[Any]:
+    """The JSON description of one example input: a tensor's shape, dtype and device, or a scalar."""
+    if isinstance(value, torch.Tensor):
+        if type(value) not in (torch.Tensor, torch.nn.Parameter):
+            raise AOTCompileError(f"aot_compile: {where} is a {type(value).__name__}; AOT-compiled "
+                                  "callables take plain host tensors")
+        return ["tensor", list(value.shape), str(value.dtype).removeprefix("torch."), str(value.device)]
+    if value is None or type(value) in (bool, int, float, str):
+        return ["value", value]
+    raise AOTCompileError(f"aot_compile: {where} is a {type(value).__name__}; AOT-compiled callables "
+                          "take tensors and Python scalars (bool, int, float, str, None)")
+
+
+def _check(spec: list[Any]) -> tuple[Any, ...]:
+    """The per-call form of a spec: (torch.Size, dtype, device) or (None, value, type)."""
+    if spec[0] == "tensor":
+        return torch.Size(spec[1]), getattr(torch, spec[2]), torch.device(spec[3])
+    return None, spec[1], type(spec[1])
+
+
+def _describe(spec: list[Any]) -> str:
+    if spec[0] == "tensor":
+        return f"a {spec[3]} tensor of shape {tuple(spec[1])} and dtype {spec[2]}"
+    return f"the {type(spec[1]).__name__} {spec[1]!r}"
+
+
+class AOTCompiled:
+    """A compiled model's guard-free callable with its own input checks; :meth:`save` packages it.
+
+    Call it as the model is called. It runs Dynamo's transformed bytecode (which reads the
+    module's parameters and calls the compiled graph) after checking the inputs against the
+    example inputs it was compiled for.
+    """
+
+    def __init__(self, function: AOTCompiledFunction, model: torch.nn.Module | None,
+                 inputs: Mapping[str, Any], name: str, source: str = "") -> None:
+        compiled_fn = function._artifacts.compiled_fn
+        if not isinstance(compiled_fn, NeuronCompiledFn):
+            raise AOTCompileError(f"aot_compile: {name}'s graph is not served by the neuron backend's "
+                                  f"plan (got {type(compiled_fn).__name__})")
+        function.disable_guard_check()
+        self.name, self.source = name, source
+        self._function, self._model, self._compiled_fn = function, model, compiled_fn
+        self._inputs = {"args": [list(s) for s in inputs["args"]],
+                        "kwargs": {k: list(s) for k, s in inputs["kwargs"].items()}}
+        self._arg_checks = tuple(_check(s) for s in self._inputs["args"])
+        self._kwarg_checks = tuple((k, _check(s)) for k, s in self._inputs["kwargs"].items())
+        self._nargs, self._kwarg_names = len(self._arg_checks), frozenset(self._inputs["kwargs"])
+        self._forward = function.fn  # Dynamo's bytecode as a plain function: no guards, no frame hook
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if len(args) != self._nargs or (kwargs.keys() != self._kwarg_names):
+            raise self._mismatch(args, kwargs)
+        for value, (shape, dtype, device) in zip(args, self._arg_checks):
+            if shape is None:
+                if type(value) is not device or value != dtype:
+                    raise self._mismatch(args, kwargs)
+            elif (not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype
+                  or value.device != device):
+                raise self._mismatch(args, kwargs)
+        for name, (shape, dtype, device) in self._kwarg_checks:
+            value = kwargs[name]
+            if shape is None:
+                if type(value) is not device or value != dtype:
+                    raise self._mismatch(args, kwargs)
+            elif (not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype
+                  or value.device != device):
+                raise self._mismatch(args, kwargs)
+        return self._forward(*args, **kwargs)
+
+    def _mismatch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AOTInputError:
+        """The error for a call whose inputs differ from the compiled ones, naming the first that does."""
+        where = f"AOT-compiled {self.name}" + (f" (from {self.source})" if self.source else "")
+        expected = self._inputs
+        if len(args) != len(expected["args"]):
+            return AOTInputError(f"{where} takes {len(expected['args'])} positional arguments, got {len(args)}")
+        if kwargs.keys() != expected["kwargs"].keys():
+            return AOTInputError(f"{where} takes keyword arguments {sorted(expected['kwargs'])}, "
+                                 f"got {sorted(kwargs)}")
+        given = [(f"args[{i}]", a, s) for i, (a, s) in enumerate(zip(args, expected["args"]))]
+        given += [(f"kwargs[{k!r}]", kwargs[k], s) for k, s in expected["kwargs"].items()]
+        for label, value, spec in given:
+            try:
+                actual = _spec(value, label)
+            except AOTCompileError:
+                actual = ["other", type(value).__name__]
+            if actual != spec:
+                got = _describe(actual) if actual[0] != "other" else f"a {actual[1]}"
+                return AOTInputError(f"{where}: {label} is {got}; it was compiled for {_describe(spec)}. "
+                                     "Compile it again for these inputs (shapes are static).")
+        return AOTInputError(f"{where}: inputs differ from those it was compiled for")
+
+    @property
+    def compiled_graph(self) -> Any:
+        """The :class:`~torch_neuronx.pipeline.graph.CompiledGraph` the callable runs."""
+        return self._compiled_fn.compiled_graph
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the package (Dynamo state, plan, NEFFs) to ``path`` atomically."""
+        graph = self.compiled_graph
+        neff = graph._neff() if callable(graph._neff) else graph._neff
+        graph._neff = neff
+        header = neff.header
+        neff_bytes = neff_format.encode(bytes(neff.payload), target=header.target,
+                                        compiler_version=header.compiler_version, key=header.key,
+                                        signature=header.signature, metadata=header.metadata)
+        external = {_MODEL: self._model} if self._model is not None else {}
+        try:
+            dynamo = AOTCompiledFunction.serialize(self._function, external).serialized_data
+        except RuntimeError as exc:
+            raise AOTCompileError(f"cannot save AOT-compiled {self.name}: {exc}") from exc
+        options = self._compiled_fn.options
+        package.write(path, {"dynamo": dynamo, f"neff/{header.key}": neff_bytes}, {
+            "name": self.name, "inputs": self._inputs, "module": self._model is not None,
+            "parameters": _parameters(self._model),
+            "options": option_fields(options),
+            "environment": package.environment(options.resolve()),
+        })
+
+
+def _parameters(model: torch.nn.Module | None) -> dict[str, list[Any]]:
+    """Name → [shape, dtype] of the module's parameters and buffers (checked once at load)."""
+    if model is None:
+        return {}
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    return {name: [list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in tensors.items()}
+
+
+def aot_compile(model: Any, example_inputs: Any, example_kwargs: Mapping[str, Any] | None = None, *,
+                options: CompileOptions | Mapping[str, Any] | None = None) -> AOTCompiled:
+    """Compile ``model`` (a module or function) for ``example_inputs`` into an :class:`AOTCompiled`.
+
+    ``example_inputs``: a tuple of positional arguments (or one tensor); ``example_kwargs``:
+    keyword arguments. Inputs are host tensors and Python scalars; the graph is compiled
+    for their exact shapes and dtypes, for inference (without grad), and must be one graph
+    (``fullgraph=True``) that runs from a plan: no input mutations, no outputs aliasing inputs.
+    ``options``: :class:`~torch_neuronx.compiler.CompileOptions` (or a dict of its fields).
+    """
+    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    kwargs = dict(example_kwargs or {})
+    inputs = {"args": [_spec(a, f"args[{i}]") for i, a in enumerate(args)],
+              "kwargs": {k: _spec(v, f"kwargs[{k!r}]") for k, v in kwargs.items()}}
+    opts = CompileOptions.from_any(options)
+    fields = option_fields(opts)
+    is_module = isinstance(model, torch.nn.Module)
+    name = type(model).__name__ if is_module else getattr(model, "__qualname__", repr(model))
+    compiled = torch.compile(model, backend="neuron", fullgraph=True, dynamic=False, options=fields or None)
+    with torch.no_grad():
+        try:
+            function = (compiled.forward if is_module else compiled).aot_compile((args, kwargs))
+        except RuntimeError as exc:
+            if "SerializableCallable" not in str(exc):
+                raise
+            raise AOTCompileError(
+                f"aot_compile: {name} does not compile to a graph that runs from a plan (training "
+                "graphs, inputs mutated in place, outputs that alias inputs, neuron tensors, or a "
+                "compile that fell back to eager); call it through torch.compile instead") from exc
+    return AOTCompiled(function, model if is_module else None, inputs, name)
+
+
+def aot_load(path: str | os.PathLike[str], model: torch.nn.Module | None = None) -> AOTCompiled:
+    """Load a package written by :meth:`AOTCompiled.save`: no tracing, lowering or compiling.
+
+    ``model``: the module it was compiled from (its parameters are read at each call), for a
+    package of a module. Raises :class:`~torch_neuronx.dynamo.package.PackageError` for a
+    file that is not a package, is truncated or corrupt, or was built for another version
+    or target, or when ``model``'s parameters differ from the compiled module's.
+    """
+    path = os.fspath(path)
+    header, sections = package.read(path)
+    options = CompileOptions.from_any(header["options"])
+    package.check_environment(path, header["environment"], package.environment(options.resolve()))
+    _check_model(path, header, model)
+    neffs = {}
+    for name, data in sections.items():
+        if name.startswith("neff/"):
+            try:
+                neffs[name[5:]] = neff_format.decode(data, path=f"{path}:{name}")
+            except neff_format.NeffFormatError as exc:
+                raise package.PackageError(f"AOT package {path}: {exc}") from exc
+    cache = store.neff_cache()
+    if not cache.enabled:
+        _log.warning("the NEFF cache is disabled (TORCH_NEURONX_NEFF_DISABLE_CACHE): the NEFFs of %s "
+                     "are compiled again instead of loaded from the package", path)
+    for key, neff in neffs.items():  # the NEFF lookup of the plan's restore finds them in memory
+        cache._memory_put(key, neff)
+    external = {_MODEL: model} if header["module"] else {}
+    try:
+        function = AOTCompiledFunction.deserialize(sections["dynamo"], external_closure_data=external)
+    except (RuntimeError, KeyError, ValueError) as exc:
+        raise package.PackageError(f"AOT package {path}: its Dynamo state does not load here: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+    loaded = AOTCompiled(function, model, header["inputs"], header["name"], source=path)
+    key = getattr(loaded.compiled_graph._neff, "header", None)
+    if key is not None and key.key not in neffs:
+        _log.warning("%s: the NEFF of %s was compiled again (key %s not in the package)", path,
+                     header["name"], key.key[:16])
+    return loaded
+
+
+def _check_model(path: str, header: Mapping[str, Any], model: torch.nn.Module | None) -> None:
+    if not header["module"]:
+        return
+    if not isinstance(model, torch.nn.Module):
+        raise package.PackageError(f"AOT package {path} holds the compiled {header['name']} module: "
+                                   "pass the module (its parameters) as aot_load(path, model)")
+    expected, actual = header["parameters"], _parameters(model)
+    differs = [f"{name}: compiled {expected.get(name)}, given {actual.get(name)}"
+               for name in sorted(expected.keys() | actual.keys()) if expected.get(name) != actual.get(name)]
+    if differs:
+        raise package.PackageError(f"AOT package {path}: the given {type(model).__name__}'s parameters "
+                                   "differ from the compiled module's:\n  " + "\n  ".join(differs[:10]))
