@@ -5,7 +5,9 @@ installation without importing this package: the backend is a
 ``torch_dynamo_backends`` entry point, and ``import torch`` loads this package
 through torch's ``torch.backends`` entry point (:func:`_autoload`; set
 TORCH_DEVICE_BACKEND_AUTOLOAD=0 to skip it). Configuration lives in :mod:`torch_neuronx.config`;
-``@torch_neuronx.kernel`` compiles a user function as its own NEFF (:mod:`torch_neuronx.kernels`).
+``@torch_neuronx.kernel`` compiles a user function as its own NEFF (:mod:`torch_neuronx.kernels`);
+``torch_neuronx.aot_compile`` / ``aot_load`` compile a model ahead of time and package it
+(:mod:`torch_neuronx.dynamo.aot`).
 Importing the package names PyTorch's PrivateUse1 device ``neuron`` and registers
 ``torch.neuron`` (memory statistics, streams; see :mod:`torch_neuronx.device`).
 """
@@ -69,6 +71,10 @@ def __getattr__(name: str) -> object:
         from torch_neuronx import kernels
 
         return getattr(kernels, name)
+    if name in ("aot_compile", "aot_load"):  # ahead-of-time compilation (torch_neuronx.dynamo.aot)
+        from torch_neuronx.dynamo import aot
+
+        return getattr(aot, name)
     raise AttributeError(f"module 'torch_neuronx' has no attribute {name!r}")
 
 _initialized = True

@@ -82,7 +82,10 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         return functools.partial(compile_graph, options=options, model=model, kind=kind, **extra)
 
     try:
-        with options.applied(), linalg.checks_as_plain_ops():
+        # torch's aot_compile forces aot_autograd's cache, which stores only inductor's output
+        # code: our graphs are serialized as plans instead (precompile.NeuronCompiledFn).
+        with options.applied(), linalg.checks_as_plain_ops(), \
+                torch._functorch.config.patch(force_autograd_cache=False):
             wrapped = aot_module_simplified(
                 functional.substitute(gm), list(example_inputs),
                 fw_compiler=compiler("forward"),

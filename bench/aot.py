@@ -1,0 +1,99 @@
+"""Benchmark of the AOT entry point and of torch 2.13's guard-reduction recipes, next to the raw IREE call.
+
+One run, the small MLP (64-128-128-10, batch 32) under ``torch.no_grad()``; competitors
+alternate in short rounds and ratios are medians of per-round ratios (bench/compile.py's
+method). Competitors:
+
+- ``raw``: the IREE Python API on the very NEFF the backend runs (bench/compile.py);
+- ``aot``: ``torch_neuronx.aot_compile`` (guard-free, our input checks);
+- ``aot_loaded``: the same, loaded from its package by ``torch_neuronx.aot_load``;
+- ``torch_aot``: PyTorch's ``torch.compile(..., fullgraph=True).forward.aot_compile`` with
+  ``disable_guard_check()``, without our checks;
+- ``compile``: plain ``torch.compile(model, backend="neuron")``;
+- ``skip_inbuilt``: with ``guard_filter_fn=torch.compiler.skip_guard_on_inbuilt_nn_modules_unsafe``;
+- ``tensor_guards``: with ``guard_filter_fn=torch.compiler.keep_tensor_guards_unsafe``;
+- ``forward``: ``torch.compile(model.forward, backend="neuron")``;
+- ``floor``: the model compiled with a backend that computes nothing (Dynamo's own cost).
+
+A second group runs ``compile`` and ``raw`` under
+``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``, which applies to every compiled
+call. Usage: ``python bench/aot.py [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+from collections.abc import Callable
+from copy import deepcopy
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import compile as common  # noqa: E402  (bench/compile.py: models, raw IREE call, interleaving)
+
+
+def _compiled(model: torch.nn.Module, x: torch.Tensor, **options: object) -> Callable:
+    fn = torch.compile(deepcopy(model), backend="neuron", options=options or None)
+    fn(x)
+    return fn
+
+
+def competitors(model: torch.nn.Module, x: torch.Tensor, package: str) -> dict[str, Callable]:
+    """Every competitor of the first group, compiled and called once."""
+    import torch_neuronx
+
+    aot = torch_neuronx.aot_compile(model, (x,))
+    aot(x)
+    graph = aot.compiled_graph
+    order = graph._executable.neff.header.signature["inputs"]
+    call = common.raw_iree_call(graph, common._match_inputs(order, [*model.parameters(), x]))
+    aot.save(package)
+    loaded = torch_neuronx.aot_load(package, model)
+    loaded(x)
+    torch_aot = torch.compile(deepcopy(model), backend="neuron", fullgraph=True).forward.aot_compile(((x,), {}))
+    torch_aot.disable_guard_check()
+    forward_model = deepcopy(model)
+    forward = torch.compile(forward_model.forward, backend="neuron")
+    forward(x)
+    floor = common.dynamo_floor(deepcopy(model), x)
+    floor(x)
+    return {
+        "raw": lambda _x: call(), "aot": aot, "aot_loaded": loaded, "torch_aot": torch_aot,
+        "compile": _compiled(model, x),
+        "skip_inbuilt": _compiled(model, x, guard_filter_fn=torch.compiler.skip_guard_on_inbuilt_nn_modules_unsafe),
+        "tensor_guards": _compiled(model, x, guard_filter_fn=torch.compiler.keep_tensor_guards_unsafe),
+        "forward": forward, "floor": floor,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="shorter timings (noisier)")
+    args = parser.parse_args()
+    seconds = 0.5 if args.quick else 2.0
+    torch.set_num_threads(common.THREADS)
+    torch.manual_seed(0)
+    model, x = common.mlp(64, 128)
+    with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
+        group = competitors(model, x, os.path.join(tmp, "mlp.tnxaot"))
+        first = common.interleaved_us(group, x, seconds * len(group))
+        stance_group = {"raw": group["raw"], "compile": group["compile"]}
+        torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+        try:
+            stance = common.interleaved_us(stance_group, x, seconds * len(stance_group))
+        finally:
+            torch.compiler.set_stance("default")
+    lines = [[label, f"{statistics.median(v):.1f}", f"{common.paired_ratio(v, first['raw']):.2f}"]
+             for label, v in first.items()]
+    lines.append(["compile + skip_guard_eval_unsafe (own rounds)", f"{statistics.median(stance['compile']):.1f}",
+                  f"{common.paired_ratio(stance['compile'], stance['raw']):.2f}"])
+    common._table("MLP 64-128-128-10, batch 32, no grad: us per call and ratio to the raw IREE call "
+                  f"(torch threads: {common.THREADS})", ["competitor", "us", "/raw"], lines)
+
+
+if __name__ == "__main__":
+    main()

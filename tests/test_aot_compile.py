@@ -1,0 +1,188 @@
+"""Ahead-of-time compilation: torch's aot_compile path with the neuron backend, torch_neuronx.aot_compile's
+input checks, and packages: loaded in a fresh process without tracing or compiling, refused with a
+clear error when truncated, corrupt, from another version or target, or given the wrong module."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn as nn
+
+import torch_neuronx
+from torch_neuronx.cache import atomic
+from torch_neuronx.dynamo import aot, package
+from torch_neuronx.dynamo.precompile import NeuronCompiledFn
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)).eval()
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    """The MLP compiled once for a (32, 64) input, its package saved, and the eager reference."""
+    model, x = _mlp(), torch.randn(32, 64)
+    fn = torch_neuronx.aot_compile(model, (x,))
+    path = tmp_path_factory.mktemp("aot") / "mlp.tnxaot"
+    fn.save(path)
+    with torch.no_grad():
+        expected = model(x)
+    return model, x, fn, path, expected
+
+
+def test_aot_compiled_mlp_matches_eager_and_refuses_other_inputs(compiled):
+    model, x, fn, _, expected = compiled
+    torch.testing.assert_close(fn(x), expected, rtol=1e-5, atol=1e-5)
+    assert not fn(x).requires_grad
+    cases = [((torch.randn(16, 64),), {}, r"args\[0\] is a cpu tensor of shape \(16, 64\).*compiled for a cpu "
+              r"tensor of shape \(32, 64\)"),
+             ((x.double(),), {}, r"args\[0\].*dtype float64.*compiled for .*dtype float32"),
+             ((x.to("neuron"),), {}, r"args\[0\] is a neuron:0 tensor.*compiled for a cpu tensor"),
+             ((x, x), {}, r"takes 1 positional arguments, got 2"),
+             ((x,), {"y": x}, r"takes keyword arguments \[\], got \['y'\]"),
+             (([1.0],), {}, r"args\[0\] is a list")]
+    for args, kwargs, message in cases:
+        with pytest.raises(aot.AOTInputError, match=f"AOT-compiled Sequential.*{message}"):
+            fn(*args, **kwargs)
+
+
+def test_scalars_and_keyword_inputs_are_checked():
+    def scaled(x: torch.Tensor, *, bias: torch.Tensor, scale: float) -> torch.Tensor:
+        return torch.tanh(x * scale + bias)
+
+    x, bias = torch.randn(4, 8), torch.randn(8)
+    fn = torch_neuronx.aot_compile(scaled, (x,), {"bias": bias, "scale": 0.5})
+    torch.testing.assert_close(fn(x, bias=bias, scale=0.5), scaled(x, bias=bias, scale=0.5))
+    with pytest.raises(aot.AOTInputError,
+                       match=r"kwargs\['scale'\] is the float 2.0; it was compiled for the float 0.5"):
+        fn(x, bias=bias, scale=2.0)  # Dynamo baked 0.5 into the graph: running it would be wrong
+    with pytest.raises(aot.AOTInputError, match=r"kwargs\['bias'\] is a cpu tensor of shape \(4,\)"):
+        fn(x, bias=torch.randn(4), scale=0.5)
+
+
+def test_torch_aot_compile_path_serializes_the_neuron_result(compiled):
+    model, x, _, _, expected = compiled
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+
+    with torch.no_grad():
+        fn = torch.compile(model, backend="neuron", fullgraph=True).forward.aot_compile(((x,), {}))
+    assert isinstance(fn._artifacts.compiled_fn, NeuronCompiledFn)
+    data = AOTCompiledFunction.serialize(fn, {"model": model}).serialized_data
+    restored = AOTCompiledFunction.deserialize(data, external_closure_data={"model": model})
+    restored.disable_guard_check()
+    torch.testing.assert_close(restored(x), expected, rtol=1e-5, atol=1e-5)
+
+
+_SERVE = """
+import sys, torch, torch.nn as nn
+import torch_neuronx
+from torch_neuronx.compiler import driver
+
+def refuse(*args, **kwargs):
+    raise AssertionError("compiled or traced while loading a package")
+
+driver.compile_neff = refuse
+torch._dynamo.convert_frame.fullgraph_capture = refuse
+torch._dynamo.convert_frame.convert_frame_assert = refuse
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)).eval()
+x, expected = torch.load(sys.argv[2])
+fn = torch_neuronx.aot_load(sys.argv[1], model)
+torch.testing.assert_close(fn(x), expected, rtol=1e-5, atol=1e-5)
+print("SERVED", torch._dynamo.utils.counters["stats"]["unique_graphs"])
+"""
+
+
+def test_package_serves_in_a_fresh_process_without_tracing_or_compiling(compiled, tmp_path):
+    _, x, _, path, expected = compiled
+    torch.save((x, expected), tmp_path / "io.pt")
+    env = {**os.environ, **{name: str(tmp_path / name.lower()) for name in (
+        "TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_HLO_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR",
+        "TORCHINDUCTOR_CACHE_DIR")}}  # empty caches: everything must come from the package
+    out = subprocess.run([sys.executable, "-c", _SERVE, str(path), str(tmp_path / "io.pt")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "SERVED 0" in out.stdout
+
+
+def _rewrite(path, target, edit) -> None:
+    """Copy the package at ``path`` to ``target`` with its header changed by ``edit``."""
+    header, sections = package.read(path)
+    del header["sections"]
+    edit(header)
+    package.write(target, sections, header)
+
+
+def test_bad_packages_are_clear_errors(compiled, tmp_path):
+    model, _, _, path, _ = compiled
+    data = path.read_bytes()
+    bad = tmp_path / "bad.tnxaot"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(package.PackageError,
+                       match=rf"{bad} is truncated: section 'dynamo' ends at byte [0-9]+, the file has [0-9]+"):
+        torch_neuronx.aot_load(bad, model)
+    bad.write_bytes(data[:20])
+    with pytest.raises(package.PackageError, match=r"truncated inside its header"):
+        torch_neuronx.aot_load(bad, model)
+    corrupt = bytearray(data)
+    corrupt[-100] ^= 0xFF  # inside the last section (the NEFF)
+    bad.write_bytes(bytes(corrupt))
+    with pytest.raises(package.PackageError, match=r"section 'neff/[0-9a-f]+' fails its checksum"):
+        torch_neuronx.aot_load(bad, model)
+    bad.write_bytes(b"PK\x03\x04" + data[4:])
+    with pytest.raises(package.PackageError, match=r"not a torch_neuronx AOT package"):
+        torch_neuronx.aot_load(bad, model)
+
+    _rewrite(path, bad, lambda h: h["environment"].update(torch_neuronx="0.0.1"))
+    with pytest.raises(package.PackageError, match=r"(?s)another version or target.*torch_neuronx: package '0.0.1'"):
+        torch_neuronx.aot_load(bad, model)
+    _rewrite(path, bad, lambda h: h["environment"]["compiler_config"].update(target="trn2"))
+    with pytest.raises(package.PackageError, match=r"(?s)another version or target.*compiler_config: package "
+                                                   r"\{[^}]*'target': 'trn2'"):
+        torch_neuronx.aot_load(bad, model)
+
+    with pytest.raises(package.PackageError, match=r"holds the compiled Sequential module: pass the module"):
+        torch_neuronx.aot_load(path)
+    other = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
+    with pytest.raises(package.PackageError, match=r"(?s)parameters differ.*0.weight: compiled \[\[128, 64\], "
+                                                   r"'float32'\], given \[\[256, 64\], 'float32'\]"):
+        torch_neuronx.aot_load(path, other)
+
+
+def test_save_is_atomic(compiled, tmp_path, monkeypatch):
+    _, x, fn, path, _ = compiled
+    target = tmp_path / "mlp.tnxaot"
+    target.write_bytes(path.read_bytes())
+    before = target.read_bytes()
+
+    def killed(temp: str, final: str) -> None:
+        raise OSError("writer killed before the rename")
+
+    monkeypatch.setattr(atomic, "before_rename_hook", killed)
+    with pytest.raises(OSError, match="killed"):
+        fn.save(target)
+    assert target.read_bytes() == before  # the previous package, whole
+    assert os.listdir(tmp_path) == ["mlp.tnxaot"]  # no temporary file left behind
+    header, _ = package.read(target)
+    assert json.loads(json.dumps(header["inputs"])) == {"args": [["tensor", [32, 64], "float32", "cpu"]],
+                                                        "kwargs": {}}
+
+
+def test_graphs_not_served_by_a_plan_are_refused():
+    def mutating(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)  # an input mutated in place needs aot_autograd's wrapper
+        return x * 2
+
+    def viewing(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).view(-1), x.t()  # an output that is a view of an input
+
+    for fn in (mutating, viewing):
+        with pytest.raises(aot.AOTCompileError,
+                           match=rf"{fn.__name__} does not compile to a graph that runs from a plan"):
+            torch_neuronx.aot_compile(fn, (torch.randn(4, 4),))
