@@ -17,7 +17,10 @@ method). Competitors:
 
 A second group runs ``compile`` and ``raw`` under
 ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)``, which applies to every compiled
-call. Usage: ``python bench/aot.py [--quick]``.
+call. Last, a serving process's cold start (fresh process, time to the first result, imports
+excluded): ``torch.compile`` with empty caches, ``torch.compile`` with warm caches (a
+warm-start plan and the NEFF cache), and ``aot_load`` of a package with empty caches.
+Usage: ``python bench/aot.py [--quick]``.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -70,6 +74,30 @@ def competitors(model: torch.nn.Module, x: torch.Tensor, package: str) -> dict[s
     }
 
 
+_START = """
+import sys, time, torch, torch.nn as nn
+import torch_neuronx
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)).eval()
+x = torch.randn(32, 64)
+with torch.no_grad():
+    t = time.perf_counter()
+    fn = torch_neuronx.aot_load(sys.argv[1], model) if sys.argv[1] else torch.compile(model, backend="neuron")
+    fn(x)
+    print(time.perf_counter() - t)
+"""
+
+
+def cold_start_s(package: str, caches: str) -> float:
+    """Seconds from compile (or load) to the first result of the small MLP in a fresh process."""
+    env = {**os.environ, **{name: os.path.join(caches, name.lower()) for name in (
+        "TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_HLO_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR",
+        "TORCHINDUCTOR_CACHE_DIR", "TORCH_NEURONX_DEBUG_DIR")}}
+    out = subprocess.run([sys.executable, "-c", _START, package], env=env, capture_output=True, text=True,
+                         check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter timings (noisier)")
@@ -93,6 +121,23 @@ def main() -> None:
                   f"{common.paired_ratio(stance['compile'], stance['raw']):.2f}"])
     common._table("MLP 64-128-128-10, batch 32, no grad: us per call and ratio to the raw IREE call "
                   f"(torch threads: {common.THREADS})", ["competitor", "us", "/raw"], lines)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "mlp.tnxaot")
+        torch_neuronx_aot(model, x, path)
+        cold = cold_start_s("", os.path.join(tmp, "compile"))
+        warm = cold_start_s("", os.path.join(tmp, "compile"))
+        loaded = cold_start_s(path, os.path.join(tmp, "empty"))
+    common._table("serving cold start of the same MLP (fresh process, imports excluded), s",
+                  ["torch.compile, empty caches", "torch.compile, warm caches", "aot_load, empty caches"],
+                  [[f"{cold:.2f}", f"{warm:.2f}", f"{loaded:.2f}"]])
+
+
+def torch_neuronx_aot(model: torch.nn.Module, x: torch.Tensor, path: str) -> None:
+    """Compile ``model`` with ``torch_neuronx.aot_compile`` and save its package at ``path``."""
+    import torch_neuronx
+
+    torch_neuronx.aot_compile(model, (x,)).save(path)
 
 
 if __name__ == "__main__":

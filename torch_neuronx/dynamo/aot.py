@@ -95,23 +95,16 @@ class AOTCompiled:
         self._function, self._model, self._compiled_fn = function, model, compiled_fn
         self._inputs = {"args": [list(s) for s in inputs["args"]],
                         "kwargs": {k: list(s) for k, s in inputs["kwargs"].items()}}
-        self._arg_checks = tuple(_check(s) for s in self._inputs["args"])
-        self._kwarg_checks = tuple((k, _check(s)) for k, s in self._inputs["kwargs"].items())
-        self._nargs, self._kwarg_names = len(self._arg_checks), frozenset(self._inputs["kwargs"])
+        specs = [*enumerate(self._inputs["args"]), *self._inputs["kwargs"].items()]
+        self._checks = tuple((key, *_check(spec)) for key, spec in specs)  # key: position or name
+        self._nargs, self._kwarg_names = len(self._inputs["args"]), frozenset(self._inputs["kwargs"])
         self._forward = function.fn  # Dynamo's bytecode as a plain function: no guards, no frame hook
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if len(args) != self._nargs or (kwargs.keys() != self._kwarg_names):
             raise self._mismatch(args, kwargs)
-        for value, (shape, dtype, device) in zip(args, self._arg_checks):
-            if shape is None:
-                if type(value) is not device or value != dtype:
-                    raise self._mismatch(args, kwargs)
-            elif (not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype
-                  or value.device != device):
-                raise self._mismatch(args, kwargs)
-        for name, (shape, dtype, device) in self._kwarg_checks:
-            value = kwargs[name]
+        for key, shape, dtype, device in self._checks:  # device: a scalar's type
+            value = args[key] if key.__class__ is int else kwargs[key]
             if shape is None:
                 if type(value) is not device or value != dtype:
                     raise self._mismatch(args, kwargs)

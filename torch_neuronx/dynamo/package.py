@@ -72,17 +72,10 @@ def read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, bytes]
             data = f.read()
     except OSError as exc:
         raise PackageError(f"cannot read {where}: {exc}") from exc
-    if len(data) < _PREFIX.size:
-        raise PackageError(f"{where} is truncated: {len(data)} bytes, shorter than its prefix")
-    magic, version, length = _PREFIX.unpack_from(data)
-    if magic != MAGIC:
-        raise PackageError(f"{where} is not a torch_neuronx AOT package (magic {magic!r}, expected {MAGIC!r})")
-    if version != FORMAT_VERSION:
-        raise PackageError(f"{where} has package format version {version}; this torch_neuronx "
-                           f"({__version__}) reads version {FORMAT_VERSION}: compile and save it again")
-    start = _PREFIX.size + length
-    if len(data) < start:
-        raise PackageError(f"{where} is truncated inside its header ({len(data)} of at least {start} bytes)")
+    problem = _prefix_problem(data)
+    if problem:
+        raise PackageError(f"{where} {problem}")
+    start = _PREFIX.size + _PREFIX.unpack_from(data)[2]
     try:
         header = json.loads(data[_PREFIX.size:start])
         table = header["sections"]
@@ -103,6 +96,19 @@ def read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, bytes]
     if len(data) != end:
         raise PackageError(f"{where} has {len(data) - end} bytes past its last section (corrupt)")
     return header, sections
+
+
+def _prefix_problem(data: bytes) -> str | None:
+    """What makes ``data`` unreadable as a package before its sections: a short or foreign
+    prefix, another format version, a truncated header; None when it reads."""
+    if len(data) < _PREFIX.size:
+        return f"is truncated: {len(data)} bytes, shorter than its prefix"
+    magic, version, length = _PREFIX.unpack_from(data)
+    return (f"is not a torch_neuronx AOT package (magic {magic!r}, expected {MAGIC!r})" if magic != MAGIC else
+            f"has package format version {version}; this torch_neuronx ({__version__}) reads version "
+            f"{FORMAT_VERSION}: compile and save it again" if version != FORMAT_VERSION else
+            f"is truncated inside its header ({len(data)} of at least {_PREFIX.size + length} bytes)"
+            if len(data) < _PREFIX.size + length else None)
 
 
 def check_environment(path: str | os.PathLike[str], saved: Mapping[str, Any], current: Mapping[str, Any]) -> None:
