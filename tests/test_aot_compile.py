@@ -40,6 +40,8 @@ def test_aot_compiled_mlp_matches_eager_and_refuses_other_inputs(compiled):
     model, x, fn, _, expected = compiled
     torch.testing.assert_close(fn(x), expected, rtol=1e-5, atol=1e-5)
     assert not fn(x).requires_grad
+    strided = x.t().contiguous().t()  # the same shape in other strides: still the right result
+    torch.testing.assert_close(fn(strided), expected, rtol=1e-5, atol=1e-5)
     cases = [((torch.randn(16, 64),), {}, r"args\[0\] is a cpu tensor of shape \(16, 64\).*compiled for a cpu "
               r"tensor of shape \(32, 64\)"),
              ((x.double(),), {}, r"args\[0\].*dtype float64.*compiled for .*dtype float32"),

@@ -99,6 +99,9 @@ class AOTCompiled:
         self._checks = tuple((key, *_check(spec)) for key, spec in specs)  # key: position or name
         self._nargs, self._kwarg_names = len(self._inputs["args"]), frozenset(self._inputs["kwargs"])
         self._forward = function.fn  # Dynamo's bytecode as a plain function: no guards, no frame hook
+        names = self._forward.__globals__  # this function's own globals: the bytecode calls the
+        if names.get(function._artifacts.backend_id) is compiled_fn:  # graph through one of them
+            names[function._artifacts.backend_id] = compiled_fn.fn  # one Python frame less per call
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if len(args) != self._nargs or (kwargs.keys() != self._kwarg_names):
