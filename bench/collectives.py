@@ -26,8 +26,10 @@ buffer leaves the resident set at once. This sees what the algorithms allocate o
 (their ``torch.empty`` chunks and copies), gloo's own buffers (gloo's row for scale), and
 nothing of the tensors allocated before the call.
 
-Usage: ``python bench/collectives.py [--quick]`` (runs torchrun itself; ``--quick``: 1, 16 and
-64 MB, fewer rounds). Each rank runs torch with one thread (OMP_NUM_THREADS=1).
+Usage: ``python bench/collectives.py [--quick] [--sizes 1,64] [--ranks 2] [--no-memory]`` (runs
+torchrun itself; ``--quick``: 1, 16 and 64 MB, fewer rounds; ``--sizes``: only these sizes of the
+plan (MB); ``--ranks``: only these rank counts; ``--no-memory``: the timing table only). Each rank
+runs torch with one thread (OMP_NUM_THREADS=1).
 """
 
 from __future__ import annotations
@@ -216,31 +218,50 @@ def _memory_table(runs: dict[str, list[dict]]) -> None:
         print(f"| {op} ({variable}) | " + " | ".join(cells) + " |")
 
 
+def _without_ranks(args: list[str]) -> list[str]:
+    """The launcher's arguments that its workers take too (not ``--ranks``, which picks the runs)."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a == "--ranks":
+            skip = True
+        elif not a.startswith("--ranks="):
+            out.append(a)
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1, 16 and 64 MB, fewer rounds")
+    parser.add_argument("--sizes", help="comma-separated sizes in MB, a subset of the plan's")
+    parser.add_argument("--ranks", help="comma-separated rank counts (default 2,4)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory runs")
     parser.add_argument("--worker", choices=("time", "memory"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    plan = QUICK if args.quick else PLAN
+    if args.sizes:
+        plan = {mb: plan.get(mb, PLAN.get(mb, (5, 1))) for mb in map(int, args.sizes.split(","))}
     if args.worker:
         warnings.simplefilter("ignore")
         if args.worker == "time":
-            _time_worker(QUICK if args.quick else PLAN)
+            _time_worker(plan)
         else:
             _memory_worker()
         return
     started = time.perf_counter()
-    quick = ["--quick"] if args.quick else []
+    passed = [a for a in (argv if argv is not None else sys.argv[1:]) if a not in ("--no-memory",)]
     rows = []
-    for n in RANKS:
-        rows.extend(_torchrun(n, ["--worker", "time", *quick], {}))
-    memory = {setting: _torchrun(MEMORY_RANKS, ["--worker", "memory"], {
+    for n in (tuple(map(int, args.ranks.split(","))) if args.ranks else RANKS):
+        rows.extend(_torchrun(n, [*_without_ranks(passed), "--worker", "time"], {}))
+    memory = {} if args.no_memory else {setting: _torchrun(MEMORY_RANKS, ["--worker", "memory"], {
         "NEURON_USE_SPLIT_ALLGATHER": setting, "NEURON_USE_SPLIT_REDUCE_SCATTER": setting,
         "MALLOC_MMAP_THRESHOLD_": str(128 << 10)}) for setting in ("0", "1")}
     print(f"CPU: {isa()}, {os.cpu_count()} cores, torch threads per rank: 1, gloo over loopback (torchrun "
-          f"--standalone); bench/collectives.py{' --quick' if args.quick else ''}, "
-          f"{time.perf_counter() - started:.0f} s\n")
+          f"--standalone); bench/collectives.py {' '.join(passed)}, {time.perf_counter() - started:.0f} s\n")
     _timing_table(rows)
-    _memory_table(memory)
+    if memory:
+        _memory_table(memory)
 
 
 if __name__ == "__main__":

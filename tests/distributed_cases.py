@@ -41,6 +41,41 @@ def mismatched_gather(rank: int) -> None:
     out.cpu()
 
 
+def mismatched_later(rank: int) -> None:
+    """Rank 0 repeats its collective (its check runs ahead of the data); rank 1 changes its size.
+    Both raise the mismatch; the group is unusable afterwards (rank 0's data went ahead)."""
+    for _ in range(3):
+        t = torch.ones(4, device="neuron")
+        dist.all_reduce(t)
+        t.cpu()
+    t = torch.ones(4 + rank, device="neuron")
+    dist.all_reduce(t)
+    try:
+        t.cpu()
+    except Exception as exc:
+        try:
+            later = torch.ones(4, device="neuron")
+            dist.all_reduce(later)
+            later.cpu()
+        except Exception as again:
+            raise RuntimeError(f"{exc} THEN {again}") from exc
+        raise
+
+
+def one_rank_changes_and_agrees(rank: int) -> None:
+    """all_to_all_single where rank 1 changes only what it keeps for itself: rank 0's row is the
+    same as before (it goes ahead), rank 1's is new (it waits); they agree, and the data moves."""
+    for keep in (1, 1, 1, 3, 3):
+        splits = [2, 2] if rank == 0 else [2, keep]
+        received = [2, 2] if rank == 0 else [2, keep]
+        x = torch.arange(sum(splits), dtype=torch.float32, device="neuron") + 100 * rank
+        out = torch.empty(sum(received), device="neuron")
+        dist.all_to_all_single(out, x, received, splits)
+        want = torch.cat([torch.arange(2, dtype=torch.float32) + 2 * rank,
+                          torch.arange(received[1], dtype=torch.float32) + 100 + 2 * (rank == 1)])
+        assert torch.equal(out.cpu(), want), (keep, out.cpu(), want)
+
+
 def bad_reduce_scatter(rank: int) -> None:
     out = torch.empty(3, device="neuron")
     dist.reduce_scatter_tensor(out, torch.ones(2, 4, device="neuron"))  # 8 elements for 2 outputs of 3

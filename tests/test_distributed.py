@@ -82,6 +82,7 @@ def _outcomes(proc: subprocess.CompletedProcess) -> dict[int, str]:
 
 @pytest.mark.parametrize("case, expect", [
     ("mismatched_shapes", {0: "disagree on the tensor sizes", 1: "disagree on the tensor sizes"}),
+    ("mismatched_later", {0: "disagree on the tensor sizes", 1: "disagree on the tensor sizes"}),
     ("bad_reduce_scatter", {0: "input of 8 elements for 2 outputs of 3", 1: "input of 8 elements"}),
     ("mismatched_gather", {1: "output of 8 elements for 2 inputs of 5", 0: "CollectiveError"}),
     ("peer_dies", {0: "Connection closed by peer"}),
@@ -93,6 +94,23 @@ def test_failures_are_errors_on_every_rank_never_hangs_or_aborts(case, expect):
     for rank, text in expect.items():
         assert rank in outcomes and outcomes[rank].startswith("RAISED") and text in outcomes[rank], \
             (rank, outcomes, proc.stderr[-3000:])
+
+
+def test_a_rank_whose_row_changed_waits_for_peers_that_went_ahead():
+    """The agreement check runs ahead of the data on a rank that repeats a collective; a rank whose
+    arguments changed waits for the verdict; when they agree, nothing hangs and the data is right."""
+    proc = torchrun("distributed_cases.py", "one_rank_changes_and_agrees", PG_TIMEOUT="5", timeout=240)
+    outcomes = _outcomes(proc)
+    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+
+
+def test_a_mismatch_after_repeated_collectives_leaves_the_group_unusable():
+    """Rank 0 went ahead into the data of a collective rank 1 refused: both raise the mismatch, and
+    the group's later collectives fail at once (its transport is out of step), never hang."""
+    proc = torchrun("distributed_cases.py", "mismatched_later", PG_TIMEOUT="30", timeout=240)
+    outcomes = _outcomes(proc)
+    for rank in (0, 1):
+        assert "THEN" in outcomes.get(rank, "") and "unusable" in outcomes[rank], (outcomes, proc.stderr[-3000:])
 
 
 @pytest.mark.parametrize("env, calls", [

@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.distributed_c10d as c10d
 
 from torch_neuronx import config
 from torch_neuronx.distributed import algorithms, validate
@@ -69,7 +68,9 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         self.options = Options.from_environment()
         self._transport = dist.ProcessGroupGloo(store, rank, size, timeout)
         # the agreement checks travel on connections of their own, so they can run ahead of the data
-        self._checks = dist.ProcessGroupGloo(dist.PrefixStore("agreement", store), rank, size, timeout)
+        self._agreements = validate.Agreements(
+            dist.ProcessGroupGloo(dist.PrefixStore("agreement", store), rank, size, timeout), size)
+        self._blocking = bool(config.get("NEURON_LAUNCH_BLOCKING"))
         self._timeout_s = timeout.total_seconds()
         self._name = ""
         self._desc = ""
@@ -109,8 +110,12 @@ class ProcessGroupNeuron(dist.ProcessGroup):
                fn: Callable[[], Any], agree: Agreement | None = None) -> NeuronWork:
         """Queue ``fn`` (the algorithm on host views) in this group's order, after the neuron work
         producing ``tensors`` and before the work that consumes them; with ``agree``, the ranks
-        first check that they called the same collective on matching sizes."""
-        check = self._check(kind, agree) if agree is not None and self.size() > 1 else None
+        check that they called the same collective on matching sizes (:class:`.validate.Agreements`:
+        the check is posted now, ahead of the data)."""
+        check = None
+        if agree is not None and self.size() > 1:
+            check = self._agreements.post(kind, validate.signature(
+                kind, agree.dtype, agree.agreed, agree.mine, self.size(), agree.sends, agree.receives), agree.expected)
         neuron = [t for t in tensors if isinstance(t, NeuronTensor)]
         ready: list[streams.Event] = []
         consumers: list[streams.Stream] = []
@@ -123,24 +128,9 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             ready = [self._ready(s) for s in consumers]
         nbytes = sum(t.nbytes for t in tensors)
         task = Task(kind, fn, ready, outputs, nbytes, self._name or "default", self._timeout_s, check)
-        work = issue(self._queue, task, neuron, consumers, blocking=bool(config.get("NEURON_LAUNCH_BLOCKING")))
+        work = issue(self._queue, task, neuron, consumers, blocking=self._blocking)
         self._after_issue(ready, consumers)
         return work
-
-    def _check(self, kind: str, agree: Agreement) -> Callable[[], None]:
-        """The agreement check of one collective: every rank's signature row exchanged on the
-        group's second transport, ahead of the data (:class:`~.work.CollectiveQueue` runs the
-        checks of queued collectives while earlier ones move their data)."""
-        row = validate.signature(kind, agree.dtype, agree.agreed, agree.mine, self.size(), agree.sends,
-                                 agree.receives)
-
-        def check() -> None:
-            rows = torch.empty(self.size(), row.numel(), dtype=torch.int64)
-            self._checks._allgather_base(rows.view(-1), row, c10d.AllgatherOptions()).wait()
-            problem = validate.disagreement(kind, rows, agree.expected)
-            if problem is not None:
-                raise validate.CollectiveArgumentError(f"{kind}: {problem}")
-        return check
 
     def _ready(self, stream: streams.Stream) -> streams.Event:
         """The point of ``stream`` a new collective waits for: its current end, except the waits for

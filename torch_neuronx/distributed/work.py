@@ -24,10 +24,12 @@ import torch
 import torch.distributed as dist
 
 from torch_neuronx import observe
+from torch_neuronx.distributed import validate
 from torch_neuronx.runtime import streams
 
 _log = logging.getLogger("torch_neuronx.distributed")
 _IDLE_EXIT_S = 30.0
+_finishing = threading.Lock()  # a task ends once, whichever thread ends it
 
 
 class CollectiveError(RuntimeError):
@@ -39,48 +41,42 @@ class Task:
     """One collective: what it waits for, what it runs, and how it ended."""
 
     __slots__ = ("kind", "fn", "ready", "outputs", "nbytes", "future", "done", "error", "group", "timeout_s",
-                 "check", "checked", "check_error")
+                 "check", "_ending")
 
     def __init__(self, kind: str, fn: Callable[[], Any], ready: Sequence[streams.Event], outputs: list[Any],
-                 nbytes: int, group: str, timeout_s: float, check: Callable[[], None] | None = None) -> None:
+                 nbytes: int, group: str, timeout_s: float, check: validate.Check | None = None) -> None:
         self.kind, self.fn, self.ready, self.outputs, self.nbytes = kind, fn, list(ready), outputs, nbytes
         self.group, self.timeout_s = group, timeout_s
-        self.check = check  # the ranks' agreement check, run ahead of the data (CollectiveQueue)
-        self.checked = threading.Event()
-        self.check_error: BaseException | None = None
+        self.check = check  # the ranks' agreement check, posted when the collective was issued
         self.future: torch.futures.Future = torch.futures.Future()
         self.done = threading.Event()
         self.error: BaseException | None = None
+        self._ending = False
 
     def describe(self) -> str:
         return f"{self.kind} on process group {self.group!r}"
 
-    def run_check(self) -> None:
-        """Run the agreement check (never raises: its error is kept for :meth:`run`)."""
-        try:
-            if self.check is not None:
-                self.check()
-        except BaseException as exc:
-            self.check_error = exc
-        finally:
-            self.check = None
-            self.checked.set()
-
     def await_check(self) -> BaseException | None:
-        """Wait for the agreement check; its error (or a timeout's), None when the ranks agree."""
-        if not self.checked.wait(self.timeout_s):
+        """Wait for the agreement check's verdict; its error (or a timeout's), None when the ranks agree."""
+        check = self.check
+        if check is None:
+            return None
+        if not check.done.wait(self.timeout_s):
             return CollectiveError(f"{self.describe()}: the ranks' agreement check did not complete within "
                                    f"{self.timeout_s:g} s (a peer that never arrived)")
-        return self.check_error
+        return check.error
 
     def run(self) -> dist.Work | None:
         """Wait for the inputs' producers and run the collective (never raises).
 
-        ``fn`` either completes the collective or, for point-to-point operations, which must not
-        hold the group's queue while the peer's matching operation waits behind it, returns the
-        transport's ``Work``, which is returned: the task ends with :meth:`complete` once it did.
+        A collective whose agreement check runs ahead (:class:`~.validate.Check`) moves its data
+        first and takes the verdict after; the others wait for the verdict first. ``fn`` either
+        completes the collective or, for point-to-point operations, which must not hold the group's
+        queue while the peer's matching operation waits behind it, returns the transport's
+        ``Work``, which is returned: the task ends with :meth:`complete` once it did.
         """
-        problem = self.await_check()
+        ahead = self.check is not None and self.check.ahead
+        problem = None if ahead else self.await_check()
         if problem is not None:
             self._finish(problem)
             return None
@@ -100,7 +96,7 @@ class Task:
             self._finish(exc)
             return None
         if not isinstance(pending, dist.Work):
-            self._finish(None)
+            self._finish(self.await_check() if ahead else None)
             return None
         self.fn = None
         return pending
@@ -115,6 +111,19 @@ class Task:
             self._finish(None)
 
     def _finish(self, exc: BaseException | None) -> None:
+        """End the task with ``exc`` (None: success); only the first end counts (a check that
+        failed while the data ran ahead ends it on the transport's thread, see :class:`CollectiveQueue`)."""
+        with _finishing:
+            if self._ending:
+                return
+            self._ending = True
+        self._end(exc)
+
+    def fail(self, exc: BaseException) -> None:
+        """End the task with ``exc`` unless it already ended."""
+        self._finish(exc)
+
+    def _end(self, exc: BaseException | None) -> None:
         if exc is not None:
             self.error = exc if isinstance(exc, CollectiveError) else CollectiveError(
                 f"{self.describe()} failed: {type(exc).__name__}: {exc}")
@@ -165,6 +174,13 @@ class _Fifo:
             except BaseException:  # the handlers never raise; a bug must not stop the queue
                 _log.exception("%s failed", self.name)
 
+    def drain(self) -> list[Any]:
+        """Take the items not yet handled out of the FIFO."""
+        with self._cond:
+            items = list(self._items)
+            self._items.clear()
+        return items
+
     def reset_after_fork(self) -> None:
         self._cond = threading.Condition()
         self._items.clear()
@@ -174,13 +190,18 @@ class _Fifo:
 class CollectiveQueue:
     """The FIFO of one process group: a worker thread runs its collectives in issue order; the
     point-to-point operations it started are waited for by a second one, so that a ``send`` never
-    holds up the ``recv`` issued after it."""
+    holds up the ``recv`` issued after it.
+
+    An agreement check that fails while a rank ran ahead into the data (:class:`~.validate.Check`)
+    breaks the queue on every rank: that rank's transport holds a collective its peers never
+    joined, so the collective and every later one fail (at once, queued or new).
+    """
 
     def __init__(self, name: str) -> None:
         self._name = name
         self._run = _Fifo(f"neuron collectives {name}", self._start)
-        self._checks = _Fifo(f"neuron agreement checks {name}", Task.run_check)
         self._pending = _Fifo(f"neuron point-to-point {name}", lambda item: item[0].complete(item[1]))
+        self._broken: BaseException | None = None
 
     @property
     def name(self) -> str:
@@ -190,25 +211,53 @@ class CollectiveQueue:
     def name(self, value: str) -> None:
         self._name = value
         self._run.name, self._pending.name = f"neuron collectives {value}", f"neuron point-to-point {value}"
-        self._checks.name = f"neuron agreement checks {value}"
 
     def submit(self, task: Task) -> None:
-        if task.check is None:
-            task.checked.set()
-        else:
-            self._checks.put(task)
+        if self._broken is not None:
+            task.fail(self._unusable(task))
+            return
+        check = task.check
+        if check is not None and check.ahead:  # its data may be in flight when the verdict fails
+            check.on_failure(lambda failed: self._break(failed, task))
         self._run.put(task)
 
     def _start(self, task: Task) -> None:
+        if task.done.is_set():
+            return
+        if self._broken is not None:
+            task.fail(self._unusable(task))
+            return
         pending = task.run()
+        check = task.check
+        if check is not None and check.breaks:
+            self._break(check, task)
         if pending is not None:
             self._pending.put((task, pending))
+
+    def _break(self, check: validate.Check, task: Task) -> None:
+        """``check`` failed while a rank ran ahead: fail ``task`` and everything queued after it."""
+        if self._broken is None:
+            self._broken = check.error
+            _log.error("%s: agreement check failed while a rank ran ahead into the data; the group's "
+                       "later collectives fail: %s", task.describe(), check.error)
+        task.fail(check.error)
+        for queued in self._run.drain():
+            queued.fail(self._unusable(queued))
+
+    def _unusable(self, task: Task) -> CollectiveError:
+        error = CollectiveError(f"{task.describe()}: the group is unusable since an earlier collective's "
+                                f"agreement check failed while a rank had run ahead into its data "
+                                f"({self._broken}); create a new group")
+        error.__cause__ = self._broken
+        return error
 
     def reset_after_fork(self) -> None:
         """In a forked child: no worker came along, and the parent's collectives are not the child's."""
         self._run.reset_after_fork()
         self._pending.reset_after_fork()
-        self._checks.reset_after_fork()
+
+
+_C10D_ENTRY_POINTS = frozenset({"_allgather_base", "_reduce_scatter_base"})
 
 
 def never_compiled(cls: type) -> type:
@@ -217,10 +266,12 @@ def never_compiled(cls: type) -> type:
     c10d's C++ side (DDP's reducer, for one) calls the methods of a Python process group or work
     from inside a compiled function's frame; Dynamo would take each call for a new frame to compile
     and fail on the group, an opaque object to it. Disabled, they run as Python, and so does all
-    they call.
+    they call: the private helpers they call are left as they are (a disabled function is one more
+    wrapper on every call), except c10d's own underscored entry points.
     """
     for name, value in list(vars(cls).items()):
-        if callable(value) and not name.startswith("__") and not isinstance(value, type):
+        entry = not name.startswith("_") or name in _C10D_ENTRY_POINTS
+        if callable(value) and entry and not isinstance(value, type):
             setattr(cls, name, torch.compiler.disable(value))
     return cls
 
@@ -282,7 +333,6 @@ def issue(queue: CollectiveQueue, task: Task, neuron: Sequence[Any], consumers: 
     (NEURON_LAUNCH_BLOCKING=1): run it now in this thread, errors raised here.
     """
     if blocking:
-        task.run_check()
         pending = task.run()
         if pending is not None:
             task.complete(pending)
