@@ -68,6 +68,34 @@ def test_scalars_and_keyword_inputs_are_checked():
         fn(x, bias=torch.randn(4), scale=0.5)
 
 
+class _Head(nn.Module):
+    """A user-defined module (PyTorch traces its bound ``__call__``), with a buffer and a dict output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+        self.register_buffer("shift", torch.ones(4))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> dict:
+        h = self.linear(x) + self.shift
+        return {"h": h, "parts": (h.sum(), mask * 2)}
+
+
+def test_user_module_with_keyword_inputs_round_trips_and_sees_new_weights(tmp_path):
+    model, x, mask = _Head().eval(), torch.randn(3, 8), torch.randn(2)
+    fn = torch_neuronx.aot_compile(model, (x,), {"mask": mask})
+    fn.save(tmp_path / "head.tnxaot")
+    loaded = torch_neuronx.aot_load(tmp_path / "head.tnxaot", model)
+    with torch.no_grad():
+        model.linear.weight.mul_(2)  # in place: the compiled callables read the module's weights
+        model.linear.bias = nn.Parameter(torch.randn(4))  # replaced by one of the same shape
+        expected = model(x, mask=mask)
+    for f in (fn, loaded):
+        out = f(x, mask=mask)
+        torch.testing.assert_close(out["h"], expected["h"], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out["parts"][1], expected["parts"][1])
+
+
 def test_torch_aot_compile_path_serializes_the_neuron_result(compiled):
     model, x, _, _, expected = compiled
     from torch._dynamo.aot_compile import AOTCompiledFunction

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Iterator, Mapping
@@ -29,6 +30,8 @@ from unittest import mock
 
 import torch
 from torch._dynamo.aot_compile import AOTCompiledFunction
+from torch._dynamo.convert_frame import get_traced_fn
+from torch._dynamo.eval_frame import innermost_fn
 
 from torch_neuronx.cache import store
 from torch_neuronx.compiler.options import CompileOptions
@@ -85,21 +88,24 @@ class AOTCompiled:
     """
 
     def __init__(self, function: AOTCompiledFunction, model: torch.nn.Module | None,
-                 inputs: Mapping[str, Any], name: str, source: str = "") -> None:
+                 inputs: Mapping[str, Any], name: str, source: str = "", bound: Any = None) -> None:
+        """``model``: the module the package needs at load (its parameters); ``bound``: the object the
+        traced function takes first (``self`` of a module's ``__call__``), or None."""
         compiled_fn = function._artifacts.compiled_fn
         if not isinstance(compiled_fn, NeuronCompiledFn):
             raise AOTCompileError(f"aot_compile: {name}'s graph is not served by the neuron backend's "
                                   f"plan (got {type(compiled_fn).__name__})")
         function.disable_guard_check()
         self.name, self.source = name, source
-        self._function, self._model, self._compiled_fn = function, model, compiled_fn
+        self._function, self._model, self._compiled_fn, self._bound = function, model, compiled_fn, bound
         self._inputs = {"args": [list(s) for s in inputs["args"]],
                         "kwargs": {k: list(s) for k, s in inputs["kwargs"].items()}}
         specs = [*enumerate(self._inputs["args"]), *self._inputs["kwargs"].items()]
         self._checks = tuple((key, *_check(spec)) for key, spec in specs)  # key: position or name
         self._nargs, self._kwarg_names = len(self._inputs["args"]), frozenset(self._inputs["kwargs"])
-        self._forward = function.fn  # Dynamo's bytecode as a plain function: no guards, no frame hook
-        names = self._forward.__globals__  # this function's own globals: the bytecode calls the
+        forward = function.fn  # Dynamo's bytecode as a plain function: no guards, no frame hook
+        self._forward = forward if bound is None else functools.partial(forward, bound)
+        names = forward.__globals__  # this function's own globals: the bytecode calls the
         if names.get(function._artifacts.backend_id) is compiled_fn:  # graph through one of them
             names[function._artifacts.backend_id] = compiled_fn.fn  # one Python frame less per call
 
@@ -152,6 +158,9 @@ class AOTCompiled:
         neff_bytes = neff_format.encode(bytes(neff.payload), target=header.target,
                                         compiler_version=header.compiler_version, key=header.key,
                                         signature=header.signature, metadata=header.metadata)
+        if self._bound is not None and self._bound is not self._model:
+            raise AOTCompileError(f"cannot save AOT-compiled {self.name}: it is a method of a "
+                                  f"{type(self._bound).__name__}, which a package cannot supply at load")
         external = {_MODEL: self._model} if self._model is not None else {}
         try:
             dynamo = AOTCompiledFunction.serialize(self._function, external).serialized_data
@@ -160,6 +169,7 @@ class AOTCompiled:
         options = self._compiled_fn.options
         package.write(path, {"dynamo": dynamo, f"neff/{header.key}": neff_bytes}, {
             "name": self.name, "inputs": self._inputs, "module": self._model is not None,
+            "bound": self._bound is not None,
             "parameters": _parameters(self._model),
             "options": option_fields(options),
             "environment": package.environment(options.resolve()),
@@ -216,7 +226,8 @@ def aot_compile(model: Any, example_inputs: Any, example_kwargs: Mapping[str, An
     compiled = torch.compile(model, backend="neuron", fullgraph=True, dynamic=False, options=fields or None)
     with torch.no_grad(), _lean_bytecode():
         try:
-            function = (compiled.forward if is_module else compiled).aot_compile((args, kwargs))
+            target = compiled.forward if is_module else compiled
+            function = target.aot_compile((args, kwargs))
         except RuntimeError as exc:
             if "SerializableCallable" not in str(exc):
                 raise
@@ -224,7 +235,10 @@ def aot_compile(model: Any, example_inputs: Any, example_kwargs: Mapping[str, An
                 f"aot_compile: {name} does not compile to a graph that runs from a plan (training "
                 "graphs, inputs mutated in place, outputs that alias inputs, neuron tensors, or a "
                 "compile that fell back to eager); call it through torch.compile instead") from exc
-    return AOTCompiled(function, model if is_module else None, inputs, name)
+    # What PyTorch traced: a function, or a bound method (a module's __call__) taking its object first.
+    _, bound = get_traced_fn(innermost_fn(target))
+    module = model if is_module else bound if isinstance(bound, torch.nn.Module) else None
+    return AOTCompiled(function, module, inputs, name, bound=bound)
 
 
 def aot_load(path: str | os.PathLike[str], model: torch.nn.Module | None = None) -> AOTCompiled:
@@ -259,7 +273,8 @@ def aot_load(path: str | os.PathLike[str], model: torch.nn.Module | None = None)
     except (RuntimeError, KeyError, ValueError) as exc:
         raise package.PackageError(f"AOT package {path}: its Dynamo state does not load here: "
                                    f"{type(exc).__name__}: {exc}") from exc
-    loaded = AOTCompiled(function, model, header["inputs"], header["name"], source=path)
+    loaded = AOTCompiled(function, model if header["module"] else None, header["inputs"], header["name"],
+                         source=path, bound=model if header["bound"] else None)
     key = getattr(loaded.compiled_graph._neff, "header", None)
     if key is not None and key.key not in neffs:
         _log.warning("%s: the NEFF of %s was compiled again (key %s not in the package)", path,
