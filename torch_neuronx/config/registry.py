@@ -94,6 +94,12 @@ class _Overrides(threading.local):
 _overrides = _Overrides()
 
 
+def overridden() -> bool:
+    """Whether an :func:`override` block is active in this thread (cheap: callers on hot paths
+    that cache decisions taken from variables check it before trusting them)."""
+    return bool(_overrides.stack)
+
+
 @contextlib.contextmanager
 def override(**values: Any) -> Iterator[None]:
     """Set variables programmatically (they win over the environment) inside a block.
@@ -173,6 +179,27 @@ def _warn_invalid(entry: Var, raw: str, exc: ConfigValueError) -> None:
         )
 
 
+#: name -> (its key in os.environ's bytes mapping, the raw value read, the value it gave): get() on a
+#: hot path answers from here while the environment still holds that very raw object.
+_answers: dict[str, tuple[bytes, bytes | None, Any]] = {}
+
+
 def get(name: str) -> Any:
-    """The effective value of a variable."""
-    return lookup(name)[0]
+    """The effective value of a variable.
+
+    Read on every call (hot paths call it per op): an unchanged environment entry is recognized
+    by identity (every write to ``os.environ`` stores a new object), so a repeated read costs
+    two dict lookups; anything else (an override, a changed value) goes through :func:`lookup`.
+    """
+    data = getattr(os.environ, "_data", None) if _POSIX else None
+    if type(data) is not dict or _overrides.stack:
+        return lookup(name)[0]
+    answer = _answers.get(name)
+    if answer is not None and data.get(answer[0]) is answer[1]:
+        return answer[2]
+    value, source = lookup(name)
+    key = _environ_keys.get(name)
+    entry = _REGISTRY.get(name)
+    if key is not None and entry is not None and not (source == "default" and callable(entry.default)):
+        _answers[name] = (key, data.get(key), value)  # (a default computed per call is never kept)
+    return value

@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from torch_neuronx import config, observe
 from torch_neuronx.compiler.options import compile_only_enabled
-from torch_neuronx.device import choice, distributed_ops, kernels, mutations, queued, random, scalars
+from torch_neuronx.device import choice, distributed_ops, kernels, launch, mutations, queued, random, scalars
 from torch_neuronx.device.queued import on_host
 from torch_neuronx.process import checked_device_index
 from torch_neuronx.runtime.device import current_index as current_device
@@ -265,6 +265,9 @@ def _run_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
 
 def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """``func`` on neuron tensors through its compiled kernel (floats as runtime inputs: :mod:`.scalars`)."""
+    plan = launch.find(func, args, kwargs)
+    if plan is not None:  # a call seen before: its route is known (device/launch.py)
+        return plan(args, kwargs)
     given = args, kwargs  # what a fallback runs on
     args, kwargs = scalars.as_inputs(func, args, kwargs)
     kernel = choice.kernel_for(func, args, kwargs)
@@ -300,7 +303,9 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
     # aot_autograd's ``as_strided_`` on a compiled graph's inputs) must not change what it reads or writes.
     storage = [o._data.detach() if isinstance(o, NeuronTensor) else None for o in outputs]
     queued.enqueue(index, kernel.name, inputs, allocations, _execute_into, kernel, [t.detach() for t in tensors],
-                   storage, func, given)
+                   storage, func, given, inference=False)
+    if kernel.shapes is None:
+        launch.record(func, given, (args, kwargs), kernel, outputs, _execute_into)
     if kernel.out_spec.is_leaf():
         return outputs[0]
     return pytree.tree_unflatten(outputs, kernel.out_spec)
@@ -336,15 +341,31 @@ def _execute_into(kernel: kernels.Kernel, tensors: list[torch.Tensor], storage: 
     TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS=1), into the same memory.
     """
     try:
+        # (``is not None`` one by one: ``None in storage`` would compare tensors with None)
         if all(s is not None for s in storage) and kernel.compiled.run_into(tensors, storage):
             return  # the kernel wrote into the outputs' memory
-        results = kernel.compiled(tensors)
     except Exception as exc:
-        if config.get("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"):
-            raise
-        _warn_fallback(func, f"execution failed: {exc}")
-        args, kwargs = given
+        return _execute_failed(exc, storage, func, given)
+    with torch.inference_mode():  # (queued without it: this thread's torch ops need it from here)
+        try:
+            results = kernel.compiled(tensors)
+        except Exception as exc:
+            return _execute_failed(exc, storage, func, given)
+        _copy_results(storage, results)
+
+
+def _execute_failed(exc: Exception, storage: list[torch.Tensor | None], func: Any, given: tuple) -> None:
+    """A queued kernel failed to execute: the op on the CPU, into its outputs' memory."""
+    if config.get("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"):
+        raise exc
+    _warn_fallback(func, f"execution failed: {exc}")
+    args, kwargs = given
+    with torch.inference_mode():
         results = pytree.tree_leaves(func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs)))
+        _copy_results(storage, results)
+
+
+def _copy_results(storage: list[torch.Tensor | None], results: Sequence[torch.Tensor]) -> None:
     for out, result in zip(storage, results):
         if out is not None:
             out.copy_(result)

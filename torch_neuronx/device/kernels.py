@@ -31,8 +31,33 @@ from torch_neuronx.runtime.tensor import NeuronTensor
 _log = logging.getLogger("torch_neuronx.device.eager")
 
 _lock = threading.Lock()
+class _Registry(dict):
+    """A dict whose ``generation`` moves whenever an entry is replaced or removed: launch plans
+    (``device/launch.py``) that hold a kernel stay valid only while its key still maps to it.
+    A new key moves nothing: no plan holds a kernel it did not find under its own key."""
+
+    generation = 0
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if key in self:
+            self.generation += 1
+        super().__setitem__(key, value)
+
+    def __delitem__(self, key: Any) -> None:
+        super().__delitem__(key)
+        self.generation += 1
+
+    def clear(self) -> None:
+        super().clear()
+        self.generation += 1
+
+    def pop(self, *args: Any) -> Any:
+        self.generation += 1
+        return super().pop(*args)
+
+
 #: Dispatch or dynamic key -> Kernel, UNIMPLEMENTED, or (dynamic keys) STATIC.
-registry: dict[tuple, Any] = {}
+registry: _Registry = _Registry()
 UNIMPLEMENTED = object()
 STATIC = object()  # a dynamic key whose op needs a kernel per shape
 STATIC_ENTRY = "static"  # the HLO cache entry of such a key

@@ -121,35 +121,52 @@ def synchronized(args: Sequence[Any], kwargs: dict[str, Any], fn: Callable[..., 
     return on_host(tensors[0]._index if tensors else current_device(), tensors, fn, *extra)
 
 
+class _Op:
+    """One queued op's work, as its stream runs it (an object, not a closure: cheaper to make)."""
+
+    __slots__ = ("index", "name", "inputs", "outputs", "work", "args", "queue", "stack", "inference")
+
+    def __init__(self, index: int, name: str, inputs: Sequence[NeuronTensor], outputs: Sequence[Any],
+                 work: Callable[..., None], args: tuple, queue: Any, stack: Any, inference: bool) -> None:
+        self.index, self.name, self.inputs, self.outputs = index, name, inputs, outputs
+        self.work, self.args, self.queue, self.stack, self.inference = work, args, queue, stack, inference
+
+    def __call__(self) -> None:
+        try:
+            _check_inputs(self.inputs, self.name, self.queue)
+            if self.inference:
+                # On the stream's thread, whose grad and inference modes are not the caller's: the
+                # work computes on raw device memory, which may hold inference tensors.
+                with torch.inference_mode():
+                    self.work(*self.args)
+            else:  # work that runs no torch op on those tensors outside its own inference mode
+                self.work(*self.args)
+        except BaseException as exc:
+            if isinstance(exc, QueuedOpError):
+                _poison(self.outputs, exc)
+                raise
+            error = QueuedOpError(f"{self.name} failed on neuron:{self.index}: {type(exc).__name__}: {exc}"
+                                  f"{describe_stack(self.stack)}")
+            _poison(self.outputs, error)
+            raise error from exc
+
+
 def enqueue(index: int, name: str, inputs: Sequence[NeuronTensor], outputs: Sequence[Any],
-            work: Callable[..., None], *args: Any) -> None:
+            work: Callable[..., None], *args: Any, stream: Any = None, inference: bool = True) -> None:
     """Queue ``work(*args)`` on device ``index``'s current stream as the op ``name`` that reads
     ``inputs`` (neuron tensors) and writes the allocations ``outputs``.
 
+    ``stream``: the current stream of device ``index``, when the caller has it already.
+    ``inference``: whether ``work`` runs in inference mode (False for work that enters it
+    itself where it runs torch ops, saving the mode switch on its fast path).
     ``work`` fills the outputs' memory. When it raises, the outputs are poisoned and the
     stream records a :class:`QueuedOpError` naming the op (and, with stack traces on, the
     line that issued it); with launch blocking it raises here instead.
     """
     stack = issuing_stack() if stack_traces() else None
-    stream = current_stream(index)
-
-    def run() -> None:
-        try:
-            _check_inputs(inputs, name, stream._queue)
-            # On the stream's thread, whose grad and inference modes are not the caller's: the
-            # work computes on raw device memory, which may hold inference tensors.
-            with torch.inference_mode():
-                work(*args)
-        except BaseException as exc:
-            if isinstance(exc, QueuedOpError):
-                _poison(outputs, exc)
-                raise
-            error = QueuedOpError(f"{name} failed on neuron:{index}: {type(exc).__name__}: {exc}"
-                                  f"{describe_stack(stack)}")
-            _poison(outputs, error)
-            raise error from exc
-
-    pending = stream.enqueue(run)
+    if stream is None:
+        stream = current_stream(index)
+    pending = stream.enqueue(_Op(index, name, inputs, outputs, work, args, stream._queue, stack, inference))
     if pending is not None:
         for allocation in outputs:
             allocation.writer = pending

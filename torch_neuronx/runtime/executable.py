@@ -331,7 +331,7 @@ class Executable:
     def run_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         """Run a NEFF compiled with output storage (``compiler/output_storage.py``): its results are
         written into ``outputs``, contiguous and aligned CPU tensors (device memory), on the current stream."""
-        if _streams_used.any:
+        if _streams_used.any and not streams.in_worker():  # (a stream's own work is in order already)
             return streams.launch(self._observed_into, inputs, outputs)
         return self._observed_into(inputs, outputs)
 

@@ -38,6 +38,9 @@ from torch_neuronx.runtime.errors import NeuronRuntimeError
 
 _log = logging.getLogger("torch_neuronx.runtime.streams")
 _IDLE_EXIT_S = 5.0  # an idle worker thread exits; the next submit starts a new one
+_NAP_S = 0.0005  # a worker out of work checks again this often ...
+_NAP_FOR_S = 0.02  # ... for this long, then sleeps until woken
+_WAKE_BATCH = 32  # queued tasks that wake a napping worker at once
 
 
 class StreamError(NeuronRuntimeError):
@@ -79,80 +82,112 @@ submitted = _Submitted()
 
 
 class _Queue:
-    """The work queue and worker thread behind one stream id."""
+    """The work queue and worker thread behind one stream id.
+
+    Submitting is cheap: one lock, and a wake-up of the worker only when it sleeps deeply or
+    enough work has gathered (:data:`_WAKE_BATCH`). A worker that just ran out of work naps
+    (:data:`_NAP_S`) before it sleeps deeply, so work queued meanwhile starts within a nap
+    without a wake-up per op: the worker and the thread issuing ops share the GIL, and a
+    wake-up per op costs the issuing thread more than the op's own dispatch. A thread that
+    waits for the queue (a synchronization) always wakes the worker.
+    """
 
     def __init__(self, device: int, stream_id: int) -> None:
         self.device = device
         self.id = stream_id
         self.blocking = bool(config.get("NEURON_LAUNCH_BLOCKING"))
-        self._cond = threading.Condition()
         self._tasks: collections.deque[tuple[Callable[..., Any], tuple, dict]] = collections.deque()
-        self._run_lock = threading.Lock()  # serializes launch-blocking work
+        self._init_sync()
         self.submitted = 0  # tasks ever submitted
         self.completed = 0  # tasks ever finished (in order, so the first `completed` are done)
-        self._worker: threading.Thread | None = None
         self._error: BaseException | None = None
+
+    def _init_sync(self) -> None:
+        self._lock = threading.Lock()
+        self._work_cond = threading.Condition(self._lock)  # the worker waits here for work
+        self._done_cond = threading.Condition(self._lock)  # synchronizing threads wait here
+        self._run_lock = threading.Lock()  # serializes launch-blocking work
+        self._worker: threading.Thread | None = None
+        self._napping = False  # the worker ran out of work moments ago and naps
+        self._sleeping = False  # the worker sleeps until woken (or until it exits)
+        self._waiting = 0  # threads waiting for completions
 
     def submit(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> int:
         if self.blocking:
             return self._run_now(fn, args, kwargs)
         submitted.any = True
-        with self._cond:
-            self._tasks.append((fn, args, kwargs))
+        with self._lock:
+            tasks = self._tasks
+            tasks.append((fn, args, kwargs))
             self.submitted += 1
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, daemon=True,
                                                 name=f"neuron:{self.device} stream {self.id}")
                 self._worker.start()
-            else:
-                self._cond.notify_all()
+            elif self._sleeping or (self._napping and len(tasks) >= _WAKE_BATCH):
+                self._work_cond.notify()
             return self.submitted
 
     def _run_now(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> int:
         with self._run_lock:
             self.wait(self.submitted)
-            with self._cond:
+            with self._lock:
                 self.submitted += 1
                 seq = self.submitted
             try:
                 fn(*args, **kwargs)  # under launch blocking an error reaches the caller directly
             finally:
-                with self._cond:
+                with self._lock:
                     self.completed += 1
-                    self._cond.notify_all()
+                    self._done_cond.notify_all()
             return seq
+
+    def _next_task(self) -> tuple[Callable[..., Any], tuple, dict] | None:
+        """The next task; None once the queue stayed empty for :data:`_IDLE_EXIT_S` (the worker exits)."""
+        tasks = self._tasks
+        with self._lock:
+            if tasks:
+                return tasks.popleft()
+            idle_since = time.monotonic()
+            while not tasks:
+                idle = time.monotonic() - idle_since
+                if idle >= _IDLE_EXIT_S:
+                    self._worker = None
+                    return None
+                if idle < _NAP_FOR_S:
+                    self._napping = True
+                    self._work_cond.wait(_NAP_S)
+                else:
+                    self._sleeping = True
+                    self._work_cond.wait(_IDLE_EXIT_S - idle)
+                self._napping = self._sleeping = False
+            return tasks.popleft()
 
     def _work(self) -> None:
         _local.in_worker = True
         _local.queue = self
         while True:
-            with self._cond:
-                deadline = time.monotonic() + _IDLE_EXIT_S
-                while not self._tasks:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        self._worker = None
-                        return
-                    self._cond.wait(left)
-                fn, args, kwargs = self._tasks.popleft()
+            task = self._next_task()
+            if task is None:
+                return
+            fn, args, kwargs = task
             try:
                 fn(*args, **kwargs)
             except BaseException as exc:  # kept for synchronize(); the worker must survive
                 _log.error("work submitted to neuron:%d stream %d raised %r", self.device, self.id, exc)
                 if self._error is None:
                     self._error = exc
-            del fn, args, kwargs  # the work's tensors (device memory) go now, not at the next task
-            with self._cond:
+            del task, fn, args, kwargs  # the work's tensors (device memory) go now, not at the next task
+            with self._lock:
                 self.completed += 1
-                self._cond.notify_all()
+                if self._waiting:
+                    self._done_cond.notify_all()
 
     def reset_after_fork(self) -> None:
         """In a forked child: no worker thread came along, so start without one (work the parent
         had queued is the parent's; the child never runs it)."""
-        self._cond = threading.Condition()
-        self._run_lock = threading.Lock()
         self._tasks.clear()
-        self._worker = None
+        self._init_sync()
         self.completed = self.submitted
 
     def wait(self, seq: int, timeout: float | None = None) -> bool:
@@ -165,8 +200,14 @@ class _Queue:
             return self._wait(seq, timeout)
 
     def _wait(self, seq: int, timeout: float | None) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: self.completed >= seq, timeout)
+        with self._lock:
+            if self._napping or self._sleeping:
+                self._work_cond.notify()  # a synchronization: the worker starts now
+            self._waiting += 1
+            try:
+                return self._done_cond.wait_for(lambda: self.completed >= seq, timeout)
+            finally:
+                self._waiting -= 1
 
     def raise_error(self) -> None:
         error, self._error = self._error, None
@@ -333,7 +374,7 @@ class Event:
         if self.enable_timing:
             self._seq = queue.submit(self._stamp, (), {})
         else:
-            with queue._cond:
+            with queue._lock:
                 self._seq = queue.submitted
         self._queue = queue
 
@@ -388,6 +429,11 @@ class _Local(threading.local):
 
 
 _local = _Local()
+
+
+def in_worker() -> bool:
+    """Whether the calling thread is a stream's worker (running queued work, in stream order)."""
+    return _local.in_worker
 
 
 def current_device() -> int:

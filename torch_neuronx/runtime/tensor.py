@@ -60,9 +60,9 @@ class Memory:
 
     __slots__ = ("address", "_allocator", "__weakref__")
 
-    def __init__(self, allocator: Any, nbytes: int, index: int) -> None:
+    def __init__(self, allocator: Any, nbytes: int, index: int, stream: int | None = None) -> None:
         self._allocator = allocator
-        self.address = allocator.malloc(nbytes, memory.current_stream_id(index))
+        self.address = allocator.malloc(nbytes, memory.current_stream_id(index) if stream is None else stream)
 
     def __del__(self) -> None:
         try:
@@ -88,12 +88,12 @@ class Allocation:
     __slots__ = ("address", "nbytes", "index", "writer", "error", "memory", "storage", "_views", "_prune_at",
                  "__weakref__")
 
-    def __init__(self, nbytes: int, index: int = 0) -> None:
+    def __init__(self, nbytes: int, index: int = 0, stream: int | None = None) -> None:
         self.nbytes = nbytes
         self.index = index
         self.writer: Any = None
         self.error: BaseException | None = None
-        self.memory: Memory | None = Memory(memory.device_allocator(index), max(nbytes, 1), index)
+        self.memory: Memory | None = Memory(memory.device_allocator(index), max(nbytes, 1), index, stream)
         self.address = self.memory.address
         self.storage: Any = None  # the torch.UntypedStorage of the tensors, made when first asked for
         self._views: list[weakref.ref] = []
@@ -178,12 +178,25 @@ def allocate(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dty
     """Memory of device ``index`` for a tensor of ``size``/``stride``: its CPU view and its allocation."""
     size = [int(s) for s in size]
     stride = list(stride) if stride is not None else _contiguous_strides(size)
-    nbytes = _span_bytes(size, stride, dtype)
-    allocation = Allocation(nbytes, index)
+    return _allocate(size, stride, dtype, _span_bytes(size, stride, dtype), index)
+
+
+def _allocate(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype, nbytes: int,
+              index: int, stream: int | None = None) -> tuple[torch.Tensor, Allocation]:
+    allocation = Allocation(nbytes, index, stream)
     if nbytes == 0:
         return torch.empty(size, dtype=dtype), allocation
     flat = memory.block_view(allocation.address, nbytes, owner=allocation.memory, dtype=dtype)
     return flat.as_strided(size, stride), allocation
+
+
+def new_tensor(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype, nbytes: int,
+               index: int, stream: int) -> NeuronTensor:
+    """A new uninitialized neuron tensor on device ``index``, allocated for stream id ``stream``,
+    whose metadata is known to be valid (``nbytes``: the span of ``size``/``stride``, as
+    :func:`allocate` computes it): the hot path of an eager op's outputs."""
+    data, allocation = _allocate(size, stride, dtype, nbytes, index, stream)
+    return NeuronTensor(data, allocation, index=index)
 
 
 @functools.cache
@@ -305,10 +318,8 @@ class NeuronTensor(torch.Tensor):
         return NeuronTensor(data, None, index=index, outer=(outer_size, outer_stride, offset))  # a traced value
 
     @classmethod
-    @torch._disable_dynamo
     def __torch_dispatch__(cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict | None = None) -> Any:
-        # Never traced by Dynamo: eager ops inside a compiled region (an op Dynamo leaves to
-        # eager, nn.GRU's) would have it compile the device's own code.
+        # Never traced by Dynamo (see never_traced below).
         kwargs = kwargs or {}
         try:
             if _traced(args, kwargs):
@@ -325,6 +336,29 @@ class NeuronTensor(torch.Tensor):
 
 
 _RESIZE_STORAGE_BYTES = torch.ops.inductor.resize_storage_bytes_.default
+
+
+def never_traced(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Have Dynamo skip ``fn``'s frames and every frame they call, at no cost per call.
+
+    Eager ops inside a compiled region (an op Dynamo leaves to eager, nn.GRU's) run the
+    device's code while Dynamo's frame hook is installed; it must not compile that code.
+    ``torch._disable_dynamo`` does this with two wrapper frames per call (about 1 µs on every
+    eager op); a code execution strategy of SKIP, recursively, does it inside the hook.
+    Returns ``fn`` itself (or, where the strategy API is missing, its ``_disable_dynamo`` wrapper).
+    """
+    code = getattr(fn, "__code__", None)
+    try:
+        from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+    except ImportError:  # another torch: the wrapper
+        return torch._disable_dynamo(fn)
+    if code is None:
+        return torch._disable_dynamo(fn)
+    set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP))
+    return fn
+
+
+never_traced(NeuronTensor.__torch_dispatch__.__func__)
 
 
 def _traced(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
