@@ -43,6 +43,7 @@ __all__ = ["AOTCompileError", "AOTCompiled", "AOTInputError", "aot_compile", "ao
 
 _log = logging.getLogger("torch_neuronx.dynamo.aot")
 _MODEL = "model"  # the external-data key of the module in PyTorch's serialized function
+_HEADER_FIELDS = ("name", "inputs", "module", "bound", "parameters", "options", "environment")
 
 
 class AOTCompileError(RuntimeError):
@@ -151,6 +152,9 @@ class AOTCompiled:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the package (Dynamo state, plan, NEFFs) to ``path`` atomically."""
+        if self._bound is not None and self._bound is not self._model:
+            raise AOTCompileError(f"cannot save AOT-compiled {self.name}: it is a method of a "
+                                  f"{type(self._bound).__name__}, which a package cannot supply at load")
         graph = self.compiled_graph
         neff = graph._neff() if callable(graph._neff) else graph._neff
         graph._neff = neff
@@ -158,9 +162,6 @@ class AOTCompiled:
         neff_bytes = neff_format.encode(bytes(neff.payload), target=header.target,
                                         compiler_version=header.compiler_version, key=header.key,
                                         signature=header.signature, metadata=header.metadata)
-        if self._bound is not None and self._bound is not self._model:
-            raise AOTCompileError(f"cannot save AOT-compiled {self.name}: it is a method of a "
-                                  f"{type(self._bound).__name__}, which a package cannot supply at load")
         external = {_MODEL: self._model} if self._model is not None else {}
         try:
             dynamo = AOTCompiledFunction.serialize(self._function, external).serialized_data
@@ -193,7 +194,8 @@ def _lean_bytecode() -> Iterator[None]:
     (``torch.accelerator.current_stream``) and stores a weak reference to it on every call,
     for graphs that use streams; ``record_runtime_overhead`` adds a profiler record around
     the pre-graph code. Together about 7 us per call here. A frame that does use streams
-    then fails to trace (an error, not a wrong result).
+    then fails to trace (an error, not a wrong result). The patch holds for the whole process
+    while ``aot_compile`` traces (another thread tracing then also sees no current stream).
     """
     from torch._dynamo.variables import streams
 
@@ -251,6 +253,9 @@ def aot_load(path: str | os.PathLike[str], model: torch.nn.Module | None = None)
     """
     path = os.fspath(path)
     header, sections = package.read(path)
+    missing = [k for k in _HEADER_FIELDS if k not in header] + [k for k in ("dynamo",) if k not in sections]
+    if missing:
+        raise package.PackageError(f"AOT package {path} lacks {missing}: not written by this torch_neuronx")
     options = CompileOptions.from_any(header["options"])
     package.check_environment(path, header["environment"], package.environment(options.resolve()))
     _check_model(path, header, model)
