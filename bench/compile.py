@@ -235,6 +235,41 @@ def cold_compile_s(backend: str) -> float:
         return float(out.stdout.strip().splitlines()[-1])
 
 
+DYNAMIC_BATCHES = (8, 16, 24, 32, 48, 64, 96, 128)
+
+
+def _graphs_compiled() -> int:
+    from torch_neuronx import observe
+
+    return observe.counter("compiled_graphs") + observe.counter("kernel_traces")
+
+
+def dynamic_shapes_row(seconds: float) -> dict:
+    """An inference loop over 8 batch sizes: graphs compiled with Dynamo's dynamic shapes (one NEFF
+    for every size) against ``dynamic=False`` (one per size), and the per-call cost at batch 32 of
+    the dynamic NEFF against the static one (and inductor's dynamic kernel)."""
+    model, _ = mlp(64, 128)
+    model.eval()
+    counts = {}
+    with torch.no_grad():
+        for label, dynamic in (("static", False), ("dynamic", None)):
+            torch._dynamo.reset()  # (both compile the model's forward: its cache and recompile limit)
+            fn = torch.compile(model, backend="neuron", dynamic=dynamic)
+            before = _graphs_compiled()
+            for batch in DYNAMIC_BATCHES:
+                fn(torch.randn(batch, 64))
+            counts[label] = _graphs_compiled() - before
+        # Other code objects than the model's forward: caches of their own.
+        competitors = {"dynamic": fn,
+                       "static": torch.compile(lambda x: model(x), backend="neuron", dynamic=False),
+                       "inductor": torch.compile(lambda x: model(x), backend="inductor", dynamic=True)}
+        for batch in DYNAMIC_BATCHES:
+            competitors["inductor"](torch.randn(batch, 64))
+        samples = interleaved_us(competitors, torch.randn(32, 64), seconds)
+    return {"counts": counts, "samples": samples,
+            **{label: statistics.median(v) for label, v in samples.items()}}
+
+
 def _table(title: str, columns: list[str], lines: list[list[str]]) -> None:
     """Print a markdown table under ``title``."""
     print(f"\n{title}")
@@ -291,6 +326,15 @@ def main() -> None:
            ["workload", "host tensors", "neuron tensors", "neuron/host"],
            [[r["name"], f"{r['host']:.0f}", f"{r['device']:.0f}",
              f"{paired_ratio(r['samples']['device'], r['samples']['host']):.2f}"] for r in on_device])
+
+    dyn = dynamic_shapes_row(seconds)
+    _table(f"dynamic shapes: MLP 64-128-128-10 inference over batches {list(DYNAMIC_BATCHES)}; graphs "
+           "compiled, and us per call at batch 32",
+           ["graphs compiled, dynamic", "graphs compiled, dynamic=False", "dynamic NEFF", "static NEFF",
+            "inductor (dynamic)", "dynamic/static"],
+           [[str(dyn["counts"]["dynamic"]), str(dyn["counts"]["static"]), f"{dyn['dynamic']:.0f}",
+             f"{dyn['static']:.0f}", f"{dyn['inductor']:.0f}",
+             f"{paired_ratio(dyn['samples']['dynamic'], dyn['samples']['static']):.2f}"]])
 
     neuron_cold, inductor_cold = cold_compile_s("neuron"), cold_compile_s("inductor")
     _table("cold compile of the transformer block (fresh process, empty caches), s",

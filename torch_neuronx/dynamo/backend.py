@@ -12,9 +12,11 @@ package. ``options=`` takes a :class:`~torch_neuronx.compiler.CompileOptions`
 (or a dict of its fields).
 
 Shapes: the first compilation of a frame is static. When Dynamo later marks
-dimensions dynamic (a new batch size), the backend specializes: each distinct
-concrete input signature is traced and compiled once (and served from the NEFF
-cache on later runs), so every compiled kernel has static shapes.
+dimensions dynamic (a new batch size, ``dynamic=True``, ``mark_dynamic``), an
+inference graph is compiled once with those dimensions dynamic
+(:mod:`torch_neuronx.dynamo.dynamic`); where that cannot be (a training graph, a
+trace that depends on a size), each distinct concrete input signature is traced
+and compiled once (and served from the NEFF cache on later runs).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from torch_neuronx.compiler import decompositions
 from torch_neuronx.compiler.decompositions import functional, linalg
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, ResolvedOptions
-from torch_neuronx.dynamo import autocopy, fallback, plans, precompile, stats
+from torch_neuronx.dynamo import autocopy, dynamic, fallback, plans, precompile, stats
 from torch_neuronx.dynamo.graph import compile_graph
 from torch_neuronx.pipeline.graph import CompiledGraph, from_plan
 from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
@@ -238,6 +240,10 @@ def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
     resolved = opts.resolve()  # once, for the whole compilation; an unknown target fails here
     model = _model_name(opts)
     if _is_symbolic(example_inputs):
+        if not _item_inputs(gm):  # one NEFF for every size, where the graph allows it
+            graph = dynamic.compile_once(gm, example_inputs, resolved, model)
+            if graph is not None:
+                return graph
         return _ShapeSpecialized(gm, resolved, model)
     plan_key = plans.dynamo_key(gm, example_inputs, resolved)
     plan = plans.load(plan_key) if plan_key else None

@@ -94,6 +94,16 @@ def _reject_input_mutation(gm: torch.fx.GraphModule, name: str) -> None:
                                      graph=name)
 
 
+class NotFunctional(Exception):
+    """A function traced without functionalization mutates tensors."""
+
+
+def _mutates(gm: torch.fx.GraphModule) -> bool:
+    """Whether the traced graph calls an op that writes into one of its arguments."""
+    return any(n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+               and n.target._schema.is_mutable for n in gm.graph.nodes)
+
+
 def _distinct(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Stand-ins of ``tensors`` for tracing: the same shapes, strides and dtypes, no memory shared.
 
@@ -134,7 +144,8 @@ def _check_dynamic_plan(plan: Plan) -> None:
 def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[torch.Tensor],
           options: ResolvedOptions | None = None, *, hlo_cache: bool = True,
           output_storage: bool = False,
-          dynamic: Sequence[Sequence[bool]] | None = None) -> tuple[CompiledGraph, Trace, pytree.TreeSpec]:
+          dynamic: Sequence[Sequence[bool]] | None = None,
+          functionalize: bool = True) -> tuple[CompiledGraph, Trace, pytree.TreeSpec]:
     """Trace ``fn(tensors)`` for these tensors' shapes and dtypes, lower and compile it.
 
     ``fn`` puts the (fake) tensors back among the declared arguments and calls
@@ -146,6 +157,11 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
     ``dynamic``: per tensor, which dimensions to trace with symbolic sizes (equal sizes share a
     symbol); the graph is lowered to linalg-on-tensors, so the kernel serves every size of them. Raises
     :class:`~torch_neuronx.pipeline.shapes.NotDynamic` when the trace depends on concrete sizes.
+
+    ``functionalize=False``: trace ``fn`` as it is, for a function known to mutate nothing;
+    a trace that turns out to mutate raises :class:`NotFunctional`. (Functionalization replays
+    views with their traced sizes, which fixes a symbolic size, as a linear layer's 3-d
+    ``view`` does.)
     """
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -161,7 +177,7 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
     with options.applied():
         try:
             with observe.stage("pipeline.trace", graph=name):
-                functional = torch.func.functionalize(flat, remove="mutations")
+                functional = torch.func.functionalize(flat, remove="mutations") if functionalize else flat
                 gm = make_fx(functional, decomposition_table=decompositions.table(),
                              tracing_mode="fake" if dynamic is None else "symbolic")(
                                  *(_distinct(tensors) if dynamic is None else _symbolic(tensors, dynamic)))
@@ -170,6 +186,8 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
                 "trace", f"kernel {name} branches on tensor values ({str(exc).splitlines()[0]}); a kernel is "
                 "traced once per signature, so pass values that steer control flow as int/float/bool/str "
                 "arguments", graph=name) from exc
+        if not functionalize and _mutates(gm):
+            raise NotFunctional(f"{name} mutates tensors: it must be traced functionalized")
         gm.graph.eliminate_dead_code()
         gm.recompile()
         _reject_input_mutation(gm, name)

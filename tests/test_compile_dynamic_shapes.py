@@ -1,0 +1,117 @@
+"""torch.compile with dynamic shapes (dynamo/dynamic.py): an inference graph whose dimensions Dynamo
+marks dynamic compiles one NEFF that serves every size, with Dynamo's symbols kept distinct; a graph
+that cannot (a training graph, a trace that guards on a size) compiles per signature and says why."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+import torch_neuronx  # noqa: F401
+from torch_neuronx import observe
+
+
+def _compiles() -> int:
+    """Graphs traced and compiled so far (a per-signature graph, or a dynamic graph's one trace)."""
+    return observe.counter("compiled_graphs") + observe.counter("kernel_traces")
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+
+
+def test_a_serving_loop_over_eight_batch_sizes_compiles_once(caplog):
+    model = _mlp()
+    compiled = torch.compile(model, backend="neuron")
+    caplog.set_level(logging.INFO, logger="torch_neuronx.dynamo")
+    logging.getLogger("torch_neuronx.dynamo").propagate = True
+    with torch.no_grad():
+        compiled(torch.randn(3, 8))  # static, as Dynamo's first compile always is
+        before = _compiles()
+        for batch in (5, 7, 2, 9, 16, 33, 4, 100):
+            x = torch.randn(batch, 8)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert _compiles() - before == 1  # one NEFF for the seven new sizes and the dynamic graph
+    assert any("one NEFF serves every size" in r.getMessage() for r in caplog.records)
+
+
+class _Block(torch.nn.Module):
+    """An attention block: 3-d linear layers (views of the batch), layer norm, causal attention."""
+
+    def __init__(self, dim: int = 32, heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.ln = heads, torch.nn.LayerNorm(dim)
+        self.qkv, self.proj = torch.nn.Linear(dim, 3 * dim), torch.nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        q, k, v = self.qkv(self.ln(x)).split(dim, dim=2)
+        q, k, v = (t.view(batch, seq, self.heads, dim // self.heads).transpose(1, 2) for t in (q, k, v))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return x + self.proj(y.transpose(1, 2).reshape(batch, seq, dim))
+
+
+def test_an_attention_block_with_a_dynamic_batch_compiles_once():
+    torch.manual_seed(0)
+    model = _Block().eval()
+    compiled = torch.compile(model, backend="neuron")
+    with torch.no_grad():
+        compiled(torch.randn(3, 8, 32))
+        before = _compiles()
+        for batch in (2, 5, 4, 9):
+            x = torch.randn(batch, 8, 32)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert _compiles() - before == 1
+
+
+def test_distinct_symbols_stay_distinct_when_their_sizes_coincide():
+    def fn(x, y):
+        return (x @ y).softmax(-1) + x.sum(1, keepdim=True)
+
+    compiled = torch.compile(fn, backend="neuron", dynamic=True)
+    # The first call traces with m == n (5, 5): a symbolic trace would merge them without care.
+    for m, n in ((5, 5), (3, 7), (6, 2), (4, 4), (9, 3)):
+        x, y = torch.randn(m, 4), torch.randn(4, n)
+        torch.testing.assert_close(compiled(x, y), fn(x, y), rtol=1e-4, atol=1e-5)
+
+
+def test_mark_dynamic_on_neuron_tensors_gives_neuron_outputs():
+    model = _mlp().to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+    reference = _mlp()
+    with torch.no_grad():
+        for batch in (4, 6, 11):
+            x = torch.randn(batch, 8)
+            nx = x.to("neuron")
+            torch._dynamo.mark_dynamic(nx, 0)
+            out = compiled(nx)
+            assert out.device.type == "neuron"
+            torch.testing.assert_close(out.cpu(), reference(x), rtol=1e-4, atol=1e-5)
+
+
+def test_training_graphs_and_guarded_traces_compile_per_signature(caplog):
+    caplog.set_level(logging.INFO, logger="torch_neuronx.dynamo")
+    logging.getLogger("torch_neuronx.dynamo").propagate = True
+    model = _mlp().train()
+    compiled = torch.compile(model, backend="neuron", dynamic=True)
+    for batch in (3, 5):
+        x = torch.randn(batch, 8)
+        compiled(x).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        model(x).sum().backward()
+        for got, want in zip(grads, [p.grad for p in model.parameters()]):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        model.zero_grad()
+    assert any("one NEFF per input signature" in r.getMessage() and "autograd" in r.getMessage()
+               for r in caplog.records)
+
+    def top(x):
+        return torch.topk(x, 2, dim=0).values * 2
+
+    topk = torch.compile(top, backend="neuron", dynamic=True)
+    for batch in (4, 6, 9):
+        x = torch.randn(batch, 8)
+        torch.testing.assert_close(topk(x), top(x))
