@@ -46,6 +46,18 @@ class MoveTotals:
     total_ns: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """What a :class:`Collector` measured, copied at one moment."""
+
+    ops: dict[str, OpTotals]
+    moves: dict[str, MoveTotals]
+    memory: list[dict[str, Any]]
+
+    def __bool__(self) -> bool:
+        return bool(self.ops or self.moves or self.memory)
+
+
 class Collector:
     """Subscribed to the instrumentation layer while enabled; keeps the op-rate measurements."""
 
@@ -67,6 +79,13 @@ class Collector:
     @property
     def enabled(self) -> bool:
         return self._subscribed
+
+    def snapshot(self) -> Snapshot:
+        """A consistent copy of what was measured so far, taken under the lock (for readers)."""
+        with self._lock:
+            return Snapshot(ops={op: OpTotals(t.calls, dict(t.how), t.total_ns) for op, t in self.ops.items()},
+                            moves={name: MoveTotals(t.calls, t.bytes, t.total_ns) for name, t in self.moves.items()},
+                            memory=[dict(r) for r in self.memory])
 
     def enable(self, on: bool) -> None:
         """Subscribe (True) or unsubscribe (False) the listener."""

@@ -52,8 +52,7 @@ def _graph_rows() -> list[dict[str, Any]]:
 
 
 def _eager_rows() -> list[dict[str, Any]]:
-    with collector._lock:
-        ops = {op: (t.calls, dict(t.how), t.total_ns) for op, t in collector.ops.items()}
+    ops = {op: (t.calls, t.how, t.total_ns) for op, t in collector.snapshot().ops.items()}
     rows = []
     for op, (calls, how, total_ns) in sorted(ops.items(), key=lambda kv: -kv[1][2]):
         rows.append({"op": op, "calls": calls, "compiled": how.get("compiled", 0),
@@ -70,13 +69,11 @@ def _cache_rows() -> list[dict[str, Any]]:
 
 
 def _memory_rows() -> list[dict[str, Any]]:
-    with collector._lock:
-        return [dict(r) for r in collector.memory]
+    return collector.snapshot().memory
 
 
 def _transfer_rows() -> list[dict[str, Any]]:
-    with collector._lock:
-        moves = {name: (t.calls, t.bytes, t.total_ns) for name, t in collector.moves.items()}
+    moves = {name: (t.calls, t.bytes, t.total_ns) for name, t in collector.snapshot().moves.items()}
     return [{"kind": name, "calls": calls, "bytes": size, "total_us": round(ns / 1000, 3),
              "mean_us": round(ns / 1000 / calls, 3) if calls else 0.0}
             for name, (calls, size, ns) in sorted(moves.items())]
@@ -204,9 +201,7 @@ def export(names: Sequence[str] | None = None, directory: str | None = None) -> 
 def _used() -> bool:
     """Whether this process did anything the tables report (a launcher such as torchrun's agent
     imports torch, and so this package, but must not write, or overwrite, rank 0's tables)."""
-    with collector._lock:
-        live = bool(collector.ops or collector.moves or collector.memory)
-    return live or any(observe.counters().values()) or bool(samples.records("graph.compiled"))
+    return bool(collector.snapshot()) or any(observe.counters().values()) or bool(samples.records("graph.compiled"))
 
 
 def _export_at_exit() -> None:
