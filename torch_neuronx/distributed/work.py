@@ -30,6 +30,7 @@ from torch_neuronx.runtime import streams
 _log = logging.getLogger("torch_neuronx.distributed")
 _IDLE_EXIT_S = 30.0
 _finishing = threading.Lock()  # a task ends once, whichever thread ends it
+_POINT_TO_POINT = frozenset({"send", "recv"})  # their transport work is waited for by a thread of its own
 
 
 class CollectiveError(RuntimeError):
@@ -41,13 +42,14 @@ class Task:
     """One collective: what it waits for, what it runs, and how it ended."""
 
     __slots__ = ("kind", "fn", "ready", "outputs", "nbytes", "future", "done", "error", "group", "timeout_s",
-                 "check", "_ending")
+                 "check", "after", "_ending")
 
     def __init__(self, kind: str, fn: Callable[[], Any], ready: Sequence[streams.Event], outputs: list[Any],
                  nbytes: int, group: str, timeout_s: float, check: validate.Check | None = None) -> None:
         self.kind, self.fn, self.ready, self.outputs, self.nbytes = kind, fn, list(ready), outputs, nbytes
         self.group, self.timeout_s = group, timeout_s
         self.check = check  # the ranks' agreement check, posted when the collective was issued
+        self.after: Task | None = None  # a collective issued before it, running on a stream's worker
         self.future: torch.futures.Future = torch.futures.Future()
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -188,9 +190,14 @@ class _Fifo:
 
 
 class CollectiveQueue:
-    """The FIFO of one process group: a worker thread runs its collectives in issue order; the
-    point-to-point operations it started are waited for by a second one, so that a ``send`` never
-    holds up the ``recv`` issued after it.
+    """The program order of one process group's collectives.
+
+    A worker thread runs them in issue order (the FIFO); the point-to-point operations it started
+    are waited for by a second one, so that a ``send`` never holds up the ``recv`` issued after it.
+    A collective whose outputs only one stream consumes, issued while the FIFO holds nothing,
+    runs on that stream's own worker instead, in the stream's order (:meth:`direct`): no hop
+    through the FIFO's thread and back, and collectives issued back to back on one stream follow
+    each other there; a later collective that goes through the FIFO waits for it first.
 
     An agreement check that fails while a rank ran ahead into the data (:class:`~.validate.Check`)
     breaks the queue on every rank: that rank's transport holds a collective its peers never
@@ -202,6 +209,9 @@ class CollectiveQueue:
         self._run = _Fifo(f"neuron collectives {name}", self._start)
         self._pending = _Fifo(f"neuron point-to-point {name}", lambda item: item[0].complete(item[1]))
         self._broken: BaseException | None = None
+        self._lock = threading.Lock()
+        self._in_fifo = 0  # tasks put in the FIFO and not yet handled
+        self._direct: tuple[Task, streams.Stream] | None = None  # the last task run on a stream's worker
 
     @property
     def name(self) -> str:
@@ -212,16 +222,50 @@ class CollectiveQueue:
         self._name = value
         self._run.name, self._pending.name = f"neuron collectives {value}", f"neuron point-to-point {value}"
 
-    def submit(self, task: Task) -> None:
+    def _admit(self, task: Task) -> bool:
         if self._broken is not None:
             task.fail(self._unusable(task))
-            return
+            return False
         check = task.check
         if check is not None and check.ahead:  # its data may be in flight when the verdict fails
             check.on_failure(lambda failed: self._break(failed, task))
+        return True
+
+    def direct(self, task: Task, stream: streams.Stream) -> bool:
+        """Whether ``task`` may run on ``stream``'s worker (then the caller queues :func:`run_direct`
+        there): the FIFO holds nothing, and no collective runs directly on another stream."""
+        with self._lock:
+            last = self._direct
+            if self._in_fifo or (last is not None and last[1] != stream and not last[0].done.is_set()):
+                return False
+            self._direct = (task, stream)
+        self._admit(task)
+        return True
+
+    def submit(self, task: Task) -> None:
+        """Put ``task`` in the FIFO; it runs after a collective still running on a stream's worker."""
+        if not self._admit(task):
+            return
+        with self._lock:
+            self._in_fifo += 1
+            last = self._direct
+            if last is not None and not last[0].done.is_set():
+                task.after = last[0]
         self._run.put(task)
 
     def _start(self, task: Task) -> None:
+        try:
+            after = task.after
+            if after is not None and not after.done.wait(task.timeout_s):
+                task.fail(CollectiveError(f"{task.describe()} waited {task.timeout_s:g} s for the "
+                                          f"{after.describe()} issued before it, which did not finish"))
+            self.execute(task)
+        finally:
+            with self._lock:
+                self._in_fifo -= 1
+
+    def execute(self, task: Task) -> None:
+        """Run ``task`` (never raises), unless it already ended or the queue is broken."""
         if task.done.is_set():
             return
         if self._broken is not None:
@@ -241,7 +285,10 @@ class CollectiveQueue:
             _log.error("%s: agreement check failed while a rank ran ahead into the data; the group's "
                        "later collectives fail: %s", task.describe(), check.error)
         task.fail(check.error)
-        for queued in self._run.drain():
+        drained = self._run.drain()
+        with self._lock:
+            self._in_fifo -= len(drained)
+        for queued in drained:
             queued.fail(self._unusable(queued))
 
     def _unusable(self, task: Task) -> CollectiveError:
@@ -255,6 +302,7 @@ class CollectiveQueue:
         """In a forked child: no worker came along, and the parent's collectives are not the child's."""
         self._run.reset_after_fork()
         self._pending.reset_after_fork()
+        self._in_fifo, self._direct = 0, None
 
 
 _C10D_ENTRY_POINTS = frozenset({"_allgather_base", "_reduce_scatter_base"})
@@ -278,6 +326,13 @@ def never_compiled(cls: type) -> type:
 
 def _await(task: Task) -> None:
     """Queued on a stream that consumes a collective's outputs: hold the stream until it ended."""
+    task.wait()
+
+
+def run_direct(queue: CollectiveQueue, task: Task) -> None:
+    """Queued on the one stream that consumes a collective's outputs: run it there, in the
+    stream's order (after the work producing its inputs); its error is the stream's."""
+    queue.execute(task)
     task.wait()
 
 
@@ -327,7 +382,8 @@ class NeuronWork(dist.Work):
 
 def issue(queue: CollectiveQueue, task: Task, neuron: Sequence[Any], consumers: Sequence[streams.Stream],
           blocking: bool) -> NeuronWork:
-    """Put ``task`` in its group's FIFO and make ``consumers`` (streams) wait for it.
+    """Put ``task`` in its group's order and make ``consumers`` (streams) wait for it: on the one
+    consuming stream's worker when :meth:`CollectiveQueue.direct` allows, else in the FIFO.
 
     ``neuron``: its neuron tensors (kept alive by the task until it ends). ``blocking``
     (NEURON_LAUNCH_BLOCKING=1): run it now in this thread, errors raised here.
@@ -338,6 +394,9 @@ def issue(queue: CollectiveQueue, task: Task, neuron: Sequence[Any], consumers: 
             task.complete(pending)
         task.wait()
         return NeuronWork(task, host_wait=True)
+    if len(consumers) == 1 and task.kind not in _POINT_TO_POINT and queue.direct(task, consumers[0]):
+        consumers[0].submit(run_direct, queue, task)
+        return NeuronWork(task, host_wait=not neuron)
     queue.submit(task)
     for stream in consumers:
         stream.submit(_await, task)
