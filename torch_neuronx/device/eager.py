@@ -33,7 +33,7 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from torch_neuronx import config, observe
 from torch_neuronx.compiler.options import compile_only_enabled
-from torch_neuronx.device import choice, distributed_ops, kernels, launch, mutations, queued, random, scalars
+from torch_neuronx.device import choice, distributed_ops, foreach, kernels, launch, mutations, queued, random, scalars
 from torch_neuronx.device.queued import on_host
 from torch_neuronx.process import checked_device_index
 from torch_neuronx.runtime.device import current_index as current_device
@@ -384,6 +384,8 @@ def _classify(func: Any) -> tuple[int, Any]:
             kind = (_SPECIAL_OP, _SPECIAL[func])
         elif (distributed := distributed_ops.handler(func)) is not None:  # collectives, FSDP2's kernels
             kind = (_SPECIAL_OP, distributed)
+        elif (per_tensor := foreach.handler(func)) is not None:  # _foreach_ ops: one queued op per tensor
+            kind = (_SPECIAL_OP, per_tensor)
         elif _is_view(func) and func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
             # An op that may alias (``to``, ``reshape``): without autograd keys (inference mode)
             # it arrives whole; its decomposition decides between a view and a copy.
@@ -451,6 +453,12 @@ def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         return extra(args, kwargs)
     if kind == _RANDOM:
         return _synchronized(args, kwargs, _draw, func, args, kwargs, extra)
+    return run_without_functional_form(func, args, kwargs)
+
+
+def run_without_functional_form(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """An op writing into its arguments that has no functional form: on the CPU over the tensors'
+    memory, as a synchronization (a warning names it once)."""
     _warn_fallback(func, "an in-place or out= variant without a functional form")
     return _synchronized(args, kwargs, _run_writing_on_cpu, func, args, kwargs)
 

@@ -1,0 +1,119 @@
+"""``torch._foreach_*`` ops on neuron tensors: one op per tensor, each queued on the device.
+
+Optimizers with ``foreach=True``, gradient clipping, DDP and FSDP2 call the ``_foreach_`` ops
+(``_foreach_add_``, ``_foreach_lerp_``, ``_foreach_addcmul_``, ``_foreach_copy_``, ``_foreach_sqrt``
+and the rest). They have no kernels of their own here; run on the CPU over the tensors' memory,
+each call would be a synchronization of the stream. Each is run instead as its per-tensor op
+(``_foreach_add_.List(xs, ys, alpha=a)`` as ``add_(x, y, alpha=a)`` for every pair): the element's
+arguments are the list arguments' i-th elements and the other arguments as they are, and the
+per-tensor op is the one PyTorch's overload resolution picks for them. That pick is made once per
+foreach overload, on meta tensors, before anything runs: an op without a per-tensor counterpart
+(or whose arguments do not fit one) is not handled here and keeps the CPU route.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+__all__ = ["handler"]
+
+aten = torch.ops.aten
+Handler = Callable[[Sequence[Any], dict[str, Any]], Any]
+_PREFIX = "aten::_foreach_"
+_KEYWORD_ONLY = ("alpha", "value")  # keyword-only in the per-tensor ops, positional in some foreach ones
+#: Per-tensor ops whose foreach forms take the scalar operand as ``scalars``: there it is ``value``.
+_SCALARS_ARE_VALUE = ("addcdiv", "addcdiv_", "addcmul", "addcmul_")
+
+
+def handler(func: Any) -> Handler | None:
+    """How the eager device runs ``func`` when it is a ``_foreach_`` op with a per-tensor counterpart."""
+    name = func._schema.name
+    if not name.startswith(_PREFIX):
+        return None
+    packet = getattr(aten, name[len(_PREFIX):], None)
+    if packet is None:
+        return None
+    arguments = func._schema.arguments
+    lists = [i for i, a in enumerate(arguments) if isinstance(a.type, torch._C.ListType)]
+    names = [a.name for a in arguments]
+    if packet.__name__ in _SCALARS_ARE_VALUE:
+        names = ["value" if n == "scalars" else n for n in names]
+        # ``.Tensor`` overloads pass the scalars as one host tensor: element i is its i-th value.
+        lists += [i for i, a in enumerate(arguments) if a.name == "scalars" and str(a.type) == "Tensor"]
+    return functools.partial(_run, func, packet, lists, names)
+
+
+def _element(args: Sequence[Any], kwargs: dict[str, Any], lists: list[int], names: list[str],
+             i: int) -> tuple[list[Any], dict[str, Any]]:
+    """The per-tensor call of element ``i``: list arguments indexed, keyword-only ones by name."""
+    call_args: list[Any] = []
+    call_kwargs: dict[str, Any] = {}
+    for position, value in enumerate(args):
+        if position in lists:
+            value = value[i]
+            if isinstance(value, torch.Tensor) and value.dim() == 0 and names[position] == "value":
+                value = value.item()  # a host tensor of scalars (``.Tensor`` overloads)
+        if names[position] in _KEYWORD_ONLY:
+            call_kwargs[names[position]] = value
+        else:
+            call_args.append(value)
+    for key, value in kwargs.items():
+        position = names.index(key) if key in names else -1
+        call_kwargs[key] = value[i] if position in lists else value
+    return call_args, call_kwargs
+
+
+class _Spec(tuple):
+    """A tensor argument's metadata, hashable: stands for a meta tensor in :func:`_fits`."""
+
+    def __new__(cls, t: torch.Tensor) -> _Spec:
+        return super().__new__(cls, (tuple(t.shape), tuple(t.stride()), t.dtype))
+
+    def meta(self) -> torch.Tensor:
+        return torch.empty_strided(self[0], self[1], dtype=self[2], device="meta")
+
+
+def _signature(call_args: list[Any], call_kwargs: dict[str, Any]) -> tuple:
+    spec = pytree.tree_map(lambda v: _Spec(v) if isinstance(v, torch.Tensor) else v, (call_args, call_kwargs))
+    return tuple(spec[0]), tuple(sorted(spec[1].items()))
+
+
+@functools.lru_cache(maxsize=4096)
+def _fits(packet: Any, signature: tuple) -> bool:
+    """Whether the per-tensor op accepts an element call of this signature (tried on meta tensors,
+    once per signature): if it does, every element of a call binds the same way."""
+    args, kwargs = signature
+    build = lambda v: v.meta() if isinstance(v, _Spec) else v  # noqa: E731
+    try:
+        packet(*pytree.tree_map(build, list(args)), **{k: pytree.tree_map(build, v) for k, v in kwargs})
+    except Exception:
+        return False
+    return True
+
+
+def _run(func: Any, packet: Any, lists: list[int], names: list[str], args: Sequence[Any],
+         kwargs: dict[str, Any]) -> Any:
+    count = len(args[lists[0]]) if lists else 0
+    calls = [_element(args, kwargs, lists, names, i) for i in range(count)]
+    for call_args, call_kwargs in calls:  # all bind before any runs: a half-applied update is never left
+        try:
+            fits = _fits(packet, _signature(call_args, call_kwargs))
+        except TypeError:  # an unhashable argument
+            fits = False
+        if not fits:
+            return _not_handled(func, args, kwargs)
+    results = [packet(*call_args, **call_kwargs) for call_args, call_kwargs in calls]
+    if func._schema.returns:  # out-of-place (``_foreach_sqrt``): the list of results
+        return results
+    return None
+
+
+def _not_handled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    from torch_neuronx.device import eager  # the CPU route of ops writing their arguments
+
+    return eager.run_without_functional_form(func, args, kwargs)
