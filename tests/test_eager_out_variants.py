@@ -101,3 +101,30 @@ def test_random_ops_that_write_their_arguments_keep_shapes_and_draw_from_the_dev
     filled = torch.empty(2, 3, device="neuron").normal_()
     _on_device_memory(filled)
     assert filled.shape == (2, 3) and bool(torch.isfinite(filled.cpu()).all())
+
+
+def test_out_variants_of_the_outs_shape_are_queued_without_a_fallback():
+    """``torch.mul(a, b, out=c)`` with ``c`` of the result's shape: the functional twin queued and
+    copied into ``out`` (no CPU fallback, no synchronization); ``out`` aliasing an input, a
+    keyword of the op, a reduction, and a cast to ``out``'s dtype give torch's values."""
+    from torch_neuronx import observe
+
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    na, nb = a.to("neuron"), b.to("neuron")
+    out = torch.empty(4, 5, device="neuron")
+    before = observe.counter("eager_fallbacks")
+    assert torch.mul(na, nb, out=out) is out
+    torch.testing.assert_close(out.cpu(), a * b)
+    torch.add(na, nb, alpha=2.0, out=out)
+    torch.testing.assert_close(out.cpu(), a + 2.0 * b)
+    torch.mul(na, 0.5, out=na)  # out is an input
+    torch.testing.assert_close(na.cpu(), a * 0.5)
+    sums = torch.empty(4, device="neuron")
+    torch.sum(nb, 1, out=sums)
+    torch.testing.assert_close(sums.cpu(), b.sum(1))
+    wide = torch.empty(4, 5, dtype=torch.float64, device="neuron")
+    torch.mul(nb, nb, out=wide)
+    torch.testing.assert_close(wide.cpu(), (b * b).double())
+    assert observe.counter("eager_fallbacks") == before
+    with pytest.raises(RuntimeError, match="can't be cast"):  # torch's own error, as on the CPU
+        torch.mul(nb, nb, out=torch.empty(4, 5, dtype=torch.int64, device="neuron"))

@@ -33,7 +33,18 @@ from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from torch_neuronx import config, observe
 from torch_neuronx.compiler.options import compile_only_enabled
-from torch_neuronx.device import choice, distributed_ops, foreach, kernels, launch, mutations, queued, random, scalars
+from torch_neuronx.device import (
+    choice,
+    distributed_ops,
+    foreach,
+    kernels,
+    launch,
+    mutations,
+    out_variants,
+    queued,
+    random,
+    scalars,
+)
 from torch_neuronx.device.queued import on_host
 from torch_neuronx.process import checked_device_index
 from torch_neuronx.runtime.device import current_index as current_device
@@ -396,6 +407,8 @@ def _classify(func: Any) -> tuple[int, Any]:
             kind = (_VIEW, None)
         elif torch.Tag.nondeterministic_seeded in func.tags:  # random numbers: the host generator
             kind = (_RANDOM, bool(_mutated(func)))
+        elif (twin := out_variants.functional_twin(func)) is not None:  # out=: the twin, copied into out
+            kind = (_SPECIAL_OP, functools.partial(_run_out_variant, func, twin))
         elif _mutated(func):
             functional = _functional_variant(func)
             # A list written in place (``_foreach_copy_``) runs on the CPU over the tensors' memory.
@@ -454,6 +467,10 @@ def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     if kind == _RANDOM:
         return _synchronized(args, kwargs, _draw, func, args, kwargs, extra)
     return run_without_functional_form(func, args, kwargs)
+
+
+def _run_out_variant(func: Any, twin: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    return out_variants.run(func, twin, args, kwargs, _run_compiled, _queue_copy, run_without_functional_form)
 
 
 def run_without_functional_form(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

@@ -1,0 +1,69 @@
+"""``out=`` variants of ops on neuron tensors: the functional op queued on the device, then a
+queued copy into ``out``.
+
+``torch.mul(a, b, out=c)`` (``aten.mul.out``; DDP divides gradients this way) has a functional
+twin, ``aten.mul.Tensor``, taking the same arguments without ``out``. The twin runs as every
+eager op does (compiled, queued, from its launch plan), and its result is copied into ``out`` on
+the stream, so no host synchronization happens. Only the plain case is taken: one ``out``
+tensor (written, returned), on the inputs' device, of the result's shape, and of a dtype the
+result can be cast to; anything else (``out`` of another shape, which torch would resize; an
+op with several outputs; no twin) keeps the CPU route over scratch copies (``mutations.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from torch_neuronx.runtime.tensor import NeuronTensor
+
+__all__ = ["functional_twin", "run"]
+
+aten = torch.ops.aten
+
+
+def _signature(schema: Any) -> list[tuple[str, str]]:
+    return [(a.name, str(a.type)) for a in schema.arguments]
+
+
+@functools.cache
+def functional_twin(func: Any) -> Any | None:
+    """The functional overload whose arguments are ``func``'s without its single ``out``; None
+    when ``func`` is not such an ``out=`` variant."""
+    schema = func._schema
+    written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if len(written) != 1 or written[0].name != "out" or len(schema.returns) != 1:
+        return None
+    wanted = [s for s in _signature(schema) if s[0] != "out"]
+    packet = getattr(aten, schema.name.split("::")[-1], None)
+    if packet is None:
+        return None
+    for name in packet.overloads():
+        overload = getattr(packet, name)
+        twin = overload._schema
+        if twin.is_mutable or len(twin.returns) != 1:
+            continue
+        if _signature(twin) == wanted:
+            return overload
+    return None
+
+
+def run(func: Any, twin: Any, args: Sequence[Any], kwargs: dict[str, Any],
+        functional: Callable[[Any, Sequence[Any], dict[str, Any]], Any],
+        copy: Callable[[NeuronTensor, NeuronTensor, str], None],
+        fallback: Callable[[Any, Sequence[Any], dict[str, Any]], Any]) -> Any:
+    """``func`` (an ``out=`` variant) as ``twin`` into a new tensor, copied into ``out`` on the stream;
+    ``fallback`` runs it otherwise (see the module docstring)."""
+    out = kwargs.get("out")
+    rest = {k: v for k, v in kwargs.items() if k != "out"}
+    if not isinstance(out, NeuronTensor) or out._allocation is None:
+        return fallback(func, args, kwargs)
+    result = functional(twin, args, rest)
+    if not isinstance(result, NeuronTensor) or result._index != out._index or result.shape != out.shape \
+            or not torch.can_cast(result.dtype, out.dtype):
+        return fallback(func, args, kwargs)
+    copy(out, result, str(func))
+    return out
