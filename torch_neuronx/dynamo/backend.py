@@ -144,6 +144,9 @@ class _ShapeSpecialized:
         self.gm, self.options, self.model = gm, options, model
         self.compiled: dict[tuple, Callable] = {}
         self.scalars = _item_inputs(gm)
+        # One NEFF for every size where the graph allows it (dynamo/dynamic.py): decided at the first
+        # call, outside Dynamo's compile, whose tracing context a symbolic trace must not share.
+        self.dynamic: Callable | bool | None = None if not self.scalars else False
 
     @staticmethod
     def signature(args: Sequence[Any]) -> tuple:
@@ -151,6 +154,10 @@ class _ShapeSpecialized:
                      if isinstance(a, torch.Tensor) else (type(a).__name__, a) for a in args)
 
     def __call__(self, *args: Any) -> Any:
+        if self.dynamic is None:
+            self.dynamic = dynamic.compile_once(self.gm, args, self.options, self.model) or False
+        if self.dynamic:
+            return self.dynamic(*args)
         values = {i: args[i].item() for i in self.scalars}
         key = (self.signature(args), tuple(values.items()))
         fn = self.compiled.get(key)
@@ -240,10 +247,6 @@ def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
     resolved = opts.resolve()  # once, for the whole compilation; an unknown target fails here
     model = _model_name(opts)
     if _is_symbolic(example_inputs):
-        if not _item_inputs(gm):  # one NEFF for every size, where the graph allows it
-            graph = dynamic.compile_once(gm, example_inputs, resolved, model)
-            if graph is not None:
-                return graph
         return _ShapeSpecialized(gm, resolved, model)
     plan_key = plans.dynamo_key(gm, example_inputs, resolved)
     plan = plans.load(plan_key) if plan_key else None
