@@ -20,6 +20,9 @@ os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = os.path.join(_SESSION_ROOT, "neff_c
 os.environ["TORCH_NEURONX_HLO_CACHE_DIR"] = os.path.join(_SESSION_ROOT, "hlo_cache")
 os.environ["TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR"] = os.path.join(_SESSION_ROOT, "local_cache")
 os.environ["TORCH_NEURONX_DEBUG_DIR"] = os.path.join(_SESSION_ROOT, "debug")
+# One NEFF per signature in tests of other behaviours (a recompile for a new shape would otherwise add
+# a dynamic trace and a slower dynamic compile to each); tests/test_compile_dynamic_shapes.py turns it on.
+os.environ.setdefault("TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES", "0")
 os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_SESSION_ROOT, "inductor"))
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))

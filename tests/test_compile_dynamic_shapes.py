@@ -6,10 +6,17 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 
 import torch_neuronx  # noqa: F401
 from torch_neuronx import observe
+
+
+@pytest.fixture(autouse=True)
+def _dynamic_shapes_on(monkeypatch):
+    """The suite compiles per signature elsewhere (tests/conftest.py); here the feature is on."""
+    monkeypatch.setenv("TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES", "1")
 
 
 def _compiles() -> int:
@@ -115,3 +122,46 @@ def test_training_graphs_and_guarded_traces_compile_per_signature(caplog):
     for batch in (4, 6, 9):
         x = torch.randn(batch, 8)
         torch.testing.assert_close(topk(x), top(x))
+
+
+def test_a_dynamic_neff_that_disagrees_with_eager_is_not_served(monkeypatch, caplog):
+    """Fault injection at the dynamic graph: one that computes a wrong value on its first call is
+    dropped for one NEFF per signature, and every call gives eager's values."""
+    from torch_neuronx.dynamo import dynamic
+
+    real = dynamic.build
+
+    def wrong(*args, **kwargs):
+        graph = real(*args, **kwargs)
+        compiled = graph.compiled
+
+        class Off:
+            def call_unboxed(self, *tensors):
+                return [t + 1 for t in compiled.call_unboxed(*tensors)]
+
+        graph.compiled = Off()
+        return graph
+
+    monkeypatch.setattr(dynamic, "build", wrong)
+    caplog.set_level(logging.INFO, logger="torch_neuronx.dynamo")
+    logging.getLogger("torch_neuronx.dynamo").propagate = True
+    model = _mlp()
+    compiled = torch.compile(model, backend="neuron")
+    with torch.no_grad():
+        for batch in (3, 5, 7):
+            x = torch.randn(batch, 8)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert any("disagreed with eager" in r.getMessage() for r in caplog.records)
+
+
+def test_static_shapes_only_when_turned_off(monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES", "0")
+    model = _mlp()
+    compiled = torch.compile(model, backend="neuron")
+    with torch.no_grad():
+        compiled(torch.randn(3, 8))
+        before = _compiles()
+        for batch in (5, 7, 2):
+            x = torch.randn(batch, 8)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert _compiles() - before == 3

@@ -291,6 +291,14 @@ register(
         "Seconds one graph's lowering may take in the worker process before it is stopped and the "
         "graph fails with a NeuronCompileError of stage lowering.",
         _OURS, parse_non_negative_int, ours=True),
+    Var("TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES", "bool", True,
+        "When 1 (the default), a torch.compile inference graph whose dimensions Dynamo marks dynamic "
+        "(a second batch size, mark_dynamic, dynamic=True) is traced once with those sizes symbolic "
+        "and compiled to one NEFF for every size, checked once against eager on its first call; a "
+        "graph that cannot (a training graph, a trace that depends on a size) compiles one NEFF per "
+        "input signature and says why at INFO. 0 compiles one NEFF per input signature always "
+        "(TorchNeuron's behaviour: static shapes only).",
+        _OURS, parse_bool, ours=True),
     Var("TORCH_NEURONX_EAGER_DYNAMIC_SHAPES", "bool", True,
         "When 1 (the default), an eager op family compiles kernels for its first two shapes and, from "
         "its third shape on, one dynamic-shape kernel for every later shape: sizes of 2 and up are "

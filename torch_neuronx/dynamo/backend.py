@@ -146,7 +146,9 @@ class _ShapeSpecialized:
         self.scalars = _item_inputs(gm)
         # One NEFF for every size where the graph allows it (dynamo/dynamic.py): decided at the first
         # call, outside Dynamo's compile, whose tracing context a symbolic trace must not share.
-        self.dynamic: Callable | bool | None = None if not self.scalars else False
+        self.dynamic: Callable | bool | None = None
+        if self.scalars or not config.get("TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES"):
+            self.dynamic = False
 
     @staticmethod
     def signature(args: Sequence[Any]) -> tuple:
