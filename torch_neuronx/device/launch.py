@@ -36,14 +36,13 @@ from torch_neuronx.device import kernels, queued, scalars
 from torch_neuronx.runtime.streams import current_stream
 from torch_neuronx.runtime.tensor import NeuronTensor, new_tensor
 
-__all__ = ["Plan", "find", "record", "clear"]
+__all__ = ["Plan", "find", "record"]
 
 _CONSTANT = (int, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 _LIMIT = 1 << 14
 _TENSOR, _FLOAT = 0, 1
 
 _plans: dict[tuple, Plan] = {}
-_overrides = config._overrides  # config.overridden(), read without a call on every op
 _registry = kernels.registry
 
 
@@ -69,7 +68,7 @@ def _environment() -> tuple:
 
 def _usable() -> bool:
     """Whether plans may be made and used now (see the module docstring); drops stale plans."""
-    if observe.state.active or _overrides.stack or queued.stack_traces():
+    if observe.state.active or config.overridden() or queued.stack_traces():
         return False
     generation = _registry.generation
     environment = _environment()
@@ -222,7 +221,3 @@ def record(func: Any, given: tuple[Sequence[Any], dict[str, Any]], computed: tup
         _plans.clear()
     _plans[sig] = Plan(func, kernel, inputs, float_dtype, specs, index, work)
 
-
-def clear() -> None:
-    """Forget every plan (the next call of each signature goes the whole way again)."""
-    _plans.clear()
