@@ -395,7 +395,7 @@ def _classify(func: Any) -> tuple[int, Any]:
             kind = (_SPECIAL_OP, _SPECIAL[func])
         elif (distributed := distributed_ops.handler(func)) is not None:  # collectives, FSDP2's kernels
             kind = (_SPECIAL_OP, distributed)
-        elif (per_tensor := foreach.handler(func)) is not None:  # _foreach_ ops: one queued op per tensor
+        elif (per_tensor := foreach.handler(func, run_without_functional_form)) is not None:  # _foreach_*_
             kind = (_SPECIAL_OP, per_tensor)
         elif _is_view(func) and func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
             # An op that may alias (``to``, ``reshape``): without autograd keys (inference mode)

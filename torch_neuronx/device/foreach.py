@@ -1,14 +1,15 @@
 """``torch._foreach_*`` ops on neuron tensors: one op per tensor, each queued on the device.
 
 Optimizers with ``foreach=True``, gradient clipping, DDP and FSDP2 call the ``_foreach_`` ops
-(``_foreach_add_``, ``_foreach_lerp_``, ``_foreach_addcmul_``, ``_foreach_copy_``, ``_foreach_sqrt``
+(``_foreach_add_``, ``_foreach_lerp_``, ``_foreach_addcmul_``, ``_foreach_copy_``
 and the rest). They have no kernels of their own here; run on the CPU over the tensors' memory,
 each call would be a synchronization of the stream. Each is run instead as its per-tensor op
 (``_foreach_add_.List(xs, ys, alpha=a)`` as ``add_(x, y, alpha=a)`` for every pair): the element's
 arguments are the list arguments' i-th elements and the other arguments as they are, and the
 per-tensor op is the one PyTorch's overload resolution picks for them. That pick is made once per
 foreach overload, on meta tensors, before anything runs: an op without a per-tensor counterpart
-(or whose arguments do not fit one) is not handled here and keeps the CPU route.
+(or whose arguments do not fit one) keeps the CPU route. Out-of-place foreach ops are functional
+and compile as one kernel, as every other op does.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ _KEYWORD_ONLY = ("alpha", "value")  # keyword-only in the per-tensor ops, positi
 _SCALARS_ARE_VALUE = ("addcdiv", "addcdiv_", "addcmul", "addcmul_")
 
 
-def handler(func: Any) -> Handler | None:
-    """How the eager device runs ``func`` when it is a ``_foreach_`` op with a per-tensor counterpart."""
+def handler(func: Any, fallback: Callable[..., Any]) -> Handler | None:
+    """How the eager device runs ``func`` when it is an in-place ``_foreach_`` op with a per-tensor
+    counterpart; ``fallback(func, args, kwargs)`` runs a call whose arguments fit none. (Out-of-place
+    ones, ``_foreach_sqrt``, are functional: they compile as one kernel like any other op.)"""
     name = func._schema.name
-    if not name.startswith(_PREFIX):
+    if not name.startswith(_PREFIX) or not func._schema.is_mutable:
         return None
     packet = getattr(aten, name[len(_PREFIX):], None)
     if packet is None:
@@ -45,7 +48,7 @@ def handler(func: Any) -> Handler | None:
         names = ["value" if n == "scalars" else n for n in names]
         # ``.Tensor`` overloads pass the scalars as one host tensor: element i is its i-th value.
         lists += [i for i, a in enumerate(arguments) if a.name == "scalars" and str(a.type) == "Tensor"]
-    return functools.partial(_run, func, packet, lists, names)
+    return functools.partial(_run, func, packet, lists, names, fallback)
 
 
 def _element(args: Sequence[Any], kwargs: dict[str, Any], lists: list[int], names: list[str],
@@ -96,8 +99,8 @@ def _fits(packet: Any, signature: tuple) -> bool:
     return True
 
 
-def _run(func: Any, packet: Any, lists: list[int], names: list[str], args: Sequence[Any],
-         kwargs: dict[str, Any]) -> Any:
+def _run(func: Any, packet: Any, lists: list[int], names: list[str], fallback: Callable[..., Any],
+         args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     count = len(args[lists[0]]) if lists else 0
     calls = [_element(args, kwargs, lists, names, i) for i in range(count)]
     for call_args, call_kwargs in calls:  # all bind before any runs: a half-applied update is never left
@@ -106,14 +109,7 @@ def _run(func: Any, packet: Any, lists: list[int], names: list[str], args: Seque
         except TypeError:  # an unhashable argument
             fits = False
         if not fits:
-            return _not_handled(func, args, kwargs)
-    results = [packet(*call_args, **call_kwargs) for call_args, call_kwargs in calls]
-    if func._schema.returns:  # out-of-place (``_foreach_sqrt``): the list of results
-        return results
+            return fallback(func, args, kwargs)
+    for call_args, call_kwargs in calls:
+        packet(*call_args, **call_kwargs)
     return None
-
-
-def _not_handled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    from torch_neuronx.device import eager  # the CPU route of ops writing their arguments
-
-    return eager.run_without_functional_form(func, args, kwargs)
