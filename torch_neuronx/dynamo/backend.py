@@ -157,7 +157,10 @@ class _ShapeSpecialized:
 
     def __call__(self, *args: Any) -> Any:
         if self.dynamic is None:
-            self.dynamic = dynamic.compile_once(self.gm, args, self.options, self.model) or False
+            made = dynamic.compile_once(self.gm, args, self.options, self.model)
+            self.dynamic = made[0] if made is not None else False
+            if made is not None:
+                return made[1]  # this call's results, computed (and checked) once
         if self.dynamic:
             return self.dynamic(*args)
         values = {i: args[i].item() for i in self.scalars}

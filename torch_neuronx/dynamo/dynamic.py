@@ -18,7 +18,7 @@ compiled per signature instead (``backend._ShapeSpecialized``), and the reason i
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -163,14 +163,11 @@ def _host(value: Any) -> Any:
     return value._data if type(value) is NeuronTensor else value
 
 
-def _agrees_with_eager(graph: DynamicGraph, gm: torch.fx.GraphModule, args: Sequence[Any]) -> bool:
-    """Whether the dynamic NEFF computes, on the call that made it, what the graph computes in
-    eager PyTorch (on the host views of the inputs). torch-mlir's linalg lowering of a symbolic
-    trace is younger than its StableHLO path: the eager device found one that computed a wrong
-    value, so a dynamic NEFF serves only once it agreed."""
-    host_args = [_host(a) for a in args]
-    expected = gm(*host_args)
-    got = graph(*args)
+def _agrees(expected: Any, got: list[Any]) -> bool:
+    """Whether a dynamic NEFF's results ``got`` are what the graph computes in eager PyTorch.
+    torch-mlir's linalg lowering of a symbolic trace is younger than its StableHLO path: the
+    eager device found one that computed a wrong value, so a dynamic NEFF serves only once it
+    agreed on its first call."""
     expected = expected if isinstance(expected, list | tuple) else [expected]
     if len(expected) != len(got):
         return False
@@ -190,16 +187,17 @@ def _agrees_with_eager(graph: DynamicGraph, gm: torch.fx.GraphModule, args: Sequ
 
 
 def compile_once(gm: torch.fx.GraphModule, args: Sequence[Any], options: ResolvedOptions,
-                 name: str) -> Callable | None:
+                 name: str) -> tuple[DynamicGraph, list[Any]] | None:
     """The graph's one NEFF for all sizes, made on its first call (``args``) and checked against
-    eager on it, or None (logged at INFO) when it needs one per signature."""
+    eager on it, with that call's results; None (logged at INFO) when it needs one per signature."""
     try:
         graph = build(gm, args, options, f"{name}_dynamic")
-        if not _agrees_with_eager(graph, gm, args):
+        got = graph(*args)
+        if not _agrees(gm(*[_host(a) for a in args]), got):
             raise NotDynamicGraph("the dynamic NEFF disagreed with eager on its first call")
     except Exception as exc:  # any failure keeps the per-signature route, which always works
         _log.info("%s: one NEFF per input signature (%s: %s)", name, type(exc).__name__,
                   str(exc).splitlines()[0] if str(exc) else "")
         return None
     _log.info("%s: one NEFF serves every size of its dynamic dimensions", name)
-    return graph
+    return graph, got
