@@ -7,7 +7,9 @@ on the CPU and through one of two routes (``--mode``), and is classified:
 - ``compile`` (default): ``torch.compile(backend="neuron", fullgraph=False)`` of the op on CPU
   tensors, a fresh ``torch._dynamo.reset()`` per op;
 - ``eager``: the op on the eager ``neuron`` device, its sample's tensors copied there (outputs
-  that are neuron tensors are read back, inputs the op wrote into compared too). With
+  that are neuron tensors are read back, inputs the op wrote into compared too), each sample
+  run twice: the second call takes the launch plans the first left and must give the first's
+  results bit for bit. With
   ``--dynamic-first`` every op family gets its dynamic-shape kernel at once (no kernels of its
   first shapes' own), so the samples test those kernels.
 
@@ -243,6 +245,11 @@ def check(op, sample, expected, compiled, rtol: float, atol: float) -> str | Non
         return compare_uninitialized(expected, got)
     key = op_key(op)
     mismatch = compare(canonical(key, expected), canonical(key, got), rtol, atol)
+    if MODE == "eager" and not mismatch:
+        # The same call again takes the launch plan the first one left (device/launch.py).
+        again = compare(canonical(key, got), canonical(key, run(compiled)), 0.0, 0.0)
+        if again:
+            return f"second call (launch plan) differs from the first: {again}"
     if mismatch and torch.float64 in op.supported_dtypes("cpu"):
         x, args, kwargs = widened(clone_sample(sample))
         try:
