@@ -13,7 +13,9 @@ per-round ratios. Measures the targets of the compile-path issue:
 - beyond the targets, the per-step time of a training step of the small MLP and
   of the transformer block, and the per-call time of both on ``neuron`` tensors.
 
-Usage: ``python bench/compile.py [--quick]``. Threads: torch gets 2 threads
+Usage: ``python bench/compile.py [--quick] [--isa avx2]``. ``--isa avx2`` limits every
+competitor to AVX2 on a wider host (bench/common.py: the neuron backend compiles for
+x86-64-v3; oneDNN, MKL, ATen and inductor's C++ stop at AVX2). Threads: torch gets 2 threads
 (this machine's cores); IREE's local-task executor uses its own workers.
 """
 
@@ -33,6 +35,9 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 from demo import Block  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import EMULATED_ISA_ENV, emulate_isa, isa_line  # noqa: E402  (bench/common.py)
 
 THREADS = min(2, os.cpu_count() or 1)
 
@@ -282,7 +287,11 @@ def _table(title: str, columns: list[str], lines: list[list[str]]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="shorter timings (noisier)")
+    parser.add_argument("--isa", choices=sorted(EMULATED_ISA_ENV),
+                        help="limit every competitor to this ISA (emulated on a wider host)")
     args = parser.parse_args()
+    emulate_isa(args.isa)
+    print(isa_line(args.isa))
     seconds = 0.5 if args.quick else 2.0
     torch.set_num_threads(THREADS)
     torch.manual_seed(0)

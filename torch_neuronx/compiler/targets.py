@@ -102,7 +102,7 @@ _CPU_FLAGS = (
     *_INPUT,
     "--iree-hal-target-device=local",
     "--iree-hal-local-target-device-backends=llvm-cpu",
-    "--iree-llvmcpu-target-cpu=host",
+    "--iree-llvmcpu-target-cpu=host",  # replaced by TORCH_NEURONX_TARGET_CPU (cpu_target)
     # Data tiling from global optimization on: weights and activations are packed by their own
     # dispatches, so a matmul never fuses its packing into an odd producer. The dispatch-creation
     # path (--iree-opt-data-tiling) fused a transposed attention product with the next matmul's
@@ -110,6 +110,13 @@ _CPU_FLAGS = (
     # transformer block; the same 51 ms on 4x2048 linears (bench/compile.py, iree-profile).
     "--iree-global-opt-data-tiling",
     "--iree-llvmcpu-enable-ukernels=all",
+    # Data-tiled matmuls distributed in tiles of up to 2 MiB of operands instead of IREE's default
+    # (a 256x2048x2048 product got 8x16 output tiles over all of K, re-reading the weights 32
+    # times): single-threaded, four 2048-wide linears at batch 256 ran in 93 ms against 222 ms on
+    # x86-64-v3 (AVX2) and 88 against 105 ms on this AVX-512 host; the transformer block 3% faster
+    # on AVX2, the same on AVX-512; 1, 4 and 8 MiB measured no better than 2
+    # (docs/benchmarks.md, "AVX2 emulated on an AVX-512 host").
+    "--iree-llvmcpu-matmul-tile-bytes=2097152",
 )
 # IREE 3.13's global-optimization data tiling fails on some padded batch matmuls of training
 # graphs ("map_store ... restricted to workgroup distributed contexts"); those modules are
@@ -149,6 +156,21 @@ _TARGETS: dict[str, Target] = {
     "trn3": Target("trn3", "neuronx-cc", ("--target=trn3",), "",
                    "AWS Trainium3, only through a real neuronx-cc on PATH"),
 }
+
+
+@functools.cache
+def cpu_target(cpu: str = "host") -> Target:
+    """The ``cpu`` target compiling for LLVM CPU ``cpu`` (TORCH_NEURONX_TARGET_CPU) instead of ``host``.
+
+    Its other flags are the same for every CPU: they measured best on AVX2 (x86-64-v3)
+    and AVX-512 alike. The CPU is in the flags, hence in the NEFF cache key.
+    """
+    base = _TARGETS["cpu"]
+    if cpu == "host":
+        return base
+    flags = tuple(f"--iree-llvmcpu-target-cpu={cpu}" if f.startswith("--iree-llvmcpu-target-cpu=") else f
+                  for f in base.flags)
+    return dataclasses.replace(base, flags=flags, description=f"{cpu} through IREE llvm-cpu on this host")
 
 
 @functools.cache
@@ -208,6 +230,8 @@ def resolve(name: str | None = None) -> Target:
     if name is None:
         name = config.get("NEURON_PLATFORM_TARGET_OVERRIDE") or live_target()
     key = name.strip().lower()
+    if key == "cpu":
+        return cpu_target(config.get("TORCH_NEURONX_TARGET_CPU").strip() or "host")
     target = _TARGETS.get(key)
     if target is None:
         raise UnknownTargetError(

@@ -260,6 +260,13 @@ register(
     Var("TORCH_NEURONX_COMPILER_FLAGS", "str", "",
         "Extra flags appended to every compiler invocation (space separated). Part of the cache key.",
         _OURS, parse_str, ours=True),
+    Var("TORCH_NEURONX_TARGET_CPU", "str", "host",
+        "The LLVM CPU the cpu target compiles for: host (the default: every instruction this host has) "
+        "or a CPU name such as x86-64-v3 (AVX2 and FMA, what bench/compile.py --isa avx2 uses to emulate "
+        "an AVX2-only host on an AVX-512 one), znver3 or x86-64-v4. The cpu target's other flags stay "
+        "the same (measured best on AVX2 and AVX-512 alike). Part of the cache key (the flags name "
+        "the CPU), so NEFFs for two CPUs never mix.",
+        _OURS, parse_str, ours=True),
     Var("TORCH_NEURONX_RESIDENT_PARAMETERS", "bool", True,
         "When 1 (the default), inference graphs keep their nn.Parameter inputs resident in the runtime: "
         "weights are bound (and packed for the matmuls) once, and bound again only when a parameter "
