@@ -90,6 +90,30 @@ def _sign_fixed(vectors: torch.Tensor) -> torch.Tensor:
     return vectors * torch.where(sign == 0, 1.0, sign)
 
 
+# Ops returning (values, indices) along a dimension, whose indices torch leaves open on ties:
+# (position of the dim argument after the input, its default, position of keepdim or None).
+TIED_INDICES = {"topk": (1, -1, None), "kthvalue": (1, -1, 2)}
+
+
+def tie_broken_otherwise(key: str, sample: Any, expected: Any, got: Any) -> bool:
+    """Whether ``got`` differs from ``expected`` only in which of tied elements its indices name:
+    the values are equal and ``got``'s indices select them from the input."""
+    spec = TIED_INDICES.get(key)
+    if spec is None or not isinstance(got, tuple | list) or len(got) != 2:
+        return False
+    if not torch.equal(got[0], expected[0]):
+        return False
+    x, args, kwargs = sample
+    if x.dim() == 0:
+        return torch.equal(got[0], x)
+    at, default, keep_at = spec
+    dim = args[at] if len(args) > at else kwargs.get("dim", default)
+    keepdim = args[keep_at] if keep_at is not None and len(args) > keep_at else kwargs.get("keepdim", False)
+    indices = got[1] if keep_at is None or keepdim else got[1].unsqueeze(dim)
+    values = got[0] if keep_at is None or keepdim else got[0].unsqueeze(dim)
+    return torch.equal(x.gather(dim, indices), values)
+
+
 def canonical(key: str, out: Any) -> Any:
     """``out`` of op ``key`` with its eigenvectors' signs fixed (other outputs unchanged)."""
     positions = EIGENVECTORS.get(key)

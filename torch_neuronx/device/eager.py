@@ -39,6 +39,7 @@ from torch_neuronx.device import (
     foreach,
     kernels,
     launch,
+    math_bits,
     mutations,
     out_variants,
     queued,
@@ -382,7 +383,7 @@ def _copy_results(storage: list[torch.Tensor | None], results: Sequence[torch.Te
             out.copy_(result)
 
 
-_SPECIAL_OP, _COMPOSITE_VIEW, _INPLACE_VIEW, _VIEW, _RANDOM, _IN_PLACE, _NO_FUNCTIONAL, _FUNCTIONAL = range(8)
+_SPECIAL_OP, _COMPOSITE_VIEW, _INPLACE_VIEW, _VIEW, _RANDOM, _IN_PLACE, _NO_FUNCTIONAL, _FUNCTIONAL, _BITS = range(9)
 _kinds: dict[Any, tuple[int, Any]] = {}
 _no_result: set[Any] = set()  # in-place ops whose schema returns nothing (``fsdp.copy_``)
 
@@ -391,6 +392,7 @@ def _classify(func: Any) -> tuple[int, Any]:
     """How ``func`` runs on neuron tensors (computed once per op: schemas are looked at only here)."""
     kind = _kinds.get(func)
     if kind is None:
+        twin = None
         if func in _SPECIAL:
             kind = (_SPECIAL_OP, _SPECIAL[func])
         elif (distributed := distributed_ops.handler(func)) is not None:  # collectives, FSDP2's kernels
@@ -419,12 +421,15 @@ def _classify(func: Any) -> tuple[int, Any]:
                 _no_result.add(func)
         else:
             kind = (_FUNCTIONAL, None)
+        if kind[0] in (_FUNCTIONAL, _IN_PLACE) or twin is not None:
+            if math_bits.passes_bits(func):  # mm, clone, ...: torch hands them conjugate/negative views
+                kind = (_BITS, kind)
         _kinds[func] = kind
     return kind
 
 
 _HOW = {_SPECIAL_OP: "other", _COMPOSITE_VIEW: "view", _INPLACE_VIEW: "view", _VIEW: "view", _RANDOM: "random",
-        _IN_PLACE: "compiled", _NO_FUNCTIONAL: "fallback", _FUNCTIONAL: "compiled"}
+        _IN_PLACE: "compiled", _NO_FUNCTIONAL: "fallback", _FUNCTIONAL: "compiled", _BITS: "compiled"}
 
 
 def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
@@ -448,14 +453,7 @@ def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     if kind == _FUNCTIONAL:
         return _run_compiled(func, args, kwargs)
     if kind == _IN_PLACE:
-        result = _run_compiled(extra, args, kwargs)
-        target = args[0]
-        if isinstance(result, NeuronTensor) and result._index == target._index:
-            _check_in_place(target, result)
-            _queue_copy(target, result, str(func))
-        else:
-            on_host(target._index, [target], _write_back, target, result)
-        return None if func in _no_result else target
+        return _run_in_place(func, extra, args, kwargs, args[0])
     if kind == _VIEW:
         return _run_view(func, args, kwargs)
     if kind == _COMPOSITE_VIEW:
@@ -466,7 +464,39 @@ def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         return extra(args, kwargs)
     if kind == _RANDOM:
         return _synchronized(args, kwargs, _draw, func, args, kwargs, extra)
+    if kind == _BITS:
+        return _run_resolving_bits(func, *extra, args, kwargs)
     return run_without_functional_form(func, args, kwargs)
+
+
+def _run_in_place(func: Any, functional: Any, args: Sequence[Any], kwargs: dict[str, Any],
+                  target: NeuronTensor) -> Any:
+    """An in-place op as its functional variant on ``args``, the result copied into ``target``."""
+    result = _run_compiled(functional, args, kwargs)
+    if isinstance(result, NeuronTensor) and result._index == target._index:
+        _check_in_place(target, result)
+        _queue_copy(target, result, str(func))
+    else:
+        on_host(target._index, [target], _write_back, target, result)
+    return None if func in _no_result else target
+
+
+def _run_resolving_bits(func: Any, kind: int, extra: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """An op torch hands conjugate or negative views (:mod:`.math_bits`) on their values in plain
+    memory; what it writes (an in-place op's target, an ``out=``) is written through the view."""
+    reading, reading_kwargs = math_bits.resolved(args, kwargs, _resolved_copy, keep=frozenset(("out",)))
+    if kind == _IN_PLACE:
+        return _run_in_place(func, extra, reading, reading_kwargs, args[0])
+    if kind == _FUNCTIONAL:
+        return _run_compiled(func, reading, reading_kwargs)
+    return extra(reading, reading_kwargs)
+
+
+def _resolved_copy(t: NeuronTensor) -> NeuronTensor:
+    """The values of a conjugate or negative view in plain memory (a queued copy, which resolves them)."""
+    out = empty_on_device(t.shape, None, t.dtype, t.device)
+    _queue_copy(out, t, "aten::resolve_conj" if t._data.is_conj() else "aten::resolve_neg")
+    return out
 
 
 def _run_out_variant(func: Any, twin: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

@@ -434,8 +434,15 @@ def _fill_overlapping(data: torch.Tensor, t: torch.Tensor) -> None:
 
 
 def alias(data: torch.Tensor, source: NeuronTensor) -> NeuronTensor:
-    """A neuron tensor over ``data``, a view of ``source``'s memory."""
-    return NeuronTensor(data, source._allocation, index=source._index)
+    """A neuron tensor over ``data``, a view of ``source``'s memory, with ``data``'s conjugate and
+    negative bits (``x.conj()``, ``torch._neg_view(x)``): torch resolves them above the backend
+    only when the wrapper carries them (``device/math_bits.py``)."""
+    view = NeuronTensor(data, source._allocation, index=source._index)
+    if data.is_conj():
+        torch._C._set_conj(view, True)
+    if data.is_neg():
+        torch._C._set_neg(view, True)
+    return view
 
 
 
