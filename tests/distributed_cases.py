@@ -62,6 +62,38 @@ def mismatched_later(rank: int) -> None:
         raise
 
 
+def mismatched_pattern(rank: int) -> None:
+    """all_reduce and all_gather alternate (each rank predicts its rows, so nothing is exchanged);
+    then rank 0 keeps the pattern and rank 1 breaks it: both raise, neither hangs."""
+    out = torch.empty(8, device="neuron")
+    for _ in range(3):
+        t = torch.ones(4, device="neuron")
+        dist.all_reduce(t)
+        dist.all_gather_into_tensor(out, t)
+        out.cpu()
+    t = torch.ones(4, device="neuron")
+    if rank == 0:
+        dist.all_reduce(t)
+    else:
+        dist.all_gather_into_tensor(out, t)
+    out.cpu()
+    t.cpu()
+
+
+def mismatched_after_queued(rank: int) -> None:
+    """Twenty queued all_reduces (no host read between them, every row predicted), then rank 1
+    changes its size: both raise the mismatch, and the twenty are right."""
+    t = torch.ones(4, device="neuron")
+    for _ in range(20):
+        dist.all_reduce(t)
+    assert t.cpu().tolist() == [2.0 ** 20] * 4, t.cpu()
+    for _ in range(20):
+        dist.all_reduce(t)
+    odd = torch.ones(4 + rank, device="neuron")
+    dist.all_reduce(odd)
+    odd.cpu()
+
+
 def one_rank_changes_and_agrees(rank: int) -> None:
     """all_to_all_single where rank 1 changes only what it keeps for itself: rank 0's row is the
     same as before (it goes ahead), rank 1's is new (it waits); they agree, and the data moves."""

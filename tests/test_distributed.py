@@ -83,6 +83,8 @@ def _outcomes(proc: subprocess.CompletedProcess) -> dict[int, str]:
 @pytest.mark.parametrize("case, expect", [
     ("mismatched_shapes", {0: "disagree on the tensor sizes", 1: "disagree on the tensor sizes"}),
     ("mismatched_later", {0: "disagree on the tensor sizes", 1: "disagree on the tensor sizes"}),
+    ("mismatched_pattern", {0: "disagree on the collective called", 1: "disagree on the collective called"}),
+    ("mismatched_after_queued", {0: "disagree on the tensor sizes", 1: "disagree on the tensor sizes"}),
     ("bad_reduce_scatter", {0: "input of 8 elements for 2 outputs of 3", 1: "input of 8 elements"}),
     ("mismatched_gather", {1: "output of 8 elements for 2 inputs of 5", 0: "CollectiveError"}),
     ("peer_dies", {0: "Connection closed by peer"}),

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from torch_neuronx import config
 from torch_neuronx.distributed import algorithms, validate
+from torch_neuronx.distributed.agreements import Agreements
 from torch_neuronx.distributed.options import Options
 from torch_neuronx.distributed.work import CollectiveQueue, NeuronWork, Task, issue, never_compiled
 from torch_neuronx.runtime import streams
@@ -68,8 +69,8 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         self.options = Options.from_environment()
         self._transport = dist.ProcessGroupGloo(store, rank, size, timeout)
         # the agreement checks travel on connections of their own, so they can run ahead of the data
-        self._agreements = validate.Agreements(
-            dist.ProcessGroupGloo(dist.PrefixStore("agreement", store), rank, size, timeout), size)
+        self._agreements = Agreements(
+            dist.ProcessGroupGloo(dist.PrefixStore("agreement", store), rank, size, timeout), rank, size)
         self._blocking = bool(config.get("NEURON_LAUNCH_BLOCKING"))
         self._timeout_s = timeout.total_seconds()
         self._name = ""
@@ -110,7 +111,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
                fn: Callable[[], Any], agree: Agreement | None = None) -> NeuronWork:
         """Queue ``fn`` (the algorithm on host views) in this group's order, after the neuron work
         producing ``tensors`` and before the work that consumes them; with ``agree``, the ranks
-        check that they called the same collective on matching sizes (:class:`.validate.Agreements`:
+        check that they called the same collective on matching sizes (:class:`.agreements.Agreements`:
         the check is posted now, ahead of the data)."""
         check = None
         if agree is not None and self.size() > 1:

@@ -4,22 +4,17 @@ gloo aborts the whole process on some shape errors (a stacked ``reduce_scatter_t
 all-reduce whose sizes differ across ranks) and lets others fail on one rank only while the
 peers wait. The local checks here raise a clear :class:`CollectiveArgumentError` in the caller,
 before the collective is queued; :func:`signature` and :func:`disagreement` check, once every
-rank's row has been exchanged (:class:`Agreements`, ahead of the data), what the ranks must agree
+rank's row is in (:mod:`.agreements`, ahead of the data), what the ranks must agree
 on, so that a mismatch across ranks is the same error on every rank.
 """
 
 from __future__ import annotations
 
-import logging
-import threading
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed.distributed_c10d as c10d
-
-_log = logging.getLogger("torch_neuronx.distributed")
 
 
 class CollectiveArgumentError(ValueError):
@@ -164,10 +159,10 @@ def _same_dtype(kind: str, a: torch.Tensor, b: torch.Tensor) -> None:
 
 _KINDS = ("all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather", "all_gather_coalesced",
           "reduce_scatter", "reduce_scatter_coalesced", "gather", "scatter", "all_to_all")
-#: kind, dtype, crc of what must agree, four per-rank values, ranks' count, the first four agreed,
+#: a row: kind, dtype, crc of what must agree, four per-rank values, ranks' count, the first four agreed,
 #: whether the rank runs ahead; then all_to_all's sends and receives (one per rank each)
-_FIXED = 13
-_AHEAD = 12
+FIXED = 13
+AHEAD = 12
 _DTYPE_CODES: dict[torch.dtype | None, int] = {}
 
 
@@ -203,8 +198,8 @@ def disagreement(kind: str, rows: torch.Tensor, expected_mine: Sequence[Sequence
             got = rows[r, 3:3 + len(expected_mine[r])].tolist()
             if got != list(expected_mine[r]):
                 return f"rank {r} contributes {got} elements where the others expect {list(expected_mine[r])}"
-    if rows.shape[1] > _FIXED and rows[:, _FIXED:].any():
-        sends, receives = rows[:, _FIXED:_FIXED + size], rows[:, _FIXED + size:_FIXED + 2 * size]
+    if rows.shape[1] > FIXED and rows[:, FIXED:].any():
+        sends, receives = rows[:, FIXED:FIXED + size], rows[:, FIXED + size:FIXED + 2 * size]
         if not torch.equal(sends, receives.t()):
             return (f"{kind} splits do not match: rank i sends rows {sends.tolist()} (row i), "
                     f"rank j expects {receives.t().tolist()} (column j)")
@@ -218,90 +213,3 @@ def _per_rank(rows: torch.Tensor, column: int, what: str) -> str:
     if column == 2:  # the first sizes they hold
         return ", ".join(f"rank {r}: {[v for v in rows[r, 8:12].tolist()]}" for r in range(rows.shape[0]))
     return "different on " + ", ".join(f"rank {r}" for r in range(rows.shape[0]))
-
-
-class Check:
-    """One collective's agreement check, in flight on the checks transport.
-
-    ``ahead``: this rank runs the collective's data without waiting for the verdict (its row is
-    the one it sent for the last collective of this kind, whose check agreed). ``done`` is set once
-    the verdict is in: ``error`` (a :class:`CollectiveArgumentError`, or the transport's error),
-    and ``breaks``: the check failed while some rank ran ahead into the data, so the data transport
-    is out of step on that rank and the group cannot go on (the same verdict on every rank).
-    """
-
-    __slots__ = ("kind", "row", "ahead", "expected", "rows", "done", "error", "breaks", "_lock", "_on_failure")
-
-    def __init__(self, kind: str, row: tuple[int, ...], ahead: bool,
-                 expected: Sequence[Sequence[int]] | None) -> None:
-        self.kind, self.row, self.ahead, self.expected = kind, row, ahead, expected
-        self.rows: torch.Tensor | None = None
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-        self.breaks = False
-        self._lock = threading.Lock()
-        self._on_failure: Callable[[Check], None] | None = None
-
-    @property
-    def agreed(self) -> bool:
-        """The verdict is in, and the ranks agree."""
-        return self.done.is_set() and self.error is None
-
-    def on_failure(self, callback: Callable[[Check], None]) -> None:
-        """Call ``callback(self)`` once the verdict is a failure (at once if it already is)."""
-        with self._lock:
-            if not self.done.is_set():
-                self._on_failure = callback
-                return
-        if self.error is not None:
-            callback(self)
-
-    def complete(self, future: Any) -> None:
-        """The transport's callback: every rank's row has arrived (or the exchange failed)."""
-        try:
-            future.wait()
-            ahead = self.rows[:, _AHEAD].tolist()
-            # every rank ahead: each sent the row of its last such collective, whose check agreed
-            problem = None if all(ahead) else disagreement(self.kind, self.rows, self.expected)
-            if problem is not None:
-                self.error = CollectiveArgumentError(f"{self.kind}: {problem}")
-                self.breaks = any(ahead)
-        except BaseException as exc:  # the exchange failed (a dead peer, the timeout)
-            self.error, self.breaks = exc, self.ahead
-        with self._lock:
-            self.done.set()
-            callback, self._on_failure = self._on_failure, None
-        if callback is not None and self.error is not None:
-            try:
-                callback(self)
-            except BaseException:  # a callback on the transport's thread must not raise
-                _log.exception("the agreement failure callback of %s failed", self.kind)
-
-
-class Agreements:
-    """The agreement checks of one process group, exchanged on a transport of their own.
-
-    Every rank posts every check (an all-gather of its :func:`signature` row) when the collective
-    is issued, in program order, so the checks run ahead of the data. A rank waits for the verdict
-    before the data unless its row is the one of the last collective of that kind and that check
-    agreed: then, if every rank is in that case, the ranks agree again (the rows of that earlier
-    collective agreed), and the data need not wait for the round trip. A rank whose row changed
-    waits; the ranks that went ahead learn a failed verdict from the same exchange (:class:`Check`).
-    """
-
-    def __init__(self, transport: Any, size: int) -> None:
-        self._transport, self._size = transport, size
-        self._last: dict[str, Check] = {}
-
-    def post(self, kind: str, row: tuple[int, ...], expected: Sequence[Sequence[int]] | None) -> Check:
-        """Send this rank's row of ``kind``'s check; the :class:`Check` completes with the verdict."""
-        last = self._last.get(kind)
-        check = Check(kind, row, last is not None and last.row == row and last.agreed, expected)
-        self._last[kind] = check
-        sent = torch.tensor(row, dtype=torch.int64)
-        if check.ahead:
-            sent[_AHEAD] = 1
-        check.rows = torch.empty(self._size, len(row), dtype=torch.int64)
-        work = self._transport._allgather_base(check.rows.view(-1), sent, c10d.AllgatherOptions())
-        work.get_future().add_done_callback(check.complete)
-        return check

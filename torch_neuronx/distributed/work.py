@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from torch_neuronx import observe
-from torch_neuronx.distributed import validate
+from torch_neuronx.distributed import agreements
 from torch_neuronx.runtime import streams
 
 _log = logging.getLogger("torch_neuronx.distributed")
@@ -45,7 +45,7 @@ class Task:
                  "check", "after", "_ending")
 
     def __init__(self, kind: str, fn: Callable[[], Any], ready: Sequence[streams.Event], outputs: list[Any],
-                 nbytes: int, group: str, timeout_s: float, check: validate.Check | None = None) -> None:
+                 nbytes: int, group: str, timeout_s: float, check: agreements.Check | None = None) -> None:
         self.kind, self.fn, self.ready, self.outputs, self.nbytes = kind, fn, list(ready), outputs, nbytes
         self.group, self.timeout_s = group, timeout_s
         self.check = check  # the ranks' agreement check, posted when the collective was issued
@@ -71,7 +71,7 @@ class Task:
     def run(self) -> dist.Work | None:
         """Wait for the inputs' producers and run the collective (never raises).
 
-        A collective whose agreement check runs ahead (:class:`~.validate.Check`) moves its data
+        A collective whose agreement check runs ahead (:class:`~.agreements.Check`) moves its data
         first and takes the verdict after; the others wait for the verdict first. ``fn`` either
         completes the collective or, for point-to-point operations, which must not hold the group's
         queue while the peer's matching operation waits behind it, returns the transport's
@@ -199,7 +199,7 @@ class CollectiveQueue:
     through the FIFO's thread and back, and collectives issued back to back on one stream follow
     each other there; a later collective that goes through the FIFO waits for it first.
 
-    An agreement check that fails while a rank ran ahead into the data (:class:`~.validate.Check`)
+    An agreement check that fails while a rank ran ahead into the data (:class:`~.agreements.Check`)
     breaks the queue on every rank: that rank's transport holds a collective its peers never
     joined, so the collective and every later one fail (at once, queued or new).
     """
@@ -278,7 +278,7 @@ class CollectiveQueue:
         if pending is not None:
             self._pending.put((task, pending))
 
-    def _break(self, check: validate.Check, task: Task) -> None:
+    def _break(self, check: agreements.Check, task: Task) -> None:
         """``check`` failed while a rank ran ahead: fail ``task`` and everything queued after it."""
         if self._broken is None:
             self._broken = check.error
