@@ -1,6 +1,6 @@
 """Sorts and selections with torch's NaN and tie rules: ``sort``, ``topk``, ``median``,
 ``nanmedian``, ``kthvalue``, ``mode``, ``argmax``/``argmin``, ``max``/``min`` along a dim,
-``amax``/``amin`` of uint8, ``searchsorted``.
+``amax``/``amin``/``max``/``min`` of unsigned and bool tensors, ``searchsorted``.
 
 torch-mlir lowers ``aten.sort`` to a ``stablehlo.sort`` of (values, iota) whose comparator
 knows nothing of NaN (torch sorts NaN as the largest value) and whose ties IREE breaks in no
@@ -187,14 +187,14 @@ def _extreme_index(x: torch.Tensor, dim: int | None, keepdim: bool, extreme: Cal
     torch-mlir's own lowering skips NaN and, for some integer types, does not return the
     first of equal extremes: the index is the smallest position that holds the extreme.
     """
-    if x.dtype == torch.bool or x.is_complex():
+    if x.is_complex():
         return None
     if x.dim() == 0:  # a scalar's one element (dims 0 and -1 name it)
         return torch.zeros((), dtype=torch.int64, device=x.device)
     if dim is None:
         x, dim = x.reshape(-1), 0
-    if x.dtype == torch.uint8:
-        x = x.to(torch.int32)  # see amax_uint8
+    if x.dtype in _WIDER:
+        x = x.to(_WIDER[x.dtype])  # see amax_unsigned
     best = extreme(x, dim, keepdim=True)  # NaN where the slice has one: amax/amin propagate it
     hit = torch.where(best.isnan(), x.isnan(), x == best) if x.is_floating_point() else x == best
     n = x.shape[dim]
@@ -224,18 +224,36 @@ def _extreme_dim(x: torch.Tensor, dim: int, keepdim: bool, extreme: Callable) ->
     return (values, index) if keepdim else (values.squeeze(dim), index.squeeze(dim))
 
 
-def amax_uint8(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> torch.Tensor:
-    """``aten.amax`` of uint8 in int32: torch-mlir reduces uint8 from a signed initial value."""
-    if x.dtype != torch.uint8:
-        return NotImplemented
-    return aten.amax.default(x.to(torch.int32), dim, keepdim).to(torch.uint8)
+# torch-mlir reduces unsigned and bool tensors from a signed initial value (uint8's max starts
+# from -128, read as 128; bool's from True), so a max of small values, or a min of large ones,
+# came out wrong. These dtypes reduce in a wider signed type instead.
+_WIDER = {torch.bool: torch.int32, torch.uint8: torch.int32, torch.uint16: torch.int32, torch.uint32: torch.int64}
 
 
-def amin_uint8(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> torch.Tensor:
-    """``aten.amin`` of uint8 in int32 (see :func:`amax_uint8`)."""
-    if x.dtype != torch.uint8:
+def amax_unsigned(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> torch.Tensor:
+    """``aten.amax`` of an unsigned or bool tensor, in a wider signed type (see ``_WIDER``)."""
+    wide = _WIDER.get(x.dtype)
+    if wide is None:
         return NotImplemented
-    return aten.amin.default(x.to(torch.int32), dim, keepdim).to(torch.uint8)
+    return aten.amax.default(x.to(wide), dim, keepdim).to(x.dtype)
+
+
+def amin_unsigned(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdim: bool = False) -> torch.Tensor:
+    """``aten.amin`` of an unsigned or bool tensor (see :func:`amax_unsigned`)."""
+    wide = _WIDER.get(x.dtype)
+    if wide is None:
+        return NotImplemented
+    return aten.amin.default(x.to(wide), dim, keepdim).to(x.dtype)
+
+
+def max_all(x: torch.Tensor) -> torch.Tensor:
+    """``aten.max`` of a whole unsigned or bool tensor (see :func:`amax_unsigned`)."""
+    return amax_unsigned(x, list(range(x.dim())))
+
+
+def min_all(x: torch.Tensor) -> torch.Tensor:
+    """``aten.min`` of a whole unsigned or bool tensor (see :func:`amax_unsigned`)."""
+    return amin_unsigned(x, list(range(x.dim())))
 
 
 def max_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -277,9 +295,11 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.nanmedian.dim: nanmedian_dim,
     aten.nanmedian.default: nanmedian,
     aten.mode.default: mode,
-    aten.amax.default: amax_uint8,
+    aten.amax.default: amax_unsigned,
+    aten.max.default: max_all,
+    aten.min.default: min_all,
     aten.searchsorted.Tensor: searchsorted,
     aten.searchsorted.Scalar: searchsorted,
-    aten.amin.default: amin_uint8,
+    aten.amin.default: amin_unsigned,
     aten.min.dim: min_dim,
 }
