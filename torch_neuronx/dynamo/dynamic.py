@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from torch_neuronx.compiler.options import ResolvedOptions
+from torch_neuronx.dynamo.graph import resident_inputs
 from torch_neuronx.pipeline import trace as tracing
 from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
 
@@ -151,11 +152,15 @@ def build(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Reso
             args[position] = tensors[t].shape[d]
         return gm(*args)
 
+    # The weights stay resident in the runtime, as a static graph's do: bound once, their packing
+    # for the matmuls hoisted out of the calls.
+    resident = resident_inputs(examples)
     try:  # unfunctionalized first: functionalization fixes the sizes of a 3-d linear layer's views
         compiled, _, _ = tracing.trace(call, name, stand_ins, options, hlo_cache=False, dynamic=marks,
-                                       functionalize=False)
+                                       functionalize=False, resident=resident)
     except tracing.NotFunctional:
-        compiled, _, _ = tracing.trace(call, name, stand_ins, options, hlo_cache=False, dynamic=marks)
+        compiled, _, _ = tracing.trace(call, name, stand_ins, options, hlo_cache=False, dynamic=marks,
+                                       resident=resident)
     return DynamicGraph(compiled, layout, name)
 
 

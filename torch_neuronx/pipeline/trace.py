@@ -145,7 +145,7 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
           options: ResolvedOptions | None = None, *, hlo_cache: bool = True,
           output_storage: bool = False,
           dynamic: Sequence[Sequence[bool]] | None = None,
-          functionalize: bool = True) -> tuple[CompiledGraph, Trace, pytree.TreeSpec]:
+          functionalize: bool = True, resident: Sequence[int] = ()) -> tuple[CompiledGraph, Trace, pytree.TreeSpec]:
     """Trace ``fn(tensors)`` for these tensors' shapes and dtypes, lower and compile it.
 
     ``fn`` puts the (fake) tensors back among the declared arguments and calls
@@ -162,6 +162,9 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
     a trace that turns out to mutate raises :class:`NotFunctional`. (Functionalization replays
     views with their traced sizes, which fixes a symbolic size, as a linear layer's 3-d
     ``view`` does.)
+
+    ``resident``: positions of ``tensors`` that are parameters, kept resident in the runtime
+    (bound once, their packing hoisted out of the calls; ``compiler/resident.py``).
     """
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -198,7 +201,7 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
                 dynamic_only.enter_context(rewrite.dynamic_trace())
                 dynamic_only.enter_context(driver.time_limit(DYNAMIC_COMPILE_SECONDS))
             compiled, plan = build_graph(gm, options, name, GraphArtifacts(name, options.preserve_artifacts),
-                                         hlo_cache=hlo_cache, output_storage=output_storage,
+                                         hlo_cache=hlo_cache, output_storage=output_storage, resident=resident,
                                          dialect="stablehlo" if dynamic is None else "linalg")
         if dynamic is not None:  # the passes and the lowering must not have specialized it either
             shapes.check_dynamic(gm)
