@@ -1,5 +1,5 @@
 """``var``, ``std`` and their ``_mean`` forms with any ``correction`` (torch-mlir's lowering
-takes only the unbiased flag), and ``any`` over several dims.
+takes only the unbiased flag), and ``any``/``all`` as counts of nonzero (zero) elements.
 """
 
 from __future__ import annotations
@@ -11,10 +11,35 @@ import torch
 aten = torch.ops.aten
 
 
+def _truth(x: torch.Tensor, result: torch.Tensor) -> torch.Tensor:
+    """A boolean reduction's result in torch's dtype: uint8 for a uint8 input, else bool."""
+    return result.to(torch.uint8) if x.dtype == torch.uint8 else result
+
+
 def any_dims(x, dim=None, keepdim=False):
-    """``aten.any.dims`` (which torch-mlir does not lower) as a sum of the true values."""
-    counts = aten.sum.dim_IntList(x.to(torch.int32), list(dim) if dim is not None else None, keepdim)
-    return counts > 0
+    """``aten.any.dims`` (which torch-mlir does not lower) as a count of the nonzero elements
+    (counting the values themselves missed 0.5, NaN, and a -1 next to a 1)."""
+    dims = list(dim) if dim is not None else None
+    return _truth(x, aten.sum.dim_IntList((x != 0).to(torch.int32), dims, keepdim) > 0)
+
+
+def any_dim(x, dim, keepdim=False):
+    """``aten.any.dim`` (see :func:`any_dims`): torch-mlir ORs a uint8 tensor's values (5 for 5)."""
+    return any_dims(x, [dim], keepdim)
+
+
+def any_all(x):
+    """``aten.any`` of a whole tensor (see :func:`any_dim`)."""
+    return any_dims(x, list(range(x.dim())))
+
+
+def _all_dims(x, dims: list[int], keepdim: bool) -> torch.Tensor:
+    return _truth(x, aten.sum.dim_IntList((x == 0).to(torch.int32), dims, keepdim) == 0)
+
+
+def all_dims(x, dim=None, keepdim=False):
+    """``aten.all.dims``, as a count of the zero elements (see :func:`any_dims`)."""
+    return _all_dims(x, list(dim) if dim is not None else list(range(x.dim())), keepdim)
 
 
 def _variance(x: torch.Tensor, dim, correction, keepdim: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -61,6 +86,9 @@ def std_mean_correction(x: torch.Tensor, dim=None, *, correction=None, keepdim: 
 #: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.any.dims: any_dims,
+    aten.any.dim: any_dim,
+    aten.any.default: any_all,
+    aten.all.dims: all_dims,
     aten.var.correction: var_correction,
     aten.var_mean.correction: var_mean_correction,
     aten.std.correction: std_correction,

@@ -1,9 +1,12 @@
-"""Extremes of unsigned and bool tensors, compiled and on the eager device.
+"""Reductions torch-mlir lowered wrongly for some dtypes, compiled and on the eager device.
 
-torch-mlir reduces these dtypes from a signed initial value: uint8's max started from -128 (read
-as 128), bool's from True, so ``torch.tensor([1, 5], dtype=torch.uint8).max()`` gave 128 and a
-mask of all False had ``max()`` True. Each op here runs on values below and above the signed
-range's middle, so both halves of a wrong initial value show.
+- Extremes of unsigned and bool tensors: torch-mlir reduces them from a signed initial value:
+  uint8's max started from -128 (read as 128), bool's from True, so
+  ``torch.tensor([1, 5], dtype=torch.uint8).max()`` gave 128 and a mask of all False had
+  ``max()`` True. Each op here runs on values below and above the signed range's middle.
+- ``any``: over a uint8 tensor torch-mlir ORed the values (``any`` of 5 gave 5, not 1), and over
+  several dims (``torch.any(x, dim=(0,))``) it summed the values cast to int32 (0.5, NaN, and
+  -1 next to 1 counted as false).
 """
 
 from __future__ import annotations
@@ -59,3 +62,34 @@ def test_extremes_of_unsigned_and_bool_tensors_on_the_device(dtype: torch.dtype)
             continue
         for x in _inputs(dtype):
             assert torch.equal(fn(x.to("neuron")).cpu(), fn(x)), (name, x)
+
+
+TRUTH_OPS = {
+    "any": lambda t: t.any(),
+    "any_dim_keepdim": lambda t: t.any(-1, keepdim=True),
+    "any_dims": lambda t: torch.any(t, dim=(0,)),
+    "any_all_dims": lambda t: torch.any(t, dim=tuple(range(t.dim()))),
+    "all": lambda t: t.all(),
+    "all_dim": lambda t: t.all(0),
+    "all_dims": lambda t: torch.all(t, dim=(0,)),
+}
+TRUTH_INPUTS = {
+    "fractions": torch.tensor([[0.5, 0.0], [0.0, 0.0]]),
+    "nan": torch.tensor([[float("nan"), 1.0], [2.0, 0.0]]),
+    "opposite_signs": torch.tensor([[-1, 1], [0, 3]]),
+    "uint8": torch.tensor([[0, 5], [7, 9]], dtype=torch.uint8),
+    "uint8_scalar": torch.tensor(5, dtype=torch.uint8),
+    "bool": torch.tensor([[True, False], [True, True]]),
+}
+
+
+@pytest.mark.parametrize("inputs", TRUTH_INPUTS)
+def test_any_and_all_give_torchs_values_and_dtypes(inputs: str) -> None:
+    x = TRUTH_INPUTS[inputs]
+    for name, fn in TRUTH_OPS.items():
+        if x.dim() == 0 and name not in ("any", "all"):
+            continue
+        expected = fn(x)
+        torch._dynamo.reset()
+        for got in (torch.compile(fn, backend="neuron", dynamic=False)(x), fn(x.to("neuron")).cpu()):
+            assert got.dtype == expected.dtype and torch.equal(got, expected), (name, got, expected)
