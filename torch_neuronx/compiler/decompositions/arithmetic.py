@@ -1,11 +1,12 @@
 """Arithmetic torch-mlir lowers wrongly or not at all: ``remainder``, ``fmod`` and rounding
 divisions with torch's signs and integer rules, shifts and bitwise ops with Python scalars,
 ``gcd``/``lcm``, ``lerp``, ``fma``, ``clamp`` of integers, ``add`` of booleans, ``eq``,
-``isfinite``, ``atan2`` and ``hypot`` at their special values.
+``isfinite``, ``atan2``, ``pow`` and ``hypot`` at their special values.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -201,10 +202,12 @@ def isfinite(x: torch.Tensor) -> torch.Tensor:
 @calls_itself
 def atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``aten.atan2`` with IEEE's zeros and infinities (IREE's approximation gives NaN for them)."""
-    if not (y.is_floating_point() or x.is_floating_point()):
+    if y.is_complex() or x.is_complex():
         return NotImplemented
     y, x = torch.broadcast_tensors(y, x)
     dtype = torch.promote_types(y.dtype, x.dtype)
+    if not dtype.is_floating_point:  # integers and bools: torch's default float
+        dtype = torch.get_default_dtype()
     y, x = y.to(dtype), x.to(dtype)
     result = aten.atan2.default(y, x)
     pi = torch.pi
@@ -212,6 +215,40 @@ def atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     infinities = torch.copysign(torch.where(x.signbit(), 0.75 * pi, 0.25 * pi), y)  # both +-inf
     result = torch.where((y == 0) & (x == 0), zeros.to(dtype), result)
     return torch.where(y.isinf() & x.isinf(), infinities.to(dtype), result)
+
+
+@calls_itself
+def pow_tensor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``aten.pow`` of two tensors with a floating result, with C's ``pow`` at its special values.
+
+    IREE computes it as ``exp(b * log(a))``: a negative base gave NaN even for an integral
+    exponent (``(-2) ** 2`` was NaN, not 4), ``0 ** 0`` and ``nan ** 0`` NaN, not 1, and ``1 ** nan``
+    NaN. Here the magnitude comes from the op on ``|a|``, and the sign and special cases follow C.
+    """
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
+        return NotImplemented
+    dtype = torch.result_type(a, b)
+    if not dtype.is_floating_point:
+        return NotImplemented
+    a, b = torch.broadcast_tensors(a.to(dtype), b.to(dtype))
+    magnitude = aten.pow.Tensor_Tensor(a.abs(), b)
+    integral = (b == b.floor()) & b.isfinite()
+    odd = integral & ((b * 0.5).floor() * 2 != b)
+    result = torch.where(a.signbit() & odd, -magnitude, magnitude)  # (-0) ** 3 is -0
+    result = torch.where((a < 0) & a.isfinite() & b.isfinite() & ~integral, torch.nan, result)
+    one = (a == 1) | (b == 0) | ((a == -1) & b.isinf())
+    return torch.where(one, torch.ones((), dtype=dtype), result)
+
+
+def pow_scalar(a, b: torch.Tensor) -> torch.Tensor:
+    """``aten.pow`` of a Python number raised to a tensor: a positive base lowers as it is; zero
+    (``0.0 ** 0`` was NaN) and negative bases (``(-2.0) ** x`` gave zeros) as :func:`pow_tensor` does."""
+    dtype = torch.result_type(a, b)
+    if not dtype.is_floating_point or isinstance(a, complex) or a > 0:
+        return NotImplemented
+    if a == 0 and math.copysign(1.0, a) > 0:  # +0: 1 at 0, 0 above, inf below (NaN stays NaN)
+        return torch.where(b == 0, 1.0, torch.where(b > 0, 0.0, torch.where(b < 0, torch.inf, b))).to(dtype)
+    return pow_tensor(torch.full_like(b, a, dtype=dtype), b)
 
 
 def hypot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -240,6 +277,8 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.isfinite.default: isfinite,
     aten.eq.Tensor: eq_tensor,
     aten.atan2.default: atan2,
+    aten.pow.Tensor_Tensor: pow_tensor,
+    aten.pow.Scalar: pow_scalar,
     aten.hypot.default: hypot,
     aten.bitwise_xor.Scalar: bitwise_xor_scalar,
     aten.bitwise_or.Scalar: bitwise_or_scalar,

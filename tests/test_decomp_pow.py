@@ -1,0 +1,46 @@
+"""``pow`` at C's special values, compiled and on the eager device.
+
+IREE computes ``pow`` as ``exp(b * log(a))``: a negative base gave NaN even for an integral
+exponent (``torch.pow(x, y)`` with x=-2, y=2 was NaN, not 4), ``0 ** 0``, ``nan ** 0`` and
+``1 ** nan`` NaN, not 1, ``(-2.0) ** x`` zeros, and ``atan2`` of bools NaN at (False, False).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_neuronx  # noqa: F401
+
+_NAN, _INF = float("nan"), float("inf")
+BASES = torch.tensor([0.0, -2.0, -2.0, -2.0, 0.0, _NAN, 1.0, -0.0, 2.0, -0.0, _INF, -_INF, -1.0, 0.5, 3.0, -3.0])
+EXPONENTS = torch.tensor([0.0, 2.0, 3.0, 0.5, -1.0, 0.0, _NAN, 3.0, 10.0, -1.0, -1.0, 3.0, _INF, -_INF, 0.0, -2.0])
+
+CASES = {
+    "tensor_tensor": lambda a, b: torch.pow(a, b),
+    "float_power": lambda a, b: torch.float_power(a, b),
+    "scalar_base_negative": lambda a, b: (-2.0) ** b,
+    "scalar_base_zero": lambda a, b: 0.0 ** b,
+    "scalar_base_positive": lambda a, b: 2.0 ** b,
+    "tensor_scalar": lambda a, b: a ** 3,
+    "atan2_bools": lambda a, b: torch.atan2(a > 0, b > 0),
+}
+
+
+def _same(got: torch.Tensor, expected: torch.Tensor) -> bool:
+    """Equal values (NaN where NaN, the sign of zeros too), within float rounding."""
+    if got.dtype != expected.dtype or got.shape != expected.shape:
+        return False
+    close = torch.isclose(got, expected, rtol=1e-6, atol=0.0, equal_nan=True)
+    return bool(close.all()) and torch.equal(got.signbit() & (got == 0), expected.signbit() & (expected == 0))
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_pow_follows_c_at_special_values(name: str) -> None:
+    fn = CASES[name]
+    expected = fn(BASES, EXPONENTS)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="neuron", dynamic=False)(BASES, EXPONENTS)
+    eager = fn(BASES.to("neuron"), EXPONENTS.to("neuron")).cpu()
+    assert _same(compiled, expected), (compiled, expected)
+    assert _same(eager, expected), (eager, expected)
