@@ -7,6 +7,8 @@
 - ``any``: over a uint8 tensor torch-mlir ORed the values (``any`` of 5 gave 5, not 1), and over
   several dims (``torch.any(x, dim=(0,))``) it summed the values cast to int32 (0.5, NaN, and
   -1 next to 1 counted as false).
+- Accumulations into bool tensors (scatter-add, index-add, ``index_put(accumulate=True)``) added
+  bits (``True + True`` was ``False``) and ``clamp_min`` of bools compared signed bits.
 """
 
 from __future__ import annotations
@@ -93,3 +95,24 @@ def test_any_and_all_give_torchs_values_and_dtypes(inputs: str) -> None:
         torch._dynamo.reset()
         for got in (torch.compile(fn, backend="neuron", dynamic=False)(x), fn(x.to("neuron")).cpu()):
             assert got.dtype == expected.dtype and torch.equal(got, expected), (name, got, expected)
+
+
+_MASK = torch.tensor([[True, False, True], [False, False, True]])
+_INDEX = torch.tensor([[0, 0, 1], [0, 0, 1]])
+BOOL_OPS = {  # torch adds bools with saturation: True + True is True
+    "scatter_add": lambda t: torch.zeros(2, 3, dtype=torch.bool).scatter_add(0, _INDEX.to(t.device), t),
+    "index_add": lambda t: t.index_add(0, torch.tensor([0, 0], device=t.device), t),
+    "scatter_reduce_sum": lambda t: t.scatter_reduce(1, _INDEX.to(t.device), t.flip(0), "sum"),
+    "index_put_accumulate": lambda t: t.index_put((torch.tensor([1, 1], device=t.device),), t, accumulate=True),
+    "clamp_min": lambda t: torch.clamp_min(t, t.flip(0)),
+    "clamp_max": lambda t: torch.clamp_max(t, t.flip(1)),
+}
+
+
+@pytest.mark.parametrize("name", BOOL_OPS)
+def test_accumulations_and_clamps_of_bools_saturate_as_torchs(name: str) -> None:
+    fn = BOOL_OPS[name]
+    expected = fn(_MASK)
+    torch._dynamo.reset()
+    for got in (torch.compile(fn, backend="neuron", dynamic=False)(_MASK), fn(_MASK.to("neuron")).cpu()):
+        assert got.dtype == torch.bool and torch.equal(got, expected), (name, got, expected)

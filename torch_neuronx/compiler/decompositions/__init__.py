@@ -7,6 +7,7 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 - :mod:`.general`: views and scatters torch-mlir does not lower, dropout, ``cdist``, and
   the decompositions taken from torch's own table.
 - :mod:`.arithmetic`: ``remainder``, ``fmod``, rounding and bitwise ops, special values.
+- :mod:`.bools`: scatter-adds and clamps of bool tensors in int32 (torch saturates).
 - :mod:`.sorting`: sorts, ``topk``, medians and selections with torch's NaN and tie rules.
 - :mod:`.moments`: ``var`` and ``std`` with any ``correction``.
 - :mod:`.average_pooling`: 2-d average pooling and its backward.
@@ -65,6 +66,7 @@ from torch_neuronx.compiler.decompositions import (
     attention,
     average_pooling,
     bessel,
+    bools,
     composites,
     convolution,
     copies,
@@ -106,7 +108,7 @@ def _table(with_fma: bool) -> dict:
     from torch._decomp import get_decompositions
 
     extra = {torch.ops.prims.fma.default: arithmetic.fma} if with_fma else {}
-    return {**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
+    return bools.wrapped({**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
             **general.DECOMPOSITIONS, **arithmetic.DECOMPOSITIONS, **sorting.DECOMPOSITIONS,
             **moments.DECOMPOSITIONS, **average_pooling.DECOMPOSITIONS, **attention.DECOMPOSITIONS,
             **special.DECOMPOSITIONS,
@@ -121,4 +123,4 @@ def _table(with_fma: bool) -> dict:
             **segments.DECOMPOSITIONS, **histograms.DECOMPOSITIONS, **losses.DECOMPOSITIONS,
             **orthogonal.DECOMPOSITIONS, **polynomials.DECOMPOSITIONS, **bessel.DECOMPOSITIONS,
             **special_functions.DECOMPOSITIONS, **incomplete_gamma.DECOMPOSITIONS,
-            **float64_math.DECOMPOSITIONS, **extra}
+            **float64_math.DECOMPOSITIONS, **extra})
