@@ -42,7 +42,7 @@ class Task:
     """One collective: what it waits for, what it runs, and how it ended."""
 
     __slots__ = ("kind", "fn", "ready", "outputs", "nbytes", "future", "done", "error", "group", "timeout_s",
-                 "check", "after", "_ending")
+                 "check", "after", "order", "_ending")
 
     def __init__(self, kind: str, fn: Callable[[], Any], ready: Sequence[streams.Event], outputs: list[Any],
                  nbytes: int, group: str, timeout_s: float, check: agreements.Check | None = None) -> None:
@@ -50,6 +50,7 @@ class Task:
         self.group, self.timeout_s = group, timeout_s
         self.check = check  # the ranks' agreement check, posted when the collective was issued
         self.after: Task | None = None  # a collective issued before it, running on a stream's worker
+        self.order = 0  # its place in its group's program order (set when the queue admits it)
         self.future: torch.futures.Future = torch.futures.Future()
         self.done = threading.Event()
         self.error: BaseException | None = None
@@ -176,11 +177,12 @@ class _Fifo:
             except BaseException:  # the handlers never raise; a bug must not stop the queue
                 _log.exception("%s failed", self.name)
 
-    def drain(self) -> list[Any]:
-        """Take the items not yet handled out of the FIFO."""
+    def drain(self, which: Callable[[Any], bool]) -> list[Any]:
+        """Take the items not yet handled for which ``which`` holds out of the FIFO."""
         with self._cond:
-            items = list(self._items)
-            self._items.clear()
+            items = [item for item in self._items if which(item)]
+            if items:
+                self._items = collections.deque(item for item in self._items if not which(item))
         return items
 
     def reset_after_fork(self) -> None:
@@ -201,7 +203,8 @@ class CollectiveQueue:
 
     An agreement check that fails while a rank ran ahead into the data (:class:`~.agreements.Check`)
     breaks the queue on every rank: that rank's transport holds a collective its peers never
-    joined, so the collective and every later one fail (at once, queued or new).
+    joined, so the collective and every later one fail (at once, queued or new). The collectives
+    issued before it still run: their checks agreed, and the peers run them too.
     """
 
     def __init__(self, name: str) -> None:
@@ -209,6 +212,8 @@ class CollectiveQueue:
         self._run = _Fifo(f"neuron collectives {name}", self._start)
         self._pending = _Fifo(f"neuron point-to-point {name}", lambda item: item[0].complete(item[1]))
         self._broken: BaseException | None = None
+        self._broken_from = 0  # the order of the first collective that fails with ``_broken``
+        self._issued = 0  # collectives admitted so far
         self._lock = threading.Lock()
         self._in_fifo = 0  # tasks put in the FIFO and not yet handled
         self._direct: tuple[Task, streams.Stream] | None = None  # the last task run on a stream's worker
@@ -223,6 +228,9 @@ class CollectiveQueue:
         self._run.name, self._pending.name = f"neuron collectives {value}", f"neuron point-to-point {value}"
 
     def _admit(self, task: Task) -> bool:
+        with self._lock:
+            self._issued += 1
+            task.order = self._issued
         if self._broken is not None:
             task.fail(self._unusable(task))
             return False
@@ -268,7 +276,7 @@ class CollectiveQueue:
         """Run ``task`` (never raises), unless it already ended or the queue is broken."""
         if task.done.is_set():
             return
-        if self._broken is not None:
+        if self._broken is not None and task.order >= self._broken_from:
             task.fail(self._unusable(task))
             return
         pending = task.run()
@@ -280,12 +288,15 @@ class CollectiveQueue:
 
     def _break(self, check: agreements.Check, task: Task) -> None:
         """``check`` failed while a rank ran ahead: fail ``task`` and everything queued after it."""
+        if self._broken is None or task.order < self._broken_from:
+            self._broken_from = task.order
         if self._broken is None:
             self._broken = check.error
             _log.error("%s: agreement check failed while a rank ran ahead into the data; the group's "
                        "later collectives fail: %s", task.describe(), check.error)
         task.fail(check.error)
-        drained = self._run.drain()
+        start = self._broken_from
+        drained = self._run.drain(lambda queued: queued.order >= start)
         with self._lock:
             self._in_fifo -= len(drained)
         for queued in drained:
