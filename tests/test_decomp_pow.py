@@ -2,7 +2,8 @@
 
 IREE computes ``pow`` as ``exp(b * log(a))``: a negative base gave NaN even for an integral
 exponent (``torch.pow(x, y)`` with x=-2, y=2 was NaN, not 4), ``0 ** 0``, ``nan ** 0`` and
-``1 ** nan`` NaN, not 1, ``(-2.0) ** x`` zeros, and ``atan2`` of bools NaN at (False, False).
+``1 ** nan`` NaN, not 1, ``(-2.0) ** x`` zeros, and ``atan2`` of bools NaN at (False, False);
+MLIR folded pow of a constant NaN base to 1.
 """
 
 from __future__ import annotations
@@ -22,7 +23,16 @@ CASES = {
     "scalar_base_negative": lambda a, b: (-2.0) ** b,
     "scalar_base_zero": lambda a, b: 0.0 ** b,
     "scalar_base_positive": lambda a, b: 2.0 ** b,
+    "scalar_base_nan": lambda a, b: _NAN ** b,
+    "constant_nan_base": lambda a, b: torch.full_like(b, _NAN) ** b,
+    "constant_nan_exponent": lambda a, b: a ** torch.full_like(a, _NAN),
     "tensor_scalar": lambda a, b: a ** 3,
+    "tensor_scalar_integral_float": lambda a, b: a ** 7.0,
+    "tensor_scalar_fraction": lambda a, b: a ** (1 / 3),
+    "tensor_scalar_half": lambda a, b: a ** 0.5,
+    "tensor_scalar_nan": lambda a, b: a ** _NAN,
+    "tensor_scalar_inf": lambda a, b: a ** _INF,
+    "tensor_scalar_minus_inf": lambda a, b: a ** -_INF,
     "atan2_bools": lambda a, b: torch.atan2(a > 0, b > 0),
 }
 

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -104,3 +105,29 @@ def test_kernels_a_process_stores_serve_other_processes_other_aliasing(tmp_path)
         assert out.returncode == 0, out.stderr[-3000:]
     second = json.loads(out.stdout.strip().splitlines()[-1])
     assert second == {"mul": [18.0, 32.0], "div": [2.0, 2.0], "traces": 0, "hits": 2}
+
+
+# Constants a kernel bakes in that compare equal to another value but are not it: -0.0 == 0.0,
+# and NaN != NaN. Each pair runs the same op with either constant; the second must not reuse
+# the first one's kernel.
+_EQUAL_BUT_NOT_THE_SAME = {
+    "pow_base": lambda b, c: torch.pow(c, b),
+    "where_other": lambda b, c: torch.where(b > 0, b, c),
+    "nan_to_num": lambda b, c: torch.nan_to_num(b / 0, nan=c, posinf=c, neginf=c),
+    "add_runtime_scalar": lambda b, c: b * 0 + c,
+    "pow_exponent": lambda b, c: torch.pow(b, c),
+    "masked_fill": lambda b, c: b.masked_fill(b < 2, c),
+}
+
+
+@pytest.mark.parametrize("name", _EQUAL_BUT_NOT_THE_SAME)
+def test_constants_equal_in_value_but_not_the_same_never_share_a_kernel(name):
+    fn = _EQUAL_BUT_NOT_THE_SAME[name]
+    b = torch.tensor([-1.0, 0.0, 1.0, 3.0])
+    for constants in ((0.0, -0.0), (-0.0, 0.0), (float("nan"), -0.0, float("nan"))):
+        for c in constants:
+            got, want = fn(b.to("neuron"), c).cpu(), fn(b, c)
+            assert torch.equal(got.isnan(), want.isnan()), (name, c, got, want)
+            same = ~want.isnan()
+            assert torch.equal(got[same], want[same]) and torch.equal(got[same].signbit(), want[same].signbit()), \
+                (name, c, got, want)

@@ -33,6 +33,8 @@ def _signature(func: Any, args: Sequence[Any], dynamic: bool) -> tuple | None:
             sig += (NeuronTensor, a.shape, a.stride(), a.dtype)
         elif isinstance(a, torch.Tensor):  # a host (or meta) tensor: where it lives is part of the key
             sig += (a.device.type, a.shape, a.stride(), a.dtype)
+        elif type(a) is float:  # by its spelling: -0.0 equals 0.0, and NaN is not itself
+            sig += (float, a.hex())
         elif type(a) in _PLAIN:
             sig += (type(a), a)
         else:

@@ -235,7 +235,10 @@ def pow_tensor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     integral = (b == b.floor()) & b.isfinite()
     odd = integral & ((b * 0.5).floor() * 2 != b)
     result = torch.where(a.signbit() & odd, -magnitude, magnitude)  # (-0) ** 3 is -0
-    result = torch.where((a < 0) & a.isfinite() & b.isfinite() & ~integral, torch.nan, result)
+    # NaN in, NaN out (unless ``one`` below): said outright, since MLIR folds pow of a constant
+    # NaN base (``torch.pow(float("nan"), x)``, ``full_like(x, nan) ** x``) to 1.
+    result = torch.where(((a < 0) & a.isfinite() & b.isfinite() & ~integral) | a.isnan() | b.isnan(),
+                         torch.nan, result)
     one = (a == 1) | (b == 0) | ((a == -1) & b.isinf())
     return torch.where(one, torch.ones((), dtype=dtype), result)
 
@@ -249,6 +252,33 @@ def pow_scalar(a, b: torch.Tensor) -> torch.Tensor:
     if a == 0 and math.copysign(1.0, a) > 0:  # +0: 1 at 0, 0 above, inf below (NaN stays NaN)
         return torch.where(b == 0, 1.0, torch.where(b > 0, 0.0, torch.where(b < 0, torch.inf, b))).to(dtype)
     return pow_tensor(torch.full_like(b, a, dtype=dtype), b)
+
+
+#: Exponents torch computes as multiplications (2, 3, -1, -2), sqrt and rsqrt (0.5, -0.5: so
+#: -0.0 ** 0.5 is -0.0 and -inf ** 0.5 NaN, unlike C), or trivially; IREE lowers them alike.
+_POW_AS_IS = frozenset({0.0, 1.0, 2.0, 3.0, -1.0, -2.0, 0.5, -0.5})
+
+
+def pow_tensor_scalar(a: torch.Tensor, b) -> torch.Tensor:
+    """``aten.pow`` of a tensor raised to a Python number: the exponents torch computes with
+    multiplications, sqrt or rsqrt lower as they are; others as :func:`pow_tensor` does (``x ** 7.0``
+    was NaN for negative bases, ``x ** nan`` zeros, ``x ** inf`` NaN for bases of magnitude above 1,
+    ``-inf ** (1/3)`` NaN, not inf)."""
+    if isinstance(b, complex) or not isinstance(a, torch.Tensor):
+        return NotImplemented
+    dtype = torch.result_type(a, b)
+    if not dtype.is_floating_point or b in _POW_AS_IS:
+        return NotImplemented
+    if math.isfinite(b):
+        return pow_tensor(a, torch.full_like(a, b, dtype=dtype))
+    magnitude = a.to(dtype).abs()
+    if math.isnan(b):
+        result = torch.full_like(magnitude, math.nan)
+    else:  # C: |a| > 1 goes to inf at +inf and to 0 at -inf, |a| < 1 the other way
+        big, small = (math.inf, 0.0) if b > 0 else (0.0, math.inf)
+        result = torch.where(magnitude > 1, big, torch.where(magnitude < 1, small, magnitude))
+    one = a == 1 if math.isnan(b) else magnitude == 1  # 1 ** anything is 1, and so is -1 ** +-inf
+    return torch.where(one, 1.0, result).to(dtype)
 
 
 def hypot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -279,6 +309,7 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.atan2.default: atan2,
     aten.pow.Tensor_Tensor: pow_tensor,
     aten.pow.Scalar: pow_scalar,
+    aten.pow.Tensor_Scalar: pow_tensor_scalar,
     aten.hypot.default: hypot,
     aten.bitwise_xor.Scalar: bitwise_xor_scalar,
     aten.bitwise_or.Scalar: bitwise_or_scalar,
