@@ -87,7 +87,7 @@ def _outcomes(proc: subprocess.CompletedProcess) -> dict[int, str]:
     ("mismatched_after_queued", {0: "disagree on the tensor sizes", 1: "disagree on the tensor sizes"}),
     ("bad_reduce_scatter", {0: "input of 8 elements for 2 outputs of 3", 1: "input of 8 elements"}),
     ("mismatched_gather", {1: "output of 8 elements for 2 inputs of 5", 0: "CollectiveError"}),
-    ("peer_dies", {0: "Connection closed by peer"}),
+    ("peer_dies", {0: "by peer"}),  # gloo: "Connection closed by peer" or "... reset by peer"
     ("peer_never_arrives", {0: "did not complete within 5 s"}),
 ])
 def test_failures_are_errors_on_every_rank_never_hangs_or_aborts(case, expect):
