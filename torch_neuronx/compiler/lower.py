@@ -66,10 +66,13 @@ def lower(gm: torch.fx.GraphModule, func_name: str = "main", dialect: str = "sta
     from torch_neuronx import config
     from torch_neuronx.compiler import lowering_worker
 
+    in_worker = config.get("TORCH_NEURONX_LOWER_IN_SUBPROCESS")
+    if in_worker:  # a first worker starts while this process imports the graph
+        lowering_worker.prestart()
     module = import_raw(gm, func_name)
     raw = _asm(module)
     try:
-        if config.get("TORCH_NEURONX_LOWER_IN_SUBPROCESS"):
+        if in_worker:
             stablehlo = lowering_worker.to_stablehlo(raw, dialect)
         else:
             stablehlo = to_stablehlo(module, dialect)

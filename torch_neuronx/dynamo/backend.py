@@ -33,7 +33,7 @@ from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
 from torch_neuronx import config
-from torch_neuronx.compiler import decompositions
+from torch_neuronx.compiler import decompositions, lowering_worker
 from torch_neuronx.compiler.decompositions import functional, linalg
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, ResolvedOptions
@@ -69,6 +69,7 @@ def _is_symbolic(example_inputs: Sequence[Any]) -> bool:
 
 def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                  options: ResolvedOptions, model: str, plan_key: str | None = None) -> Callable:
+    lowering_worker.prestart()  # no plan: its start overlaps aot_autograd's trace
     plain: list[tuple[CompiledGraph, plans.Plan]] = []
     on_device = any(isinstance(a, NeuronTensor) for a in example_inputs)
 
