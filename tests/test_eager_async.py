@@ -249,3 +249,29 @@ def test_a_forked_child_runs_eager_ops_after_the_parent_queued_some():
 
 def _double_in_child() -> list[float]:
     return (torch.arange(4.0).to("neuron") * 2).tolist()
+
+
+def test_small_ops_on_an_idle_stream_complete_before_they_return_and_large_ones_are_queued():
+    """A kernel whose inputs and outputs are small runs in the issuing thread when its stream is
+    idle (handing it to the worker costs more than running it); one reading a tensor another
+    stream still writes, or a large one, goes to the stream's worker."""
+    from torch_neuronx.device import queued
+
+    x = torch.arange(8.0).to("neuron")
+    (x + 1).cpu()
+    torch.neuron.synchronize()
+    y = x + 1
+    assert streams.default_stream().query() and y._allocation.writer is None
+    assert torch.equal(y.cpu(), torch.arange(8.0) + 1)
+    small, large = torch.empty(16, device="neuron"), torch.empty(queued.INLINE_BYTES // 4 + 1, device="neuron")
+    queue = streams.default_stream()._queue
+    assert queued._small([small], [small._allocation], queue)
+    assert not queued._small([large], [large._allocation], queue)
+    side = streams.Stream()
+    gate = threading.Event()
+    side.submit(gate.wait, WAIT)
+    with torch.neuron.stream(side):
+        written = x * 3  # queued on the side stream, behind the gate
+    assert not queued._small([written], [small._allocation], queue)
+    gate.set()
+    torch.neuron.synchronize()

@@ -167,3 +167,45 @@ def test_device_index_accepts_torch_cuda_forms(device, index):
 def test_device_index_rejects_other_devices(device):
     with pytest.raises(ValueError):
         streams.device_index(device)
+
+
+def test_small_work_on_an_idle_stream_runs_in_the_issuing_thread_and_keeps_stream_order():
+    """``enqueue_small`` runs at once when nothing is queued or running; behind queued work it
+    queues; its error is the stream's, reported at synchronize; while it runs, work another
+    thread submits waits for it."""
+    stream = Stream()
+    seen: list[tuple[str, int]] = []
+    assert stream.enqueue_small(lambda: seen.append(("idle", threading.get_ident()))) is None
+    assert seen == [("idle", threading.get_ident())] and stream.query()
+
+    gate = blocked(stream)
+    pending = stream.enqueue_small(lambda: seen.append(("behind", threading.get_ident())))
+    assert pending is not None and not pending.done() and len(seen) == 1
+    gate.set()
+    stream.synchronize(timeout=WAIT)
+    assert seen[1][0] == "behind" and seen[1][1] != threading.get_ident()
+
+    def fails() -> None:
+        raise ValueError("small work failed")
+
+    assert stream.enqueue_small(fails) is None  # not raised here ...
+    with pytest.raises(StreamError, match="small work failed"):
+        stream.synchronize(timeout=WAIT)  # ... but at the next synchronization
+    stream.synchronize(timeout=WAIT)
+
+    release, started, order = threading.Event(), threading.Event(), []
+
+    def long_small_work() -> None:
+        started.set()
+        release.wait(WAIT)
+        order.append("inline")
+
+    issuing = threading.Thread(target=stream.enqueue_small, args=(long_small_work,))
+    issuing.start()
+    assert started.wait(WAIT)
+    stream.submit(order.append, "submitted meanwhile")
+    assert not stream.query()
+    release.set()
+    issuing.join(WAIT)
+    stream.synchronize(timeout=WAIT)
+    assert order == ["inline", "submitted meanwhile"]

@@ -151,6 +151,30 @@ class _Op:
             raise error from exc
 
 
+#: A compiled kernel's inputs and outputs of at most this many bytes make it small: it runs in
+#: the issuing thread when its stream is idle (``Stream.enqueue_small``), since handing it to the
+#: stream's worker costs more than running it; larger kernels always go to the worker, so that
+#: Python runs ahead while they compute.
+INLINE_BYTES = 256 << 10
+
+
+def _small(inputs: Sequence[NeuronTensor], outputs: Sequence[Any], queue: Any) -> bool:
+    """Whether a kernel is small and its inputs are ready (none still to be written on another
+    stream, which the issuing thread must not wait for)."""
+    total = 0
+    for allocation in outputs:
+        total += allocation.nbytes
+    for t in inputs:
+        allocation = t._allocation
+        if allocation is None:
+            continue
+        total += allocation.nbytes
+        writer = allocation.writer
+        if writer is not None and writer.queue is not queue and not writer.done():
+            return False
+    return total <= INLINE_BYTES
+
+
 def enqueue(index: int, name: str, inputs: Sequence[NeuronTensor], outputs: Sequence[Any],
             work: Callable[..., None], *args: Any, stream: Any = None, inference: bool = True) -> None:
     """Queue ``work(*args)`` on device ``index``'s current stream as the op ``name`` that reads
@@ -166,7 +190,11 @@ def enqueue(index: int, name: str, inputs: Sequence[NeuronTensor], outputs: Sequ
     stack = issuing_stack() if stack_traces() else None
     if stream is None:
         stream = current_stream(index)
-    pending = stream.enqueue(_Op(index, name, inputs, outputs, work, args, stream._queue, stack, inference))
+    op = _Op(index, name, inputs, outputs, work, args, stream._queue, stack, inference)
+    if not inference and _small(inputs, outputs, stream._queue):
+        pending = stream.enqueue_small(op)  # run at once when the stream is idle
+    else:
+        pending = stream.enqueue(op)
     if pending is not None:
         for allocation in outputs:
             allocation.writer = pending

@@ -111,6 +111,7 @@ class _Queue:
         self._napping = False  # the worker ran out of work moments ago and naps
         self._sleeping = False  # the worker sleeps until woken (or until it exits)
         self._waiting = 0  # threads waiting for completions
+        self._inline = False  # an issuing thread runs a small task itself (run_inline)
 
     def submit(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> int:
         if self.blocking:
@@ -142,24 +143,56 @@ class _Queue:
                     self._done_cond.notify_all()
             return seq
 
+    def run_inline(self, fn: Callable[..., Any], args: tuple) -> bool:
+        """Run ``fn(*args)`` in the calling thread when the queue is idle (nothing queued or
+        running): a small op then costs no hand-over to the worker, whose wake-up and share of
+        the GIL cost the issuing thread more than such an op's own run. False (nothing ran) when
+        the queue is busy. An error is the stream's, reported at its next synchronization, as
+        the worker's are; the worker starts nothing meanwhile (work queued by another thread
+        waits for this to finish)."""
+        with self._lock:
+            if self._tasks or self.completed < self.submitted or self._inline:
+                return False
+            self._inline = True
+            self.submitted += 1
+        local = _local
+        was_worker, was_queue = local.in_worker, local.queue
+        local.in_worker, local.queue = True, self  # (ops it issues run at once, in its order)
+        try:
+            fn(*args)
+        except BaseException as exc:  # kept for synchronize(), as the worker keeps it
+            _log.error("work submitted to neuron:%d stream %d raised %r", self.device, self.id, exc)
+            if self._error is None:
+                self._error = exc
+        finally:
+            local.in_worker, local.queue = was_worker, was_queue
+            with self._lock:
+                self._inline = False
+                self.completed += 1
+                if self._waiting:
+                    self._done_cond.notify_all()
+                if self._tasks and (self._napping or self._sleeping):
+                    self._work_cond.notify()
+        return True
+
     def _next_task(self) -> tuple[Callable[..., Any], tuple, dict] | None:
         """The next task; None once the queue stayed empty for :data:`_IDLE_EXIT_S` (the worker exits)."""
         tasks = self._tasks
         with self._lock:
-            if tasks:
+            if tasks and not self._inline:
                 return tasks.popleft()
             idle_since = time.monotonic()
-            while not tasks:
+            while not tasks or self._inline:
                 idle = time.monotonic() - idle_since
-                if idle >= _IDLE_EXIT_S:
+                if idle >= _IDLE_EXIT_S and not tasks:
                     self._worker = None
                     return None
                 if idle < _NAP_FOR_S:
                     self._napping = True
                     self._work_cond.wait(_NAP_S)
-                else:
+                else:  # (woken by a submit, a synchronization, or the end of a run_inline)
                     self._sleeping = True
-                    self._work_cond.wait(_IDLE_EXIT_S - idle)
+                    self._work_cond.wait(max(_IDLE_EXIT_S - idle, _NAP_FOR_S))
                 self._napping = self._sleeping = False
             return tasks.popleft()
 
@@ -285,6 +318,18 @@ class Stream:
             observe.emit("stream.submit", device=queue.device, stream=queue.id)
         seq = queue.submit(fn, args, _NO_KWARGS)
         return None if queue.blocking else Pending(queue, seq)
+
+    def enqueue_small(self, fn: Callable[..., Any], *args: Any) -> Pending | None:
+        """:meth:`enqueue` for a small op: run at once in the calling thread when nothing is
+        queued or running on this stream (:meth:`_Queue.run_inline`), else queued."""
+        queue = self._queue
+        if queue.blocking or _local.in_worker:
+            return self.enqueue(fn, *args)
+        if _observing.active:
+            observe.emit("stream.submit", device=queue.device, stream=queue.id)
+        if queue.run_inline(fn, args):
+            return None
+        return Pending(queue, queue.submit(fn, args, _NO_KWARGS))
 
     def drain(self) -> None:
         """Block until the work submitted so far has run (at once from a stream's own thread, whose
