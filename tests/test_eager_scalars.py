@@ -70,6 +70,11 @@ _CASES = {
     "where": lambda x, y: torch.where(x > 0, x, -0.5),
     "minus_zero": lambda x, y: x * -0.0,
     "nan": lambda x, y: x + math.nan,
+    "int_add": lambda x, y: x + 3,
+    "int_alpha": lambda x, y: torch.add(x, y, alpha=2),
+    "int_rdiv": lambda x, y: x / 7,
+    "int_beyond_float32": lambda x, y: x * (2**40 + 1) - 2**40,
+    "int_where": lambda x, y: torch.where(x > 0, x, -2),
 }
 
 
@@ -112,3 +117,18 @@ def test_scalar_tensors_are_cached_per_value_and_dtype(monkeypatch):
     assert scalars.scalar_tensor(-0.0, torch.float32) is not scalars.scalar_tensor(0.0, torch.float32)
     with config.override(TORCH_NEURONX_ENABLE_SCALAR_CACHE=False):
         assert scalars.scalar_tensor(0.123, torch.float32) is not a
+
+
+def test_a_loop_over_integer_steps_compiles_once():
+    """``x * step`` and ``x + step`` with a Python int that changes every step: one kernel each,
+    the int a runtime input as a float is; integer tensors keep their ints as constants."""
+    x = torch.randn(4, 3)
+    nx = x.to("neuron")
+    for step in (0, 1):  # (a shape that comes back may get a kernel of its own: dynamic shapes)
+        (nx * step + step).cpu()
+    before = len(eager._kernels)
+    for step in range(2, 8):
+        torch.testing.assert_close((nx * step + step).cpu(), x * step + step)
+    assert len(eager._kernels) == before
+    ints = torch.arange(6).to("neuron")
+    assert torch.equal((ints * 3 + 2**40).cpu(), torch.arange(6) * 3 + 2**40)

@@ -188,6 +188,9 @@ def _inputs(given: tuple[Sequence[Any], dict[str, Any]],
                 return None  # a constant of the kernel: its value would be part of the signature
             float_dtype = after.dtype
             inputs.append((where, _FLOAT))
+        elif type(before) is int and isinstance(after, torch.Tensor):  # (the signature holds its value)
+            float_dtype = after.dtype
+            inputs.append((where, _FLOAT))
     return None if index < 0 else (inputs, float_dtype, index)
 
 

@@ -13,9 +13,12 @@ on float32/float64 tensors becomes a 0-d tensor input of the kernel instead:
   performs with that tensor (:data:`REWRITES`); other ``Scalar`` arguments stay
   constants of the kernel.
 
-The 0-d tensors are cached per value and dtype (TORCH_NEURONX_ENABLE_SCALAR_CACHE,
-default 1), so a loop does not build them again. Integers and booleans stay
-constants: they are sizes, dimensions and flags far more often than data.
+Python ints in those same places are data too (``x * step``, ``x + 1``) and become
+runtime inputs the same way, converted to the tensors' float type as eager converts
+them; ints anywhere else (sizes, dimensions, an exponent, a fill value) and booleans
+stay constants, and so does every scalar of an op on integer tensors. The 0-d tensors
+are cached per value and dtype (TORCH_NEURONX_ENABLE_SCALAR_CACHE, default 1), so a
+loop does not build them again.
 """
 
 from __future__ import annotations
@@ -106,10 +109,13 @@ def _runtime_dtype(values: Sequence[Any]) -> torch.dtype | None:
     return dtype
 
 
+_NUMBERS = (float, int)  # (not bool: a flag)
+
+
 def as_inputs(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Sequence[Any], dict[str, Any]]:
-    """``args`` and ``kwargs`` with each float that can be a runtime input replaced by a 0-d tensor."""
-    floats = [i for i, a in enumerate(args) if type(a) is float]
-    keys = [k for k, v in kwargs.items() if type(v) is float] if kwargs else ()
+    """``args`` and ``kwargs`` with each number that can be a runtime input replaced by a 0-d tensor."""
+    floats = [i for i, a in enumerate(args) if type(a) in _NUMBERS]
+    keys = [k for k, v in kwargs.items() if type(v) in _NUMBERS] if kwargs else ()
     if not floats and not keys:
         return args, kwargs
     positions, names = _slots(func)
@@ -143,8 +149,9 @@ class _Cache:
         self._entries: dict[tuple[Any, torch.dtype], torch.Tensor] = {}
 
     def get(self, value: float, dtype: torch.dtype) -> torch.Tensor:
-        # Zeros and NaN by their spelling: -0.0 is not 0.0, and NaN finds itself.
-        key = (value, dtype) if value == value and value != 0.0 else (value.hex(), dtype)
+        # Zeros and NaN by their spelling: -0.0 is not 0.0, and NaN finds itself (an int, whose
+        # value is its float's, shares the float's tensor).
+        key = (value, dtype) if value == value and value != 0.0 else (float(value).hex(), dtype)
         found = self._entries.get(key)
         if found is None:
             found = torch.tensor(value, dtype=dtype)
