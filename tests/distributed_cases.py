@@ -217,6 +217,11 @@ def main() -> None:
         globals()[case](rank)
     except Exception as exc:  # the test reads what each rank saw
         print(f"RAISED {case} rank {rank}: {type(exc).__name__}: {exc}".replace("\n", " ")[:600], flush=True)
+        # What a normal exit does first (atexit): the agreement messages still queued (a verdict
+        # that a rank which ran ahead waits for) go out before the connections close.
+        from torch_neuronx.distributed import agreements
+        for group in list(agreements._open):
+            group.close(timeout_s=2.0)
         os._exit(0)
     print(f"OK {case} rank {rank}", flush=True)
     dist.destroy_process_group()
