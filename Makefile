@@ -7,6 +7,10 @@ STAMP := $(VENV)/.installed-stamp
 # explicitly so an unpinned index never hands out a multi-GB CUDA build instead.
 WHEELS := $(if $(wildcard /opt/wheels),--find-links /opt/wheels,)
 
+# Test processes (pytest-xdist; one test file per process at a time, so a file's tests share their
+# compiled graphs): 2 keeps the 2-core CI machine busy while multi-process tests wait on peers.
+TEST_WORKERS ?= 2
+
 .PHONY: demo test test-slow lint bench docs clean
 
 $(STAMP): pyproject.toml
@@ -21,10 +25,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check torch_neuronx tests bench examples
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -m "not slow" -q
+	$(BIN)/python -m pytest -m "not slow" -q -n $(TEST_WORKERS) --dist loadfile
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -m slow -q
+	$(BIN)/python -m pytest -m slow -q -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/python bench/compile.py
