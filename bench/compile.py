@@ -10,6 +10,8 @@ per-round ratios. Measures the targets of the compile-path issue:
 - cold compile time of the transformer block (each competitor in a fresh
   process with empty caches);
 - throughput of four 2048-wide fp32 linears at batch 256;
+- per-call latency and training step of a small recurrent model (GRU + Linear), which
+  Dynamo leaves to eager (the target: no slower than inductor);
 - beyond the targets, the per-step time of a training step of the small MLP and
   of the transformer block, and the per-call time of both on ``neuron`` tensors.
 
@@ -54,6 +56,22 @@ def big_mlp() -> tuple[nn.Module, torch.Tensor]:
 
 def block() -> tuple[nn.Module, torch.Tensor]:
     return Block().eval(), torch.randn(8, 64, 256)
+
+
+class Recurrent(nn.Module):
+    """Issue 20's recurrent model: GRU(8, 16) over 10 steps, then a Linear on the last step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rnn, self.fc = nn.GRU(8, 16, batch_first=True), nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y, _ = self.rnn(x)
+        return self.fc(y[:, -1])
+
+
+def recurrent() -> tuple[nn.Module, torch.Tensor]:
+    return Recurrent().eval(), torch.randn(4, 10, 8)
 
 
 ROUNDS = 15
@@ -303,6 +321,7 @@ def main() -> None:
         per_call_row("MLP 256-512-512-10, batch 32", *mlp(256, 512), seconds, raw=True),
         per_call_row("transformer block (8x64x256)", *block(), seconds, raw=False),
         per_call_row("4x Linear 2048, batch 256", *big_mlp(), seconds, raw=False),
+        per_call_row("GRU 8-16 + Linear (4x10x8)", *recurrent(), seconds, raw=False),
     ]
     lines = []
     for r in rows:
@@ -322,6 +341,7 @@ def main() -> None:
     training = [
         train_step_row("MLP 64-128-128-10, batch 32", *mlp(64, 128), seconds),
         train_step_row("transformer block (8x64x256)", *block(), seconds),
+        train_step_row("GRU 8-16 + Linear (4x10x8)", *recurrent(), seconds),
     ]
     _table("training step (zero_grad, forward, loss, backward, SGD step), us per step",
            ["workload", "eager", "inductor", "neuron", "neuron/eager", "neuron/inductor"],
