@@ -245,13 +245,35 @@ def pow_tensor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def pow_scalar(a, b: torch.Tensor) -> torch.Tensor:
     """``aten.pow`` of a Python number raised to a tensor: a positive base lowers as it is; zero
-    (``0.0 ** 0`` was NaN) and negative bases (``(-2.0) ** x`` gave zeros) as :func:`pow_tensor` does."""
+    (``0.0 ** 0`` was NaN), NaN, infinite and negative bases (``(-2.0) ** x`` gave zeros) follow C."""
     dtype = torch.result_type(a, b)
-    if not dtype.is_floating_point or isinstance(a, complex) or a > 0:
+    if not dtype.is_floating_point or isinstance(a, complex) or (a > 0 and a not in (1, math.inf)):
         return NotImplemented
-    if a == 0 and math.copysign(1.0, a) > 0:  # +0: 1 at 0, 0 above, inf below (NaN stays NaN)
-        return torch.where(b == 0, 1.0, torch.where(b > 0, 0.0, torch.where(b < 0, torch.inf, b))).to(dtype)
-    return pow_tensor(torch.full_like(b, a, dtype=dtype), b)
+    b = b.to(dtype)
+    if a == 1:  # 1 ** anything, NaN too, is 1
+        return torch.ones_like(b)
+    if a != a:  # NaN: 1 at 0, else NaN
+        return torch.where(b == 0, 1.0, torch.nan).to(dtype)
+    # Decided here from the number, never from comparisons of a constant tensor of it: torch-mlir
+    # folds comparisons of constant splats wrong (``full((3,), 2.0) > 0`` is all-false), and
+    # whether such a comparison reached it depended on the order of our constant folding.
+    size = abs(a)
+    if size == 0:  # 1 at 0, 0 above, inf below
+        magnitude = torch.where(b == 0, 1.0, torch.where(b > 0, 0.0, torch.where(b < 0, torch.inf, b)))
+    elif size == math.inf:  # 1 at 0, inf above, 0 below
+        magnitude = torch.where(b == 0, 1.0, torch.where(b > 0, torch.inf, torch.where(b < 0, 0.0, b)))
+    else:
+        magnitude = aten.pow.Scalar(size, b)  # a positive base: as IREE lowers it
+        if size == 1:  # 1 ** anything, and -1 ** +-inf, is 1
+            magnitude = torch.where(b.isnan(), torch.nan, 1.0)
+    if math.copysign(1.0, a) > 0:
+        return magnitude.to(dtype)
+    integral = (b == b.floor()) & b.isfinite()
+    odd = integral & ((b * 0.5).floor() * 2 != b)
+    result = torch.where(odd, -magnitude, magnitude)
+    if size not in (0, math.inf):  # a negative finite base to a non-integral power: NaN
+        result = torch.where(b.isfinite() & ~integral, torch.nan, result)
+    return torch.where(b == 0, 1.0, result).to(dtype)
 
 
 #: Exponents torch computes as multiplications (2, 3, -1, -2), sqrt and rsqrt (0.5, -0.5: so
