@@ -70,8 +70,10 @@ def constant_fold(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
             constant.add(node)
     # Fold where constants meet the rest of the graph: the last constant node before a use. A
     # result that stays (not a splat) leaves its own constant inputs meeting the graph: fold those.
-    worklist = [n for n in constant if n.op == "call_function" and n.target not in _SOURCES
-                and any(user not in constant for user in n.users)]
+    # (In graph order, never in the set's: the order of folding must not depend on where the
+    # nodes happen to lie in memory, or one graph could lower differently from run to run.)
+    worklist = [n for n in gm.graph.nodes if n in constant and n.op == "call_function"
+                and n.target not in _SOURCES and any(user not in constant for user in n.users)]
     if not worklist:
         return gm
     values: dict[torch.fx.Node, Any] = {}
