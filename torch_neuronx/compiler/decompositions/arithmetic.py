@@ -262,10 +262,10 @@ def pow_scalar(a, b: torch.Tensor) -> torch.Tensor:
         magnitude = torch.where(b == 0, 1.0, torch.where(b > 0, 0.0, torch.where(b < 0, torch.inf, b)))
     elif size == math.inf:  # 1 at 0, inf above, 0 below
         magnitude = torch.where(b == 0, 1.0, torch.where(b > 0, torch.inf, torch.where(b < 0, 0.0, b)))
+    elif size == 1:  # -1 ** +-inf is 1 (NaN stays NaN)
+        magnitude = torch.where(b.isnan(), torch.nan, 1.0)
     else:
         magnitude = aten.pow.Scalar(size, b)  # a positive base: as IREE lowers it
-        if size == 1:  # 1 ** anything, and -1 ** +-inf, is 1
-            magnitude = torch.where(b.isnan(), torch.nan, 1.0)
     if math.copysign(1.0, a) > 0:
         return magnitude.to(dtype)
     integral = (b == b.floor()) & b.isfinite()
