@@ -207,6 +207,43 @@ def collective_metrics(rank: int) -> None:
     out.cpu()
 
 
+def small_collectives_run_inline(rank: int) -> None:
+    """A small collective issued while its streams are idle has run when it returns (in the
+    issuing thread); one issued behind queued work, or a large one, is queued; all are right."""
+    from torch_neuronx.distributed import work as work_module
+    t = torch.full((4,), float(rank + 1), device="neuron")
+    t.cpu()  # the stream is idle now
+    work = dist.all_reduce(t, async_op=True)
+    if not (work.is_completed() and torch.neuron.current_stream().query()):
+        raise RuntimeError("a small collective on idle streams was queued")
+    big = torch.ones(work_module.INLINE_BYTES // 4 + 1, device="neuron")
+    dist.all_reduce(big)
+    behind = torch.ones(64, 64, device="neuron") * (rank + 1)  # (a multiply queued before it)
+    dist.all_reduce(behind)
+    if t.tolist() != [3.0] * 4 or big[:3].tolist() != [2.0] * 3 or behind[0, :2].tolist() != [3.0, 3.0]:
+        raise RuntimeError(f"wrong values: {t.tolist()} {big[:3].tolist()} {behind[0, :2].tolist()}")
+
+
+def groups_closed_in_opposite_orders(rank: int) -> None:
+    """At exit every group's agreement listeners wait for their peers' goodbyes. Ranks that closed
+    their groups one by one in different orders waited for each other (10 s a group, then the
+    interpreter aborted on a listener still inside gloo): goodbyes go out on every group first."""
+    from torch_neuronx.distributed import agreements
+    groups = [dist.new_group(ranks=[0, 1]) for _ in range(3)]
+    for group in [None, *groups]:
+        t = torch.ones(4, device="neuron")
+        dist.all_reduce(t, group=group)
+        t.cpu()
+    opened = sorted(agreements._open, key=id)
+    agreements._open = opened if rank == 0 else opened[::-1]
+    start = time.monotonic()
+    agreements._close_all()
+    took = time.monotonic() - start
+    alive = [t.name for t in __import__("threading").enumerate() if "agreement" in t.name]
+    if took > 5 or alive:
+        raise RuntimeError(f"closing took {took:.1f} s; still alive: {alive}")
+
+
 def main() -> None:
     import faulthandler
     faulthandler.dump_traceback_later(200, exit=True)

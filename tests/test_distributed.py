@@ -98,6 +98,19 @@ def test_failures_are_errors_on_every_rank_never_hangs_or_aborts(case, expect):
             (rank, outcomes, proc.stderr[-3000:])
 
 
+def test_small_collectives_on_idle_streams_run_in_the_issuing_thread():
+    proc = torchrun("distributed_cases.py", "small_collectives_run_inline", timeout=240)
+    outcomes = _outcomes(proc)
+    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+
+
+def test_ranks_that_close_their_groups_in_opposite_orders_exit_at_once():
+    proc = torchrun("distributed_cases.py", "groups_closed_in_opposite_orders", timeout=240)
+    outcomes = _outcomes(proc)
+    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+    assert proc.returncode == 0 and "still waits" not in proc.stderr, proc.stderr[-3000:]
+
+
 def test_a_rank_whose_row_changed_waits_for_peers_that_went_ahead():
     """The agreement check runs ahead of the data on a rank that repeats a collective; a rank whose
     arguments changed waits for the verdict; when they agree, nothing hangs and the data is right."""

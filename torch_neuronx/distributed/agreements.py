@@ -164,6 +164,7 @@ class Agreements:
         self._sends: queue.SimpleQueue[tuple[int, torch.Tensor] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._pid = os.getpid()
+        self._goodbye_said = False
         if size > 1:
             self._start()
 
@@ -289,13 +290,23 @@ class Agreements:
         """Say goodbye to every peer and wait (at most ``timeout_s``) for their goodbyes, so that no
         listener is still inside gloo when the interpreter shuts down (a thread that comes back
         from C++ then aborts the process). At exit; in a forked child, nothing."""
-        if os.getpid() != self._pid or not self._threads:
+        self.say_goodbye()
+        self.join(time.monotonic() + timeout_s, timeout_s)
+
+    def say_goodbye(self) -> None:
+        """Queue the goodbyes to every peer (once; :meth:`close`'s first half)."""
+        if os.getpid() != self._pid or not self._threads or self._goodbye_said:
             return
+        self._goodbye_said = True
         for peer in range(self._size):
             if peer != self._rank:
                 self._send_rows(peer, _BYE, 0, [])
         self._sends.put(None)
-        deadline = time.monotonic() + timeout_s
+
+    def join(self, deadline: float, timeout_s: float) -> None:
+        """Wait until ``deadline`` (time.monotonic) for the peers' goodbyes (:meth:`close`'s second half)."""
+        if os.getpid() != self._pid or not self._threads:
+            return
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
             if thread.is_alive():
@@ -346,5 +357,12 @@ class Agreements:
 
 @atexit.register
 def _close_all() -> None:
-    for agreements in list(_open):
-        agreements.close()
+    """At exit: every group's goodbyes first, then the waits for the peers' (closing the groups one
+    by one, in an order that differs between processes, would have a rank wait for a peer's goodbye
+    on one group while that peer waits for its own on another)."""
+    groups = list(_open)
+    for agreements in groups:
+        agreements.say_goodbye()
+    deadline = time.monotonic() + _CLOSE_S
+    for agreements in groups:
+        agreements.join(deadline, _CLOSE_S)
