@@ -129,7 +129,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             ready = [self._ready(s) for s in consumers]
         nbytes = sum(t.nbytes for t in tensors)
         task = Task(kind, fn, ready, outputs, nbytes, self._name or "default", self._timeout_s, check)
-        work = issue(self._queue, task, neuron, consumers, blocking=self._blocking)
+        work = issue(self._queue, task, neuron, consumers, blocking=self._blocking, inline=not self.options.host_cc)
         self._after_issue(ready, consumers)
         return work
 

@@ -250,6 +250,18 @@ class CollectiveQueue:
         self._admit(task)
         return True
 
+    def inline(self, task: Task) -> bool:
+        """Whether ``task`` may run now in the issuing thread (the caller then calls :meth:`execute`):
+        the FIFO holds nothing and no collective runs on a stream's worker. Until it ended, a later
+        collective waits for it as for one run on a stream's worker."""
+        with self._lock:
+            last = self._direct
+            if self._in_fifo or (last is not None and not last[0].done.is_set()):
+                return False
+            self._direct = (task, None)
+        self._admit(task)
+        return True
+
     def submit(self, task: Task) -> None:
         """Put ``task`` in the FIFO; it runs after a collective still running on a stream's worker."""
         if not self._admit(task):
@@ -391,13 +403,33 @@ class NeuronWork(dist.Work):
         return -1
 
 
+#: A collective moving at most this many bytes, issued while the streams it is ordered with and its
+#: group's queue are idle, runs in the issuing thread (unless TORCH_NEURONX_ENABLE_HOST_CC=1, whose
+#: collectives overlap compute): the hop to a worker thread and back, whose share of the GIL and
+#: of the cores the transport's own threads need, cost more than such a collective lets the host
+#: run ahead (a 1 MB all-reduce on 2 ranks sharing 2 cores: +25-40% over gloo queued, +5% inline).
+INLINE_BYTES = 4 << 20
+
+
+def _inline(queue: CollectiveQueue, task: Task, consumers: Sequence[streams.Stream]) -> bool:
+    if task.kind in _POINT_TO_POINT or task.nbytes > INLINE_BYTES or streams.in_worker():
+        return False
+    for stream in consumers:
+        if not stream.query():
+            return False  # work producing its inputs, or consuming earlier outputs, is still queued
+    return queue.inline(task)
+
+
 def issue(queue: CollectiveQueue, task: Task, neuron: Sequence[Any], consumers: Sequence[streams.Stream],
-          blocking: bool) -> NeuronWork:
+          blocking: bool, inline: bool = False) -> NeuronWork:
     """Put ``task`` in its group's order and make ``consumers`` (streams) wait for it: on the one
     consuming stream's worker when :meth:`CollectiveQueue.direct` allows, else in the FIFO.
 
     ``neuron``: its neuron tensors (kept alive by the task until it ends). ``blocking``
-    (NEURON_LAUNCH_BLOCKING=1): run it now in this thread, errors raised here.
+    (NEURON_LAUNCH_BLOCKING=1): run it now in this thread, errors raised here. ``inline``: a
+    small collective issued while its streams and its group's queue are idle runs now in this
+    thread (:data:`INLINE_BYTES`); its error is still the consumers' (raised by ``wait()`` and at
+    their next synchronization), as if it had been queued.
     """
     if blocking:
         pending = task.run()
@@ -405,6 +437,12 @@ def issue(queue: CollectiveQueue, task: Task, neuron: Sequence[Any], consumers: 
             task.complete(pending)
         task.wait()
         return NeuronWork(task, host_wait=True)
+    if inline and _inline(queue, task, consumers):
+        queue.execute(task)
+        if task.error is not None:
+            for stream in consumers:
+                stream.submit(_await, task)
+        return NeuronWork(task, host_wait=not neuron)
     if len(consumers) == 1 and task.kind not in _POINT_TO_POINT and queue.direct(task, consumers[0]):
         consumers[0].submit(run_direct, queue, task)
         return NeuronWork(task, host_wait=not neuron)
