@@ -37,7 +37,7 @@ def register() -> bool:
 
     _setup_privateuseone_for_python_backend("neuron", module, NeuronHooks(), NeuronDeviceGuard())
     _register_kernels()
-    from torch_neuronx.device import accelerator, autocast, backward_errors, eager, pinned
+    from torch_neuronx.device import accelerator, autocast, backward_errors, eager, pinned, swap
     from torch_neuronx.runtime import tensor
 
     tensor.register_dispatcher(eager.dispatch, on_error=backward_errors.note, host_read=eager.host_read)
@@ -46,6 +46,7 @@ def register() -> bool:
     accelerator.install()
     pinned.install()
     backward_errors.install()
+    swap.install()
     _registered = True
     return True
 
