@@ -211,8 +211,10 @@ def compare_random(run_eager: Callable[[], Any], run_compiled: Callable[[], Any]
 
 
 def widened(tree: Any) -> Any:
-    """``tree`` with its float32 tensors in float64 (an op's sample, for a more precise reference)."""
-    return tree_map(lambda t: t.to(torch.float64) if isinstance(t, torch.Tensor) and t.dtype == torch.float32
+    """``tree`` with its float32, float16 and bfloat16 tensors in float64 (an op's sample, for a
+    more precise reference)."""
+    narrow = (torch.float32, torch.float16, torch.bfloat16)
+    return tree_map(lambda t: t.to(torch.float64) if isinstance(t, torch.Tensor) and t.dtype in narrow
                     else t, tree)
 
 
@@ -224,8 +226,8 @@ def _worst_error(out: Any, reference: Any) -> float:
 
 
 def as_accurate_as_eager(expected: Any, got: Any, reference: Any) -> bool:
-    """Whether ``got`` lies at least as near the float64 ``reference`` as eager's float32
-    ``expected`` does (within a factor of two), where eager itself misses it: an op whose float32
+    """Whether ``got`` lies at least as near the float64 ``reference`` as eager's (float32,
+    float16 or bfloat16) ``expected`` does (within a factor of two), where eager itself misses it: an op whose float32
     result eager computes no better than we do (``matrix_exp`` of large norms) is not wrong."""
     try:
         eager_error, our_error = _worst_error(expected, reference), _worst_error(got, reference)

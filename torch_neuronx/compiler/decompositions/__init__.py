@@ -49,6 +49,9 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 - :mod:`.bessel`: ``torch.special``'s Bessel functions (j0, j1, y0, y1, modified i0, i1, k0, k1, scaled, spherical).
 - :mod:`.special_functions`: ``special.ndtri``, the Hurwitz ``special.zeta`` and ``nextafter``.
 - :mod:`.incomplete_gamma`: ``igamma`` and ``igammac`` (``special.gammainc``, ``special.gammaincc``).
+- :mod:`.precision`: float16 and bfloat16 sums, means, scans, moments, normalizations,
+  convolutions and bags computed in float32 and rounded once, as torch accumulates them
+  (wraps every other decomposition of those ops).
 - :mod:`.float64_math`: float64 sin, cos, tan, tanh, atan, asin, acos and atan2
   (IREE cannot link libm's), and float32 sin, cos and tan (IREE's lose accuracy with |x|);
   merged after general, so its atan2 wraps general's.
@@ -83,6 +86,7 @@ from torch_neuronx.compiler.decompositions import (
     orthogonal,
     polynomials,
     pooling,
+    precision,
     resampling,
     rnn,
     sampling,
@@ -108,7 +112,7 @@ def _table(with_fma: bool) -> dict:
     from torch._decomp import get_decompositions
 
     extra = {torch.ops.prims.fma.default: arithmetic.fma} if with_fma else {}
-    return bools.wrapped({**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
+    ours = bools.wrapped({**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
             **general.DECOMPOSITIONS, **arithmetic.DECOMPOSITIONS, **sorting.DECOMPOSITIONS,
             **moments.DECOMPOSITIONS, **average_pooling.DECOMPOSITIONS, **attention.DECOMPOSITIONS,
             **special.DECOMPOSITIONS,
@@ -124,3 +128,4 @@ def _table(with_fma: bool) -> dict:
             **orthogonal.DECOMPOSITIONS, **polynomials.DECOMPOSITIONS, **bessel.DECOMPOSITIONS,
             **special_functions.DECOMPOSITIONS, **incomplete_gamma.DECOMPOSITIONS,
             **float64_math.DECOMPOSITIONS, **extra})
+    return precision.wrapped(ours)
