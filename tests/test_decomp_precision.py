@@ -38,7 +38,13 @@ def _cases(dtype: torch.dtype) -> dict:
         "layer_norm": (lambda t, w: F.layer_norm(t, (2048,), w), (x, norm)),
         "group_norm": (lambda i: F.group_norm(i, 8), (image,)),
         "batch_norm": (lambda i: F.batch_norm(i, None, None, training=True), (image,)),
+        "einsum_rowwise_dot": (lambda a, b: torch.einsum("ij,ij->i", a, b), (x, x.flip(0))),  # a bmm of 1x1 products
+        "scatter_add": (lambda t: torch.zeros(64, 8, dtype=t.dtype, device=t.device).scatter_add(1, _columns(t), t), (x,)),
     }
+
+
+def _columns(t: torch.Tensor) -> torch.Tensor:
+    return (torch.arange(t.shape[1], device=t.device) % 8).expand(t.shape)
 
 
 def _reference(fn, args):
@@ -55,21 +61,20 @@ def test_bfloat16_accumulations_on_the_eager_device_are_as_accurate_as_torchs(na
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_narrow_accumulations_compiled_are_as_accurate_as_torchs(dtype):
-    cases = _cases(dtype)
+    cases = list(_cases(dtype).items())
+    flat = [a for _, (_, args) in cases for a in args]
 
-    def every(x, image, weight, bias, norm):
-        return [fn(*[{"x": x, "image": image, "weight": weight, "bias": bias, "norm": norm}[k] for k in keys])
-                for fn, keys in plan]
+    def every(*tensors):
+        results, i = [], 0
+        for _, (fn, args) in cases:
+            results.append(fn(*tensors[i:i + len(args)]))
+            i += len(args)
+        return results
 
-    x, image, weight, bias, norm = (cases["sum"][1][0], *cases["conv2d"][1], cases["layer_norm"][1][1])
-    tensors = {"x": x, "image": image, "weight": weight, "bias": bias, "norm": norm}
-    names = {id(t): k for k, t in tensors.items()}
-    plan = [(fn, [names[id(a)] for a in args]) for fn, args in cases.values()]
-    compiled = torch.compile(every, backend="neuron")
-    ours = compiled(x, image, weight, bias, norm)
-    eager = every(x, image, weight, bias, norm)
-    for (fn, keys), got, expected, name in zip(plan, ours, eager, cases):
-        reference = _reference(fn, [tensors[k] for k in keys])
+    ours = torch.compile(every, backend="neuron")(*flat)
+    eager = every(*flat)
+    for (name, (fn, args)), got, expected in zip(cases, ours, eager):
+        reference = _reference(fn, args)
         assert got.dtype == dtype, name
         limit = 1.01 * _error(expected, reference) + 1e-6
         assert _error(got, reference) <= limit, (name, _error(got, reference), _error(expected, reference))

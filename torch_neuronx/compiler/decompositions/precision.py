@@ -4,7 +4,8 @@ torch's CPU kernels sum, average, normalize and convolve float16 and bfloat16 te
 (their ``acc_type``) and round once, to the result. Lowered as they are, these ops accumulate in
 the narrow type itself, every partial sum rounded: the sum of 131072 bfloat16 normals was off
 by 46 (torch: 0.5), a bfloat16 ``cumsum`` of 2048 values by 8, a convolution over 512 input
-channels by 13% of its largest output, layer norm by 2.6x torch's error. Each op of :data:`OPS`,
+channels by 13% of its largest output, layer norm by 2.6x torch's error, a bfloat16 scatter-add
+by 37x. Each op of :data:`OPS`,
 given inputs whose floating tensors are all of one narrow dtype, runs here on float32 copies and
 its floating results are rounded back to that dtype: torch's values, to its rounding. With mixed
 dtypes (a float32 weight), an explicit ``dtype=``, or wider inputs, the op is left as it is.
@@ -47,7 +48,19 @@ OPS = _overloads(
     "_native_batch_norm_legit_functional.default", "_native_batch_norm_legit_no_training.default",
     "convolution.default", "convolution_backward.default",
     "_embedding_bag.default", "_embedding_bag_forward_only.default",
+    "scatter_add.default", "scatter_reduce.two", "index_add.default", "index_put.default",
+    "_unsafe_masked_index_put_accumulate.default",
 )
+
+#: Matrix products, computed in float32 only where they are dot products (a 1-row times a
+#: 1-column operand: ``einsum("ij,ij->i")`` is such a ``bmm``), which IREE reduces in the narrow
+#: type; larger products accumulate in float32 inside its matmul kernels already.
+DOT_SHAPED = _overloads("mm.default", "bmm.default", "addmm.default", "baddbmm.default")
+
+
+def _is_dot(args: tuple, kwargs: dict) -> bool:
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    return len(tensors) >= 2 and tensors[-2].shape[-2] == 1 and tensors[-1].shape[-1] == 1
 
 
 def _narrow_dtype(leaves: list[Any]) -> torch.dtype | None:
@@ -62,13 +75,16 @@ def _narrow_dtype(leaves: list[Any]) -> torch.dtype | None:
     return found
 
 
-def in_float32(op: Any, previous: Callable | None) -> Callable:
+def in_float32(op: Any, previous: Callable | None, when: Callable[[tuple, dict], bool] | None = None) -> Callable:
     """The decomposition of ``op``: ``previous`` (or the op itself) as it is, except for inputs of
-    one narrow dtype (see the module docstring), which it computes in float32."""
+    one narrow dtype (see the module docstring), which it computes in float32 (only where
+    ``when(args, kwargs)`` holds, if given)."""
 
     @functools.wraps(previous or op)
     def decomposition(*args: Any, **kwargs: Any) -> Any:
         narrow = None if kwargs.get("dtype") is not None else _narrow_dtype(pytree.tree_leaves((args, kwargs)))
+        if narrow is not None and when is not None and not when(args, kwargs):
+            narrow = None
         if narrow is None:
             return previous(*args, **kwargs) if previous is not None else NotImplemented
 
@@ -88,5 +104,7 @@ def in_float32(op: Any, previous: Callable | None) -> Callable:
 
 
 def wrapped(table: dict) -> dict:
-    """``table`` with each op of :data:`OPS` computing narrow inputs in float32."""
-    return {**table, **{op: in_float32(op, table.get(op)) for op in OPS}}
+    """``table`` with each op of :data:`OPS` (and :data:`DOT_SHAPED`'s dot products) computing
+    narrow inputs in float32."""
+    return {**table, **{op: in_float32(op, table.get(op)) for op in OPS},
+            **{op: in_float32(op, table.get(op), _is_dot) for op in DOT_SHAPED}}
