@@ -148,10 +148,21 @@ def _dynamic_dims(tensors: Sequence[torch.Tensor], args: Sequence[Any], kwargs: 
     return [[d >= 2 and d not in fixed for d in t.shape] for t in tensors]
 
 
+@functools.cache
+def _tracing_sources() -> str:
+    """A digest of the code that decides what an eager call traces to besides the lowering's
+    (the runtime-scalar rewrites, the tracer, this module): a change there never serves old kernels."""
+    h = hashlib.sha256()
+    for path in (scalars.__file__, tracing.__file__, __file__):
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()[:16]
+
+
 def hlo_key(key: tuple) -> str:
     """The HLO cache key of a dispatch key: with the lowering and trace versions, so entries that
     older code wrote (format 2 traced ``a * a`` as a one-input kernel) are never looked up."""
-    text = f"{lowering_versions()}|trace-format-{tracing.FORMAT}|{key!r}"
+    text = f"{lowering_versions()}|trace-format-{tracing.FORMAT}|{_tracing_sources()}|{key!r}"
     return "eager-" + hashlib.sha256(text.encode()).hexdigest()
 
 

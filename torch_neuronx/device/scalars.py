@@ -61,12 +61,36 @@ def _lerp(self: Any, end: Any, weight: Any) -> Any:
     return aten.lerp.Tensor(self, end, aten._to_copy.default(weight, dtype=self.dtype))
 
 
+_NARROW = (torch.float16, torch.bfloat16)
+
+
+def _in_float32(rewrite: Callable[..., Any]) -> Callable[..., Any]:
+    """``rewrite`` computed in float32 for a float16 or bfloat16 ``self`` and rounded once, as
+    torch's kernel computes such an op (several narrow ops would round after each)."""
+
+    @functools.wraps(rewrite)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(self, torch.Tensor) or self.dtype not in _NARROW:
+            return rewrite(self, *args, **kwargs)
+        narrow = self.dtype
+
+        def widen(value: Any) -> Any:
+            if isinstance(value, torch.Tensor) and value.dtype == narrow:
+                return aten._to_copy.default(value, dtype=torch.float32)
+            return value
+
+        result = rewrite(widen(self), *map(widen, args), **{k: widen(v) for k, v in kwargs.items()})
+        return aten._to_copy.default(result, dtype=narrow)
+
+    return run
+
+
 #: Functional ops whose ``Scalar`` arguments may be runtime tensors, traced as this arithmetic.
 REWRITES: dict[Any, Callable[..., Any]] = {
-    aten.add.Tensor: _add,
-    aten.sub.Tensor: _sub,
-    aten.addcdiv.default: _addcdiv,
-    aten.addcmul.default: _addcmul,
+    aten.add.Tensor: _in_float32(_add),
+    aten.sub.Tensor: _in_float32(_sub),
+    aten.addcdiv.default: _in_float32(_addcdiv),
+    aten.addcmul.default: _in_float32(_addcmul),
     aten.lerp.Scalar: _lerp,
     aten.mul.Scalar: lambda self, other: aten.mul.Tensor(self, other),
     aten.div.Scalar: lambda self, other: aten.div.Tensor(self, other),

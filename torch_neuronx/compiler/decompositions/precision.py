@@ -35,8 +35,8 @@ def _overloads(*names: str) -> tuple[Any, ...]:
     return tuple(found)
 
 
-#: The ops torch accumulates in float32 for narrow inputs (reductions, scans, moments,
-#: normalizations, convolutions, bags), forward and backward.
+#: The ops torch computes in float32 for narrow inputs (reductions, scans, moments,
+#: normalizations, convolutions, bags, scatters, composite pointwise ops), forward and backward.
 OPS = _overloads(
     "sum.default", "sum.dim_IntList", "nansum.default", "mean.default", "mean.dim", "cumsum.default",
     "prod.default", "prod.dim_int", "var.correction", "var_mean.correction", "std.correction",
@@ -50,6 +50,13 @@ OPS = _overloads(
     "_embedding_bag.default", "_embedding_bag_forward_only.default",
     "scatter_add.default", "scatter_reduce.two", "index_add.default", "index_put.default",
     "_unsafe_masked_index_put_accumulate.default",
+    # composite pointwise ops, which torch's kernels compute in float32 ("opmath") and round once:
+    # lowered as several float16 ops, each rounded (float16 pow of 3310 was off by 12, torch 0.06)
+    "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "exp2.default", "addcmul.default",
+    "addcdiv.default", "lerp.Scalar", "lerp.Tensor", "gelu.default", "gelu_backward.default", "logit.default",
+    "logit_backward.default", "xlogy.Tensor", "hypot.default", "logaddexp.default", "logaddexp2.default",
+    "softplus.default", "softplus_backward.default", "mish.default", "silu.default", "silu_backward.default",
+    "elu.default", "sinc.default", "erfinv.default",
 )
 
 #: Matrix products, computed in float32 only where they are dot products (a 1-row times a
@@ -65,10 +72,11 @@ def _is_dot(args: tuple, kwargs: dict) -> bool:
 
 def _narrow_dtype(leaves: list[Any]) -> torch.dtype | None:
     """The one narrow dtype of every floating tensor among ``leaves``; None if there is none,
-    or if another floating dtype is among them."""
+    or if another floating dtype is among them. 0-d tensors do not count (type promotion takes
+    them for scalars: the eager device's runtime scalars are float32 0-d tensors)."""
     found = None
     for leaf in leaves:
-        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
+        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.dim():
             if leaf.dtype not in _NARROW or (found is not None and leaf.dtype != found):
                 return None
             found = leaf.dtype
