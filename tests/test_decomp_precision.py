@@ -127,6 +127,7 @@ def _pointwise(dtype: torch.dtype) -> dict:
     y = torch.randn(256).to(dtype)
     return {
         "pow": (lambda a: a ** 5.3, (x,)),
+        "pow_0d": (lambda a: a[3] ** 5.3, (x,)),  # a 0-d tensor alone is computed in float32 too
         "exp2": (lambda a: torch.exp2(a * 3), (x,)),
         "addcmul": (lambda a, b: torch.addcmul(a, a, b, value=3.14), (x, y)),
         "addcdiv": (lambda a, b: torch.addcdiv(b, b, a, value=0.7), (x, y)),

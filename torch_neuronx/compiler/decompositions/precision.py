@@ -72,15 +72,16 @@ def _is_dot(args: tuple, kwargs: dict) -> bool:
 
 def _narrow_dtype(leaves: list[Any]) -> torch.dtype | None:
     """The one narrow dtype of every floating tensor among ``leaves``; None if there is none,
-    or if another floating dtype is among them. 0-d tensors do not count (type promotion takes
-    them for scalars: the eager device's runtime scalars are float32 0-d tensors)."""
-    found = None
-    for leaf in leaves:
-        if isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and leaf.dim():
-            if leaf.dtype not in _NARROW or (found is not None and leaf.dtype != found):
-                return None
-            found = leaf.dtype
-    return found
+    or if another floating dtype is among them. 0-d tensors count only where all are 0-d (type
+    promotion takes them for scalars beside others: the eager device's runtime scalars are
+    float32 0-d tensors)."""
+    floating = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()]
+    shaped = [t for t in floating if t.dim()] or floating
+    dtypes = {t.dtype for t in shaped}
+    if len(dtypes) != 1:
+        return None
+    (found,) = dtypes
+    return found if found in _NARROW else None
 
 
 def in_float32(op: Any, previous: Callable | None, when: Callable[[tuple, dict], bool] | None = None) -> Callable:
