@@ -51,7 +51,7 @@ from common import isa  # bench/common.py (the scripts run from bench/ or by pat
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 #: size in MB: (rounds, calls per round)
-PLAN = {1: (31, 10), 4: (9, 5), 16: (9, 2), 64: (9, 1), 256: (5, 1)}
+PLAN = {1: (31, 10), 4: (9, 5), 16: (9, 2), 64: (15, 1), 256: (7, 1)}
 QUICK = {1: (21, 10), 16: (5, 2), 64: (5, 1)}
 RANKS = (2, 4)
 MEMORY_MB, MEMORY_RANKS = 256, 2
