@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 _G = torch.Generator().manual_seed(0)
@@ -88,3 +89,22 @@ def test_grid_samplers_called_directly_match_eager():
     _check(_samplers, torch.randn(2, 3, 5, 6, generator=_G), torch.rand(2, 4, 3, 2, generator=_G) * 2.4 - 1.2,
            torch.randn(2, 3, 4, 5, 6, generator=_G), torch.rand(2, 2, 4, 3, 3, generator=_G) * 2.4 - 1.2,
            rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_addbmm_with_scales_and_a_zero_beta_matches_eager(dtype):
+    """torch-mlir's own addbmm failed to lower bfloat16; a zero ``beta`` ignores ``self``'s NaNs."""
+    torch.manual_seed(0)
+    x, b1, b2 = torch.randn(5, 10), torch.randn(3, 5, 4), torch.randn(3, 4, 10)
+    x[0, 0] = float("nan")
+    x, b1, b2 = x.to(dtype), b1.to(dtype), b2.to(dtype)
+
+    def f(x, b1, b2):
+        return (torch.addbmm(x, b1, b2), torch.addbmm(x, b1, b2, beta=0.0, alpha=2.0),
+                torch.addbmm(x[0], b1, b2, beta=0.5))
+
+    tolerance = {"atol": 0.05, "rtol": 0.02} if dtype == torch.bfloat16 else {}
+    for got, expected in zip(torch.compile(f, backend="neuron")(x, b1, b2), f(x, b1, b2)):
+        torch.testing.assert_close(got, expected, equal_nan=True, **tolerance)
+    for got, expected in zip(f(x.to("neuron"), b1.to("neuron"), b2.to("neuron")), f(x, b1, b2)):
+        torch.testing.assert_close(got.cpu(), expected, equal_nan=True, **tolerance)

@@ -4,6 +4,8 @@
   decompositions, which its core ATen table leaves out.
 - ``angle`` of real tensors: pi where the value is negative, 0 elsewhere, NaN kept (complex
   tensors go through the complex decomposition pass).
+- ``addbmm`` of floating tensors: the batch of products summed, scaled and added (torch-mlir's own
+  lowering failed on bfloat16: "failed to legalize operation 'torch.constant.int'").
 - ``grid_sampler_2d`` and ``grid_sampler_3d`` called directly (``F.grid_sample`` is rewritten
   before tracing, :mod:`.functional`): the same samplers, for the integer mode arguments.
 """
@@ -51,9 +53,24 @@ def grid_sampler_3d(input: torch.Tensor, grid: torch.Tensor, interpolation_mode:
     return functional.grid_sample_3d(input, grid, mode, _PADDINGS[padding_mode], align_corners)
 
 
+def addbmm(x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: float = 1,
+           alpha: float = 1) -> torch.Tensor:
+    """``aten.addbmm`` of floating tensors: ``beta * x + alpha * sum(batch1 @ batch2)``, where a zero
+    ``beta`` ignores ``x`` (its NaNs included), as eager's kernel."""
+    if not (x.is_floating_point() and batch1.is_floating_point()):
+        return NotImplemented
+    product = torch.bmm(batch1, batch2).sum(0)
+    if alpha != 1:
+        product = product * alpha
+    if beta == 0:
+        return product.expand(x.shape).clone() if product.shape != x.shape else product
+    return (x if beta == 1 else x * beta) + product
+
+
 #: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.angle.default: angle,
+    aten.addbmm.default: addbmm,
     aten.grid_sampler_2d.default: grid_sampler_2d,
     aten.grid_sampler_3d.default: grid_sampler_3d,
     **get_decompositions([aten.addmv.default, aten.dist.default, aten._batch_norm_with_update.default,

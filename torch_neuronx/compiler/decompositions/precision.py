@@ -46,7 +46,7 @@ OPS = _overloads(
     "native_batch_norm.default", "native_batch_norm_backward.default",
     "_native_batch_norm_legit.default", "_native_batch_norm_legit.no_stats",
     "_native_batch_norm_legit_functional.default", "_native_batch_norm_legit_no_training.default",
-    "convolution.default", "convolution_backward.default",
+    "convolution.default", "convolution_backward.default", "addbmm.default",
     "_embedding_bag.default", "_embedding_bag_forward_only.default",
     "scatter_add.default", "scatter_reduce.two", "index_add.default", "index_put.default",
     "_unsafe_masked_index_put_accumulate.default",
