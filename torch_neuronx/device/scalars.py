@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from torch_neuronx import config
+from torch_neuronx.compiler.decompositions import precision
 
 aten = torch.ops.aten
 _RUNTIME_DTYPES = (torch.float32, torch.float64)
@@ -61,36 +62,13 @@ def _lerp(self: Any, end: Any, weight: Any) -> Any:
     return aten.lerp.Tensor(self, end, aten._to_copy.default(weight, dtype=self.dtype))
 
 
-_NARROW = (torch.float16, torch.bfloat16)
-
-
-def _in_float32(rewrite: Callable[..., Any]) -> Callable[..., Any]:
-    """``rewrite`` computed in float32 for a float16 or bfloat16 ``self`` and rounded once, as
-    torch's kernel computes such an op (several narrow ops would round after each)."""
-
-    @functools.wraps(rewrite)
-    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not isinstance(self, torch.Tensor) or self.dtype not in _NARROW:
-            return rewrite(self, *args, **kwargs)
-        narrow = self.dtype
-
-        def widen(value: Any) -> Any:
-            if isinstance(value, torch.Tensor) and value.dtype == narrow:
-                return aten._to_copy.default(value, dtype=torch.float32)
-            return value
-
-        result = rewrite(widen(self), *map(widen, args), **{k: widen(v) for k, v in kwargs.items()})
-        return aten._to_copy.default(result, dtype=narrow)
-
-    return run
-
-
-#: Functional ops whose ``Scalar`` arguments may be runtime tensors, traced as this arithmetic.
+#: Functional ops whose ``Scalar`` arguments may be runtime tensors, traced as this arithmetic (float16
+#: and bfloat16 computed in float32 and rounded once, the compile path's rule: ``precision.in_float32``).
 REWRITES: dict[Any, Callable[..., Any]] = {
-    aten.add.Tensor: _in_float32(_add),
-    aten.sub.Tensor: _in_float32(_sub),
-    aten.addcdiv.default: _in_float32(_addcdiv),
-    aten.addcmul.default: _in_float32(_addcmul),
+    aten.add.Tensor: precision.in_float32(aten.add.Tensor, _add),
+    aten.sub.Tensor: precision.in_float32(aten.sub.Tensor, _sub),
+    aten.addcdiv.default: precision.in_float32(aten.addcdiv.default, _addcdiv),
+    aten.addcmul.default: precision.in_float32(aten.addcmul.default, _addcmul),
     aten.lerp.Scalar: _lerp,
     aten.mul.Scalar: lambda self, other: aten.mul.Tensor(self, other),
     aten.div.Scalar: lambda self, other: aten.div.Tensor(self, other),
