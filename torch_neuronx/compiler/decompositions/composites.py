@@ -62,8 +62,8 @@ def addbmm(x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta:
     product = torch.bmm(batch1, batch2).sum(0)
     if alpha != 1:
         product = product * alpha
-    if beta == 0:
-        return product.expand(x.shape).clone() if product.shape != x.shape else product
+    if beta == 0:  # (the result has the product's shape; ``x`` only broadcasts to it)
+        return product
     return (x if beta == 1 else x * beta) + product
 
 
