@@ -4,6 +4,8 @@ One IREE VM instance and one HAL device per driver live for the whole process;
 each :class:`Executable` owns a VM context holding its module. Tensors cross in
 both directions through DLPack, so no bytes are copied when the input is
 contiguous and aligned; a misaligned or non-contiguous input is copied once.
+A GPU driver's NEFFs (the ``cuda`` target) get copies in device memory instead
+(``transfer.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch_neuronx import config, observe
 from torch_neuronx.format import neff as neff_format
 from torch_neuronx.format import parameters as resident
 from torch_neuronx.observe.events import state as _observing
-from torch_neuronx.runtime import openmp, streams
+from torch_neuronx.runtime import openmp, streams, transfer
 from torch_neuronx.runtime.errors import NeffLoadError, NeuronRuntimeError
 from torch_neuronx.runtime.streams import submitted as _streams_used
 
@@ -134,7 +136,10 @@ class Device:
         self.driver = driver
         self.instance = rt.VmInstance()
         try:
-            self.hal = rt.get_device(driver)
+            # A GPU driver's allocations (cuMemAlloc, pinned staging) cost 0.1-2 ms each, and every
+            # call allocates its copies (transfer.py): IREE's caching allocator reuses freed ones.
+            self.hal = rt.get_device(driver) if transfer.host_memory(driver) else \
+                rt.get_driver(driver).create_device_by_uri(driver, allocators=["caching"])
         except Exception as exc:
             raise NeuronRuntimeError(f"cannot open the {driver!r} runtime device: {exc}") from exc
         self.hal_module = rt.create_hal_module(self.instance, self.hal)
@@ -208,6 +213,8 @@ class Executable:
             raise NeffLoadError(f"the NEFF has no function {function!r}", module.path)
         self._num_outputs = len(signature.get("outputs", [])) or None
         self._hal = self.device.hal
+        # A GPU driver's memory is not the host's: its inputs and results are copied (transfer.py).
+        self._host_memory = transfer.host_memory(driver)
         # Runs on the task executor's workers, which torch's spinning OpenMP threads would slow.
         self._multithreaded = driver == "local-task"
         self._from_capsule = self._hal.from_dlpack_capsule
@@ -345,6 +352,9 @@ class Executable:
             return self._invoke_into(inputs, outputs)
 
     def _invoke_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        if not self._host_memory:
+            self._invoke_copying(inputs, outputs)
+            return
         context = self._context
         if context is None:
             context = self._resident_context(inputs)
@@ -361,6 +371,8 @@ class Executable:
     def _invoke(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         # The hot path of every compiled call: few Python frames, no per-call allocation
         # beyond IREE's argument lists and the DLPack capsules.
+        if not self._host_memory:
+            return self._invoke_copying(inputs)
         context = self._context
         if context is None:
             context = self._resident_context(inputs)
@@ -379,6 +391,29 @@ class Executable:
             outputs.append(_from_dlpack(to_capsule(get(i, view_type), _KDL_CPU, 0)))
         bound = self._bound
         return _unaliased(outputs, arguments, bound[3] if bound is not None and context is bound[0] else ())
+
+
+    def _invoke_copying(self, inputs: Sequence[torch.Tensor],
+                        outputs: Sequence[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """A call on a GPU driver: each argument copied into device memory, each result back into
+        ``outputs`` (a NEFF compiled with output storage) or into new CPU tensors."""
+        context = self._context
+        if context is None:
+            context = self._resident_context(inputs)
+        arguments = inputs if self._arguments is None else [inputs[i] for i in self._arguments]
+        hal = self._hal
+        storage = [transfer.empty_on_device(hal, tuple(_storage(t).shape), t.dtype) for t in outputs or ()]
+        args = self._list(len(arguments) + len(storage))
+        for view in (*transfer.to_device(hal, arguments), *storage):
+            args.push_ref(view)
+        results = self._list(0 if outputs is not None else self._num_outputs or 4)
+        try:
+            context.invoke(self._function, args, results)
+        except Exception as exc:
+            raise NeuronRuntimeError(f"executing the NEFF failed: {exc}") from exc
+        if outputs is not None:
+            return transfer.to_host(hal, storage, outputs)
+        return transfer.to_host(hal, [results.get_as_object(i, self._view_type) for i in range(results.size)])
 
 
 def _storage(t: torch.Tensor) -> torch.Tensor:
