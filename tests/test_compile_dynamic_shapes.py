@@ -187,3 +187,23 @@ def test_static_shapes_only_when_turned_off(monkeypatch):
             x = torch.randn(batch, 8)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
     assert _compiles() - before == 3
+
+
+def test_a_trace_that_needs_a_size_fixed_falls_back_without_torch_logging_an_error(caplog):
+    """The encoder layer's fast path with every size dynamic: its decomposition's matmul needs the
+    embedding size equal to the weight's, so the dynamic trace fails (one NEFF per signature).
+    torch's fake-tensor mode logged that failure as an ERROR with a traceback, on stderr."""
+    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="torch_neuronx.dynamo")
+    logging.getLogger("torch_neuronx.dynamo").propagate = True
+    torch.manual_seed(0)
+    block = torch.nn.TransformerEncoderLayer(8, 2, 32, dropout=0.0, batch_first=True).eval()
+    with torch.no_grad():
+        # A module compiled before makes Dynamo's automatic dynamic shapes mark every size of
+        # the block's input dynamic (they share ``Module._call_impl``'s code).
+        torch.compile(_mlp(), backend="neuron")(torch.randn(32, 8))
+        compiled = torch.compile(block, backend="neuron")
+        x = torch.randn(2, 5, 8)
+        torch.testing.assert_close(compiled(x), block(x), rtol=1e-4, atol=1e-5)
+    assert any("one NEFF per input signature" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("torch")]

@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -132,6 +133,20 @@ def _symbolic(tensors: Sequence[torch.Tensor], dynamic: Sequence[Sequence[bool]]
     return fakes
 
 
+@contextlib.contextmanager
+def _fake_tensor_errors_unlogged() -> Iterator[None]:
+    """Keep torch's fake-tensor mode from logging a failed meta function as an ERROR with its
+    traceback: the failure propagates to :func:`trace`'s caller, which reports it (a dynamic
+    trace that needs a size fixed is expected to fail, and falls back to one NEFF per signature)."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _check_dynamic_plan(plan: Plan) -> None:
     """A dynamic kernel's plan must be the plain form whose outputs the caller allocates."""
     if (plan.complex_inputs or plan.complex_outputs or plan.random_inputs
@@ -179,7 +194,7 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
     options = options or default_options()
     with options.applied():
         try:
-            with observe.stage("pipeline.trace", graph=name):
+            with observe.stage("pipeline.trace", graph=name), _fake_tensor_errors_unlogged():
                 functional = torch.func.functionalize(flat, remove="mutations") if functionalize else flat
                 gm = make_fx(functional, decomposition_table=decompositions.table(),
                              tracing_mode="fake" if dynamic is None else "symbolic")(
