@@ -210,6 +210,21 @@ def test_cuda_target_cross_compiles_without_a_gpu(tmp_path, monkeypatch):
     assert "--iree-cuda-target=sm_80" in header.metadata["flags"]
 
 
+def test_eager_ops_of_a_target_this_host_cannot_run_fall_back_saying_why(tmp_path):
+    """The eager device with the cuda target on a host without a GPU: each op runs on the CPU, and
+    the warning says the target cannot execute here (it said "not implemented by the neuron
+    compiler", which sent users looking for a missing lowering)."""
+    env = dict(os.environ, NEURON_PLATFORM_TARGET_OVERRIDE="cuda", TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path))
+    code = ("import torch, torch_neuronx\n"
+            "x = torch.arange(6.0, device='neuron')\n"
+            "print((x * 2).sum().item())\n")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "30.0"
+    assert "aten.mul.Tensor runs on the CPU (no neuron kernel: load stage failed" in run.stderr
+    assert "cannot execute on this host" in run.stderr
+
+
 def test_target_is_part_of_the_key(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
     with compile_only():

@@ -284,7 +284,8 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
     args, kwargs = scalars.as_inputs(func, args, kwargs)
     kernel = choice.kernel_for(func, args, kwargs)
     if kernel is kernels.UNIMPLEMENTED:
-        return _fallback(func, *given, "not implemented by the neuron compiler")
+        return _fallback(func, *given, "no neuron kernel: "
+                         + kernels.unimplemented_because.get(str(func), "not implemented by the neuron compiler"))
     if kwargs or any(isinstance(a, list | tuple) for a in args):
         leaves = pytree.tree_leaves((list(args), kwargs))
     else:  # the common case, without pytree's cost: positional tensors and scalars

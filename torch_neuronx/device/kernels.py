@@ -59,6 +59,17 @@ class _Registry(dict):
 #: Dispatch or dynamic key -> Kernel, UNIMPLEMENTED, or (dynamic keys) STATIC.
 registry: _Registry = _Registry()
 UNIMPLEMENTED = object()
+#: Per op (``str(func)``), why its first kernel could not be made: the eager fallback's warning says it.
+unimplemented_because: dict[str, str] = {}
+
+
+def _first_reason(exc: BaseException) -> str:
+    """The line of a kernel's compile error that says why (a NeuronCompileError's first line only
+    names the stage and graph)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].startswith("neuron backend:"):
+        return f"{lines[0].split(': ', 1)[-1]}: {lines[1]}"
+    return lines[0] if lines else type(exc).__name__
 STATIC = object()  # a dynamic key whose op needs a kernel per shape
 STATIC_ENTRY = "static"  # the HLO cache entry of such a key
 
@@ -260,6 +271,7 @@ def compiled_kernel(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str
                 kernel = _compiler_thread().submit(_compile, func, key, args, kwargs, dynamic).result()
             except Exception as exc:  # nothing lowers this op: it is unimplemented here
                 _log.info("%s is not implemented on neuron: %s", func, exc)
+                unimplemented_because.setdefault(str(func), _first_reason(exc))
                 kernel = UNIMPLEMENTED
             registry[key] = kernel
     return kernel
