@@ -5,6 +5,9 @@ that cannot (a training graph, a trace that guards on a size) compiles per signa
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -207,3 +210,78 @@ def test_a_trace_that_needs_a_size_fixed_falls_back_without_torch_logging_an_err
         torch.testing.assert_close(compiled(x), block(x), rtol=1e-4, atol=1e-5)
     assert any("one NEFF per input signature" in r.getMessage() for r in caplog.records)
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("torch")]
+
+
+_GPT2_NEW_BATCH_AND_LENGTH = """
+import torch, transformers
+torch.manual_seed(0)
+config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=4, n_positions=64,
+                                 attn_implementation="eager")
+model = transformers.GPT2LMHeadModel(config).eval()
+compiled = torch.compile(model, backend="neuron")
+with torch.no_grad():
+    for batch, length in ((2, 12), (4, 9), (3, 7)):
+        ids = torch.randint(1, 100, (batch, length))
+        torch.testing.assert_close(compiled(input_ids=ids).logits, model(input_ids=ids).logits,
+                                   rtol=1e-4, atol=1e-5)
+print("matched")
+"""
+
+
+def test_a_gpt2_called_with_a_new_batch_and_length_survives_its_dynamic_graph(tmp_path):
+    """torch-mlir lowered the dynamic trace of a small GPT-2 with a size of 1 where the sequence
+    length belonged; a ``view``'s size computation then divided by zero and SIGFPE killed the
+    process on the graph's first call. Divisions are guarded now: the wrong result fails the
+    first-call comparison and the graph compiles per signature. (A subprocess: a regression
+    would kill the test run.)"""
+    pytest.importorskip("transformers")
+    env = dict(os.environ, TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES="1")
+    run = subprocess.run([sys.executable, "-c", _GPT2_NEW_BATCH_AND_LENGTH], env=env, capture_output=True,
+                         text=True, timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-3000:]}"
+    assert "matched" in run.stdout
+
+
+def test_scalar_integer_divisions_by_zero_do_not_trap():
+    """The class of the GPT-2 crash: a linalg module whose size computation divides by a value
+    that is 0 at run time returns (the divisor taken as 1) instead of killing the process."""
+    from torch_neuronx.compiler.torch_to_stablehlo import nontrapping_divisions
+
+    text = """func.func @main(%a: tensor<i64>, %b: tensor<i64>) -> (tensor<i64>, tensor<i64>) {
+  %x = tensor.extract %a[] : tensor<i64>
+  %y = tensor.extract %b[] : tensor<i64>
+  %q = arith.divsi %x, %y : i64
+  %r = arith.remsi %x, %y : i64
+  %tq = tensor.from_elements %q : tensor<i64>
+  %tr = tensor.from_elements %r : tensor<i64>
+  return %tq, %tr : tensor<i64>, tensor<i64>
+}"""
+    guarded = nontrapping_divisions(text)
+    assert guarded.count("arith.select") == 2
+    code = ("import sys, numpy as np, iree.compiler as c, iree.runtime as rt\n"
+            "vmfb = c.compile_str(sys.stdin.read(), target_backends=['llvm-cpu'])\n"
+            "m = rt.load_vm_flatbuffer(vmfb, driver='local-sync')\n"
+            "print([int(np.asarray(v)) for v in m.main(np.array(7, np.int64), np.array(0, np.int64))],"
+            " [int(np.asarray(v)) for v in m.main(np.array(7, np.int64), np.array(2, np.int64))])\n")
+    run = subprocess.run([sys.executable, "-c", code], input=guarded, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["[7,", "0]", "[3,", "1]"]
+
+
+def test_expand_sizes_that_repeat_the_inputs_symbolic_sizes_become_minus_one():
+    """torch-mlir lowers an expand to an SSA size as a broadcast decided per element at run time;
+    a size that is the input's own symbolic size is written -1 (kept), a real broadcast stays."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_neuronx.compiler.passes.expand_sizes import expand_sizes_kept
+
+    def f(t):
+        return t.unsqueeze(1).expand(t.shape[0], 4, t.shape[1], t.shape[2]) * 2
+
+    gm = make_fx(f, tracing_mode="symbolic")(torch.randn(3, 5, 8))
+    gm = expand_sizes_kept(gm)
+    (node,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.expand.default]
+    assert node.args[1] == [-1, 4, -1, -1]
+    gm.recompile()
+    x = torch.randn(6, 7, 8)
+    torch.testing.assert_close(gm(x), f(x))

@@ -110,7 +110,38 @@ def to_stablehlo(raw_module: object, dialect: str = "stablehlo") -> str:
         handler.detach()
     if dialect == "stablehlo":
         stablehlo_fixups.apply(raw_module)
-    return asm(raw_module)
+        return asm(raw_module)
+    return nontrapping_divisions(asm(raw_module))
+
+
+_DIVISION = re.compile(r"^(\s*)(%[\w.$-]+) = arith\.(divsi|divui|remsi|remui|ceildivsi|floordivsi|ceildivui) "
+                       r"(%[\w.$-]+), (%[\w.$-]+) : (i64|i32|index)$", re.MULTILINE)
+
+
+def nontrapping_divisions(text: str) -> str:
+    """Linalg text whose scalar integer divisions divide by 1 where the divisor is 0.
+
+    An x86 integer division by zero raises SIGFPE, which kills the process. torch-mlir's
+    dynamic-shape lowering divides by sizes it computes at run time (a ``view``'s ``-1``); when
+    it mis-types a size (a small GPT-2's dynamic trace came out with a dimension of 1 where the
+    sequence length belonged), the divisor is 0 and the first call died. With the divisor
+    guarded the call returns, its wrong result fails the first-call comparison with eager, and
+    the graph is compiled per signature instead. (torch gives no meaning to a zero divisor in
+    a shape, and an integer tensor division by zero is an error or undefined in torch.)
+    """
+    count = 0
+
+    def guarded(match: re.Match) -> str:
+        nonlocal count
+        count += 1
+        indent, result, op, lhs, rhs, kind = match.groups()
+        zero, one, is_zero, divisor = (f"%tnx_div{count}_{name}" for name in ("zero", "one", "is_zero", "divisor"))
+        return (f"{indent}{zero} = arith.constant 0 : {kind}\n{indent}{one} = arith.constant 1 : {kind}\n"
+                f"{indent}{is_zero} = arith.cmpi eq, {rhs}, {zero} : {kind}\n"
+                f"{indent}{divisor} = arith.select {is_zero}, {one}, {rhs} : {kind}\n"
+                f"{indent}{result} = arith.{op} {lhs}, {divisor} : {kind}")
+
+    return _DIVISION.sub(guarded, text)
 
 
 _HEADER = struct.Struct("<Q")

@@ -18,6 +18,7 @@ from torch_neuronx.compiler.passes.complex_to_real import complex_to_real
 from torch_neuronx.compiler.passes.constant_fold import constant_fold
 from torch_neuronx.compiler.passes.degenerate_shapes import degenerate_shapes_spelled_out
 from torch_neuronx.compiler.passes.empty_slices import empty_slices_to_full
+from torch_neuronx.compiler.passes.expand_sizes import expand_sizes_kept
 from torch_neuronx.compiler.passes.host_checks import checks_to_outputs
 from torch_neuronx.compiler.passes.host_devices import devices_to_host
 from torch_neuronx.compiler.passes.index_bounds import index_bounds_checked
@@ -34,6 +35,7 @@ PIPELINE: list[Pass] = [
     devices_to_host,  # first: graphs of neuron tensors name the device in their factories
     complex_to_real,  # first: the other passes and the importer see real tensors only
     degenerate_shapes_spelled_out,  # early: later passes see no zero-size tensors or dims of 0-d ones
+    expand_sizes_kept,  # dynamic traces: an expand that keeps a symbolic size says so (-1)
     checks_to_outputs,  # before folding: the checks' info tensors become outputs
     index_bounds_checked,  # after checks_to_outputs (its checks follow those); before folding and scalars
     random_ops_to_inputs,  # before folding: a random op is no constant
