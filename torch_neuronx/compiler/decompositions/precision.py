@@ -22,7 +22,7 @@ import torch.utils._pytree as pytree
 
 aten = torch.ops.aten
 
-_NARROW = (torch.float16, torch.bfloat16)
+NARROW = (torch.float16, torch.bfloat16)  # dtypes computed in float32 and rounded once
 
 
 def _overloads(*names: str) -> tuple[Any, ...]:
@@ -81,7 +81,7 @@ def _narrow_dtype(leaves: list[Any]) -> torch.dtype | None:
     if len(dtypes) != 1:
         return None
     (found,) = dtypes
-    return found if found in _NARROW else None
+    return found if found in NARROW else None
 
 
 def in_float32(op: Any, previous: Callable | None, when: Callable[[tuple, dict], bool] | None = None) -> Callable:

@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from torch_neuronx.compiler.decompositions.precision import NARROW
+
 aten = torch.ops.aten
 
 def scan(xs: tuple[torch.Tensor, ...], dim: int, combine: Callable) -> tuple[torch.Tensor, ...]:
@@ -80,7 +82,6 @@ def cummin(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 #: Dtypes computed in float32 (eager's CPU kernel accumulates them in float32 too).
-_NARROW = (torch.float16, torch.bfloat16)
 
 
 def log_add_exp(earlier: torch.Tensor, later: torch.Tensor) -> torch.Tensor:
@@ -100,7 +101,7 @@ def logcumsumexp(x: torch.Tensor, dim: int) -> torch.Tensor:
         return NotImplemented
     if x.dim() == 0:
         return x.clone()
-    values = x.float() if x.dtype in _NARROW else x
+    values = x.float() if x.dtype in NARROW else x
     result = scan((values,), dim % x.dim(), lambda a, b: (log_add_exp(a[0], b[0]),))[0]
     return result.to(x.dtype)
 
