@@ -128,3 +128,27 @@ def test_out_variants_of_the_outs_shape_are_queued_without_a_fallback():
     assert observe.counter("eager_fallbacks") == before
     with pytest.raises(RuntimeError, match="can't be cast"):  # torch's own error, as on the CPU
         torch.mul(nb, nb, out=torch.empty(4, 5, dtype=torch.int64, device="neuron"))
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: torch.arange(7, device=d),
+    lambda d: torch.arange(2, 11, 3, device=d, dtype=torch.float32),
+    lambda d: torch.arange(0.5, 2.0, 0.25, device=d, dtype=torch.bfloat16),
+    lambda d: torch.arange(0, device=d),
+    lambda d: torch.arange(4, out=torch.empty(4, dtype=torch.int64, device=d)),
+], ids=["end", "start_step", "bfloat16", "empty", "out_of_its_shape"])
+def test_arange_is_made_on_the_stream_without_a_fallback(make):
+    """``torch.arange(n, device="neuron")`` reaches the device as ``arange.start_out`` into an empty
+    tensor (every Hugging Face model makes its position ids so): the values are computed on the host
+    and queued into the resized tensor; it warned of a CPU fallback and synchronized each call."""
+    from torch_neuronx import observe
+
+    before = observe.counter("eager_fallbacks")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = make("neuron")
+    assert observe.counter("eager_fallbacks") == before
+    if got.numel():
+        _on_device_memory(got)
+    torch.testing.assert_close(got.cpu(), make("cpu"))
+    torch.testing.assert_close(got.add(1).cpu(), make("cpu") + 1)  # later ops see its shape and values

@@ -200,7 +200,21 @@ def _foreach_copy_(args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         _copy_((dst, src), {})
 
 
+def _host_factory_out(func: Any) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
+    """``func`` (``arange``'s ``out=`` forms) through :func:`mutations.host_factory_out`, else the CPU route."""
+    def write(out: NeuronTensor, values: torch.Tensor) -> None:
+        queued.enqueue(out._index, str(func), [out], [out._allocation], out._data.detach().copy_, values)
+        wrote(out)
+
+    def run(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        done = mutations.host_factory_out(func, args, kwargs, write)
+        return done if done is not None else run_without_functional_form(func, args, kwargs)
+    return run
+
+
 _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
+    aten.arange.out: _host_factory_out(aten.arange.out),
+    aten.arange.start_out: _host_factory_out(aten.arange.start_out),
     aten._foreach_copy_.default: _foreach_copy_,
     aten.native_batch_norm.default: _native_batch_norm,
     aten._to_copy.default: _to_copy,

@@ -13,7 +13,7 @@ returns the neuron tensors it wrote, as torch's ``out=`` ops return their ``out`
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -95,3 +95,27 @@ def run_writing_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any], w
     if scratch:
         torch._C._increment_version([t._data for t in targets.values()])
     return pytree.tree_map(lambda v: back.get(id(v), v) if isinstance(v, torch.Tensor) else v, out)
+
+
+def host_factory_out(func: Any, args: Sequence[Any], kwargs: dict[str, Any],
+                     write: Callable[[NeuronTensor, torch.Tensor], None]) -> NeuronTensor | None:
+    """An ``out=`` factory (``arange``: its values depend on no tensor) into a neuron ``out`` that is
+    empty or of the result's shape: the values computed on the host, ``out`` sized for them (an empty
+    tensor holds no values to keep or wait for) and ``write`` queues them into it, with no
+    synchronization. None when that does not apply (the caller takes the general route).
+
+    ``torch.arange(n, device="neuron")`` reaches the device as ``arange.start_out`` into an empty
+    tensor: every Hugging Face model makes its position ids this way, and the general route warned
+    of a CPU fallback and waited for the stream on each call.
+    """
+    out = kwargs.get("out")
+    if not isinstance(out, NeuronTensor) or any(isinstance(a, torch.Tensor) for a in args):
+        return None
+    values = func(*args, out=torch.empty(0, dtype=out.dtype))
+    if tuple(out.shape) != tuple(values.shape):
+        if out.numel():
+            return None
+        resize(out, values.shape)
+    if values.numel():
+        write(out, values)
+    return out
