@@ -47,8 +47,20 @@ def register() -> bool:
     pinned.install()
     backward_errors.install()
     swap.install()
+    _register_serialization()
     _registered = True
     return True
+
+
+def _register_serialization() -> None:
+    """``torch.load`` of neuron tensors: their rebuild is allowed in ``weights_only`` mode, and
+    storages loaded with ``map_location="neuron"`` go into device memory (runtime/serialization.py)."""
+    import torch
+
+    from torch_neuronx.runtime import serialization
+
+    torch.serialization.add_safe_globals([serialization.rebuild])
+    torch.serialization.register_package(9, lambda obj: None, serialization.restore_storage)
 
 
 _library = None  # the torch.library registrations must stay alive for the process

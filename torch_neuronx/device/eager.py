@@ -212,7 +212,16 @@ def _host_factory_out(func: Any) -> Callable[[Sequence[Any], dict[str, Any]], An
     return run
 
 
+def _set_storage(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``set_`` onto a storage: a loaded checkpoint's, restored into device memory (mutations.py), or
+    the general route."""
+    done = mutations.set_restored_storage(args, kwargs)
+    return done if done is not None else run_without_functional_form(
+        aten.set_.source_Storage_storage_offset, args, kwargs)
+
+
 _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
+    aten.set_.source_Storage_storage_offset: _set_storage,
     aten.arange.out: _host_factory_out(aten.arange.out),
     aten.arange.start_out: _host_factory_out(aten.arange.start_out),
     aten._foreach_copy_.default: _foreach_copy_,

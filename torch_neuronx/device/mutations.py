@@ -23,7 +23,7 @@ from torch_neuronx import observe
 from torch_neuronx.runtime.tensor import NeuronTensor, allocate, rebind
 
 
-def _set_wrapper_shape(t: NeuronTensor, size: Sequence[int], stride: Sequence[int]) -> None:
+def _set_wrapper_shape(t: NeuronTensor, size: Sequence[int], stride: Sequence[int], offset: int = 0) -> None:
     """Give the wrapper ``t`` ``size`` and ``stride`` without dispatching, as torch's
     ``return_and_correct_aliasing`` sets the metadata of wrapper subclasses (the op runs on the
     wrapper as on a meta tensor). Its storage, which holds no data (the values are ``_data``'s),
@@ -35,7 +35,7 @@ def _set_wrapper_shape(t: NeuronTensor, size: Sequence[int], stride: Sequence[in
         meta_in_tls = torch._C._meta_in_tls_dispatch_include()
         torch._C._set_meta_in_tls_dispatch_include(True)
         try:
-            torch.ops.aten.set_.source_Storage_storage_offset(t, storage, 0, list(size), list(stride))
+            torch.ops.aten.set_.source_Storage_storage_offset(t, storage, offset, list(size), list(stride))
         finally:
             torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
 
@@ -119,3 +119,31 @@ def host_factory_out(func: Any, args: Sequence[Any], kwargs: dict[str, Any],
     if values.numel():
         write(out, values)
     return out
+
+
+def set_restored_storage(args: Sequence[Any], kwargs: dict[str, Any]) -> NeuronTensor | None:
+    """``t.set_(storage, offset, size, stride)`` where ``storage`` is a checkpoint's storage restored
+    into device memory (``torch.load(..., map_location="neuron")``): ``t`` becomes a view of it.
+    None for other storages."""
+    from torch_neuronx.runtime import serialization
+
+    names = ("self", "source", "storage_offset", "size", "stride")
+    bound = dict(zip(names, args), **kwargs)
+    t, source = bound["self"], bound["source"]
+    if not isinstance(t, NeuronTensor) or "size" not in bound:
+        return None
+    size = [int(s) for s in bound["size"]]
+    stride = [int(s) for s in bound.get("stride") or _contiguous(size)]
+    offset = int(bound.get("storage_offset", 0))
+    if not serialization.set_from_restored(t, source, offset, size, stride):
+        return None
+    _set_wrapper_shape(t, size, stride, offset)
+    return t
+
+
+def _contiguous(size: Sequence[int]) -> list[int]:
+    strides, step = [], 1
+    for s in reversed(size):
+        strides.append(step)
+        step *= max(s, 1)
+    return strides[::-1]

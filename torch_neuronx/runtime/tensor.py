@@ -236,6 +236,18 @@ class NeuronTensor(torch.Tensor):
         _host_read(self)
         return f"{self._data!r}"[:-1] + f", device='{self.device}')"
 
+    def __reduce_ex__(self, protocol: int) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled (``torch.save``, ``pickle``) as its values on the host and its device (:mod:`.serialization`)."""
+        from torch_neuronx.runtime import serialization
+
+        return serialization.reduce(self)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
+        """A device copy of the values (:mod:`.serialization`)."""
+        from torch_neuronx.runtime import serialization
+
+        return serialization.deepcopy(self, memo)
+
     @property
     def data(self) -> torch.Tensor:
         """A detached alias, as ``Tensor.data``."""

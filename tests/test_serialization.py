@@ -1,0 +1,97 @@
+"""Neuron tensors through torch.save/torch.load, pickle and copy.deepcopy (runtime/serialization.py).
+
+Before: ``copy.deepcopy`` of a neuron tensor or module and ``torch.load(..., map_location="neuron")``
+killed the process (SIGSEGV), ``torch.save``/``pickle`` of a neuron tensor raised "cannot pickle
+'_thread.lock' object" (found by a helper porting a training script as a new user). Each runs in a
+subprocess where a regression would kill it.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_neuronx  # noqa: F401
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool, torch.complex64)
+
+
+def _values(dtype: torch.dtype) -> torch.Tensor:
+    torch.manual_seed(0)
+    return (torch.randn(3, 4) * 5).to(dtype)
+
+
+def _loaded(obj: object, **kwargs: object) -> object:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", _DTYPES, ids=str)
+def test_save_and_load_keep_device_dtype_and_values(dtype):
+    x = _values(dtype)
+    back = _loaded(x.to("neuron"))  # weights_only, torch.load's default
+    assert back.device == torch.device("neuron", 0) and back.dtype == dtype
+    assert torch.equal(back.cpu(), x)
+    on_cpu = _loaded(x.to("neuron"), map_location="cpu")
+    assert on_cpu.device.type == "cpu" and torch.equal(on_cpu, x)
+
+
+def test_a_cpu_checkpoint_loads_onto_neuron_with_views_sharing_memory():
+    base = torch.arange(12.0)
+    view = base[4:].view(2, 4)
+    back = _loaded({"base": base, "view": view}, map_location="neuron")
+    assert back["base"].device.type == "neuron" and back["view"].device.type == "neuron"
+    assert torch.equal(back["base"].cpu(), base) and torch.equal(back["view"].cpu(), view)
+    back["base"].add_(100)  # one storage in the checkpoint: one device memory
+    assert torch.equal(back["view"].cpu(), view + 100)
+
+
+def test_a_modules_state_dict_and_the_module_itself_round_trip():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to("neuron")
+    state = _loaded(model.state_dict())
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).to("neuron")
+    fresh.load_state_dict(state)
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(fresh(x.to("neuron")).cpu(), model(x.to("neuron")).cpu())
+    whole = _loaded(model, weights_only=False)
+    assert all(isinstance(p, torch.nn.Parameter) and p.device.type == "neuron" for p in whole.parameters())
+    torch.testing.assert_close(whole(x.to("neuron")).cpu(), model(x.to("neuron")).cpu())
+
+
+def test_pickle_and_deepcopy_give_independent_device_copies():
+    x = torch.randn(3, 4, requires_grad=True).to("neuron").detach().requires_grad_()
+    x.grad = torch.ones(3, 4).to("neuron")
+    for copied in (pickle.loads(pickle.dumps(x)), copy.deepcopy(x)):
+        assert copied.device.type == "neuron" and copied.requires_grad
+        assert torch.equal(copied.detach().cpu(), x.detach().cpu())
+    deep = copy.deepcopy(x)
+    assert torch.equal(deep.grad.cpu(), torch.ones(3, 4))
+    with torch.no_grad():
+        deep.add_(1)
+    assert not torch.equal(deep.detach().cpu(), x.detach().cpu())  # independent memory
+    model = torch.nn.Linear(4, 2).to("neuron")
+    twin = copy.deepcopy(model)
+    assert isinstance(twin.weight, torch.nn.Parameter) and twin.weight.device.type == "neuron"
+    assert torch.equal(twin.weight.detach().cpu(), model.weight.detach().cpu())
+    with torch.no_grad():
+        twin.weight.zero_()
+    assert model.weight.detach().cpu().abs().sum() > 0
+
+
+def test_none_of_it_kills_the_process():
+    code = ("import copy, io, torch, torch_neuronx\n"
+            "m = torch.nn.Linear(4, 2).to('neuron'); copy.deepcopy(m)\n"
+            "b = io.BytesIO(); torch.save(torch.randn(3), b); b.seek(0)\n"
+            "print(torch.load(b, map_location='neuron').device)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "neuron:0"
