@@ -223,3 +223,37 @@ def test_ops_on_empty_tensors_run_compiled_not_on_the_cpu():
     assert torch.equal((a.to("neuron") @ b.to("neuron")).cpu(), torch.zeros(3, 4))
     assert torch.equal(empty.to("neuron").sum(1).cpu(), torch.zeros(1, 3))
     assert metrics.counter("eager_fallbacks") == before
+
+
+def test_numpy_of_a_neuron_tensor_behaves_as_on_cuda():
+    """Refused with CUDA's TypeError (torch's subclass message said nothing useful); ``force=True`` copies."""
+    import numpy as np
+
+    x = torch.randn(3)
+    d = x.to("neuron")
+    for convert in (d.numpy, lambda: np.asarray(d)):
+        with pytest.raises(TypeError, match="can't convert neuron:0 device type tensor to numpy"):
+            convert()
+    assert np.array_equal(d.requires_grad_().numpy(force=True), x.numpy())
+
+
+def test_a_packed_sequence_runs_an_lstm_on_neuron():
+    """``pack_padded_sequence`` keeps ``batch_sizes`` on the CPU, as CUDA does (PackedSequence refuses
+    it anywhere else: "batch_sizes should always be on CPU")."""
+    torch.manual_seed(0)
+    x, lengths = torch.randn(3, 5, 4), torch.tensor([5, 3, 2])
+    lstm = torch.nn.LSTM(4, 6, batch_first=True)
+
+    def run(device):
+        packed = torch.nn.utils.rnn.pack_padded_sequence(x.to(device), lengths, batch_first=True)
+        out, (h, _) = lstm.to(device)(packed)
+        padded, sizes = torch.nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+        return padded.cpu(), h.cpu(), sizes, packed.batch_sizes.device
+
+    want = run("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = run("neuron")
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])
+    assert torch.equal(got[2], want[2]) and got[3].type == "cpu"

@@ -293,9 +293,18 @@ def _warn_fallback(func: Any, reason: str) -> None:
         warnings.warn(f"neuron: {name} runs on the CPU ({reason})", RuntimeWarning, stacklevel=5)
 
 
+#: Results that stay in host memory, as CUDA's kernels leave them (``pack_padded_sequence``'s
+#: ``batch_sizes``, which ``PackedSequence`` requires on the CPU).
+_HOST_RESULTS = {aten._pack_padded_sequence.default: frozenset({1})}
+
+
 def _run_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
-    return pytree.tree_map(_on_device(_first_neuron((args, kwargs))._index), out)
+    place = _on_device(_first_neuron((args, kwargs))._index)
+    kept = _HOST_RESULTS.get(func)
+    if kept is not None:
+        return tuple(o if i in kept else pytree.tree_map(place, o) for i, o in enumerate(out))
+    return pytree.tree_map(place, out)
 
 
 def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

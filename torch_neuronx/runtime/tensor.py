@@ -284,6 +284,14 @@ class NeuronTensor(torch.Tensor):
         torch refuses ``tolist`` for tensor subclasses)."""
         return self.cpu().tolist()
 
+    def numpy(self, *, force: bool = False) -> Any:
+        """As ``Tensor.numpy`` on CUDA: a device tensor is refused unless ``force=True``, which copies
+        it to the host (torch refuses ``numpy`` for tensor subclasses with a less helpful message)."""
+        if not force:
+            raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy "
+                            "the tensor to host memory first.")
+        return self.detach().cpu().numpy(force=True)
+
     def record_stream(self, stream: Any) -> None:
         """Mark this tensor's memory as used by ``stream`` (a ``torch.neuron.Stream``), as
         ``Tensor.record_stream`` on CUDA: once freed, it is not handed out again until the work
