@@ -257,3 +257,24 @@ def test_a_packed_sequence_runs_an_lstm_on_neuron():
     torch.testing.assert_close(got[0], want[0])
     torch.testing.assert_close(got[1], want[1])
     assert torch.equal(got[2], want[2]) and got[3].type == "cpu"
+
+
+@pytest.mark.parametrize("write", [
+    lambda t: t.add_(1), lambda t: t.mul_(2), lambda t: t.relu_(), lambda t: t.fill_(2), lambda t: t.zero_(),
+    lambda t: t.fill_(torch.tensor(5.0, device=t.device)), lambda t: t.copy_(torch.ones(4, 3, device=t.device)),
+], ids=["add_", "mul_", "relu_", "fill_", "zero_", "fill_tensor", "copy_"])
+def test_writes_into_an_expanded_tensor_raise_or_fill_as_on_the_cpu(write):
+    """CPU refuses most writes into a tensor whose elements share memory, at the call; on neuron the
+    queued write failed later and poisoned the tensor (``x.expand(4, 3).add_(1)``)."""
+    def run(device):
+        base = torch.ones(1, 3, device=device)
+        try:
+            write(base.expand(4, 3))
+            outcome = "ok"
+        except RuntimeError as exc:
+            outcome = str(exc)
+        return outcome, base.cpu()
+
+    want, got = run("cpu"), run("neuron")
+    assert got[0] == want[0]
+    torch.testing.assert_close(got[1], want[1])  # and the tensor is not poisoned

@@ -153,9 +153,29 @@ def wrote(*tensors: Any) -> None:
         torch._C._increment_version(inner)
 
 
+#: In-place ops torch lets write a tensor whose elements share memory (an expanded one): every
+#: element gets the same value.
+_OVERLAP_ALLOWED = frozenset({aten.fill_.Scalar, aten.zero_.default})
+
+
+def _refuse_internal_overlap(target: NeuronTensor) -> None:
+    """Raise torch's error, where the op is called, for a write into a tensor of which several
+    elements share one memory location (``x.expand(4, 3).add_(1)``); queued, it failed later and
+    poisoned the tensor."""
+    if torch._debug_has_internal_overlap(target._data) == 1:
+        raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
+                           "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def _fill_from_first(target: torch.Tensor, values: torch.Tensor) -> None:
+    if values.numel():
+        target.fill_(values.reshape(-1)[0].item())
+
+
 def _copy_(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     dst, src = args[0], args[1]
     if isinstance(dst, NeuronTensor) and isinstance(src, NeuronTensor) and dst._index == src._index:
+        _refuse_internal_overlap(dst)
         _queue_copy(dst, src, "aten::copy_")  # device to device: queued
         return dst
     return _host_op(_copy_on_host)(args, kwargs)
@@ -505,10 +525,18 @@ def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
 def _run_in_place(func: Any, functional: Any, args: Sequence[Any], kwargs: dict[str, Any],
                   target: NeuronTensor) -> Any:
     """An in-place op as its functional variant on ``args``, the result copied into ``target``."""
+    if func not in _OVERLAP_ALLOWED:
+        _refuse_internal_overlap(target)
     result = _run_compiled(functional, args, kwargs)
     if isinstance(result, NeuronTensor) and result._index == target._index:
         _check_in_place(target, result)
-        _queue_copy(target, result, str(func))
+        if func in _OVERLAP_ALLOWED and torch._debug_has_internal_overlap(target._data) == 1:
+            # Every element gets one value, which a copy into shared memory would refuse.
+            queued.enqueue(target._index, str(func), [result, target], [target._allocation], _fill_from_first,
+                           target._data.detach(), result._data.detach())
+            wrote(target)
+        else:
+            _queue_copy(target, result, str(func))
     else:
         on_host(target._index, [target], _write_back, target, result)
     return None if func in _no_result else target
