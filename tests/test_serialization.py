@@ -91,7 +91,26 @@ def test_none_of_it_kills_the_process():
     code = ("import copy, io, torch, torch_neuronx\n"
             "m = torch.nn.Linear(4, 2).to('neuron'); copy.deepcopy(m)\n"
             "b = io.BytesIO(); torch.save(torch.randn(3), b); b.seek(0)\n"
-            "print(torch.load(b, map_location='neuron').device)\n")
+            "print(torch.load(b, map_location='neuron').device)\n"
+            "print(torch.UntypedStorage(8, device='neuron').device)\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert run.stdout.strip() == "neuron:0"
+    assert run.stdout.split() == ["neuron:0", "neuron:0"]
+
+
+def test_neuron_storages_are_made_copied_and_read():
+    """``torch.UntypedStorage(n, device="neuron")`` killed the process (SIGSEGV: a C++ allocator a
+    Python backend has not got); ``storage.cpu()`` and ``storage.to(device="neuron")`` raised."""
+    made = torch.UntypedStorage(12, device="neuron")
+    assert made.device == torch.device("neuron", 0) and made.nbytes() == 12
+    assert torch.UntypedStorage(12).device.type == "cpu"  # other devices: PyTorch's constructor
+    values = torch.tensor([1.0, 2.0, 3.0])
+    moved = values.untyped_storage().to(device="neuron")
+    assert moved.device.type == "neuron"
+    assert torch.equal(torch.empty(0).set_(moved.cpu()), values)
+    y = (torch.zeros(3).to("neuron") + 1) * 2  # queued work writes it first
+    assert torch.equal(torch.empty(0).set_(y.untyped_storage().cpu()), torch.full((3,), 2.0))
+    y.untyped_storage().copy_(values.untyped_storage())
+    assert torch.equal(y.cpu(), values)
+    with pytest.raises(TypeError, match="made from a size in bytes"):
+        torch.UntypedStorage([1, 2], device="neuron")

@@ -54,11 +54,13 @@ def register() -> bool:
 
 def _register_serialization() -> None:
     """``torch.load`` of neuron tensors: their rebuild is allowed in ``weights_only`` mode, and
-    storages loaded with ``map_location="neuron"`` go into device memory (runtime/serialization.py)."""
+    storages loaded with ``map_location="neuron"`` go into device memory (runtime/serialization.py);
+    ``torch.UntypedStorage(n, device="neuron")`` makes device memory (runtime/storage.py)."""
     import torch
 
-    from torch_neuronx.runtime import serialization
+    from torch_neuronx.runtime import serialization, storage
 
+    storage.install_constructor()
     torch.serialization.add_safe_globals([serialization.rebuild])
     torch.serialization.register_package(9, lambda obj: None, serialization.restore_storage)
 

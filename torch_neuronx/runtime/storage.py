@@ -39,6 +39,7 @@ import torch
 
 from torch_neuronx import memory
 from torch_neuronx.memory.segments import PAGE_SIZE, HostSegmentSource
+from torch_neuronx.runtime import streams
 from torch_neuronx.runtime import tensor as _tensor
 from torch_neuronx.runtime.tensor import Allocation, Memory, NeuronTensor
 
@@ -62,6 +63,8 @@ def storage_of(allocation: Allocation) -> torch.UntypedStorage:
         storage = _raw_storage(allocation.address, allocation.nbytes, allocation.index)
         # Weakly: the allocation holds its storage object, which must not keep it alive in a cycle.
         storage.resize_ = functools.partial(_resize_method, weakref.ref(allocation))
+        storage.cpu = functools.partial(_cpu_method, weakref.ref(allocation))
+        storage.copy_ = functools.partial(_copy_method, weakref.ref(allocation), storage)
         allocation.storage = storage
     return storage
 
@@ -74,6 +77,65 @@ def _resize_method(allocation_ref: weakref.ref, nbytes: Any) -> torch.UntypedSto
                            "over it (its storage object does not keep the device memory alive)")
     resize(allocation, nbytes)
     return allocation.storage
+
+
+def _alive(allocation_ref: weakref.ref, what: str) -> Allocation:
+    allocation = allocation_ref()
+    if allocation is None:
+        raise RuntimeError(f"{what} of the storage of neuron tensors that no longer exist: keep a tensor over it")
+    return allocation
+
+
+def _cpu_method(allocation_ref: weakref.ref) -> torch.UntypedStorage:
+    """``UntypedStorage.cpu()``: a host copy of the device memory, after the work that writes it (torch's
+    own copies the bytes through a tensor of a storage device it refuses)."""
+    allocation = _alive(allocation_ref, "cpu()")
+    if not allocation.nbytes or allocation.memory is None:
+        return torch.UntypedStorage(allocation.nbytes if allocation.memory is not None else 0)
+    _wait_for_writers(allocation)
+    return memory.block_view(allocation.address, allocation.nbytes).clone().untyped_storage()
+
+
+def _copy_method(allocation_ref: weakref.ref, storage: torch.UntypedStorage, source: Any,
+                 non_blocking: bool = False) -> torch.UntypedStorage:
+    """``UntypedStorage.copy_(source)`` into device memory, after all queued work of the device (a
+    synchronization: queued ops may still read the old bytes)."""
+    allocation = _alive(allocation_ref, "copy_")
+    source = source.cpu() if source.device.type != "cpu" else source
+    if source.nbytes() != allocation.nbytes:
+        raise RuntimeError(f"size mismatch: copy_ of a {source.nbytes()}-byte storage into {allocation.nbytes} bytes")
+    if allocation.nbytes and allocation.memory is not None:
+        streams.synchronize(allocation.index)
+        memory.block_view(allocation.address, allocation.nbytes).copy_(
+            torch.empty(0, dtype=torch.uint8).set_(source))
+    return storage
+
+
+def new_storage(cls: type, *args: Any, device: Any = None, **kwargs: Any) -> torch.UntypedStorage:
+    """``torch.UntypedStorage(nbytes, device="neuron")`` (installed by the device as the class's
+    ``__new__``): device memory of ``nbytes`` in a storage that keeps it (PyTorch would allocate
+    it through a C++ allocator a Python backend has not got: the process died with SIGSEGV).
+    Other devices go to PyTorch's constructor."""
+    if device is None or torch.device(device).type != "neuron":
+        return _base_new(cls, *args, **kwargs) if device is None else _base_new(cls, *args, device=device, **kwargs)
+    if kwargs or len(args) > 1 or (args and not isinstance(args[0], int)):
+        raise TypeError("a neuron UntypedStorage is made from a size in bytes: torch.UntypedStorage(n, "
+                        "device='neuron'); copy other contents in with copy_()")
+    nbytes = args[0] if args else 0
+    index = torch.device(device).index or 0
+    data, allocation = _tensor.allocate([nbytes], None, torch.uint8, index)
+    holder = NeuronTensor(data, allocation, index=index)
+    storage = storage_of(allocation)
+    storage._holder = holder  # the memory lives while the storage does (a cycle the collector frees)
+    return storage
+
+
+_base_new = torch._C.StorageBase.__new__
+
+
+def install_constructor() -> None:
+    """Route ``torch.UntypedStorage(..., device="neuron")`` to :func:`new_storage`."""
+    torch.UntypedStorage.__new__ = new_storage
 
 
 def resize_storage_bytes(args: Sequence[Any], kwargs: dict[str, Any]) -> None:
