@@ -278,3 +278,25 @@ def test_writes_into_an_expanded_tensor_raise_or_fill_as_on_the_cpu(write):
     want, got = run("cpu"), run("neuron")
     assert got[0] == want[0]
     torch.testing.assert_close(got[1], want[1])  # and the tensor is not poisoned
+
+
+def test_a_transformer_encoder_in_eval_with_a_padding_mask_runs_its_dense_path():
+    """torch sends ``nn.TransformerEncoder`` in eval with a padding mask down its nested-tensor fast
+    path on PrivateUse1 devices, and neuron tensors cannot be nested ("NestedTensorImpl doesn't
+    support sizes"). On neuron the mask check answers "not left aligned": the dense path runs, equal
+    to the CPU's dense path everywhere and to its nested path on every real token."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+    nested = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    dense = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    dense.load_state_dict(nested.state_dict())
+    x, pad = torch.randn(2, 5, 16), torch.tensor([[False] * 5, [False, False, False, True, True]])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want_nested, want_dense = nested(x, src_key_padding_mask=pad), dense(x, src_key_padding_mask=pad)
+        got = nested.to("neuron")(x.to("neuron"), src_key_padding_mask=pad.to("neuron")).cpu()
+        torch.testing.assert_close(got, want_dense, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got[~pad], want_nested[~pad], rtol=1e-5, atol=1e-5)
+        unchecked = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True, mask_check=False).eval()
+        with pytest.raises(NotImplementedError, match="enable_nested_tensor=False"):
+            unchecked.to("neuron")(x.to("neuron"), src_key_padding_mask=pad.to("neuron"))

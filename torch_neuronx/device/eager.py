@@ -240,7 +240,23 @@ def _set_storage(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         aten.set_.source_Storage_storage_offset, args, kwargs)
 
 
+def _no_nested_fast_path(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """``torch._nested_tensor_from_mask_left_aligned`` on neuron tensors: False, so that
+    ``nn.TransformerEncoder`` in eval with a padding mask takes its dense path (same values) instead
+    of the nested-tensor fast path, which neuron tensors cannot hold ("NestedTensorImpl doesn't
+    support sizes")."""
+    return False
+
+
+def _no_nested_tensors(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    raise NotImplementedError("nested tensors are not supported on the neuron device (torch._nested_tensor_"
+                              "from_mask); nn.TransformerEncoder: keep mask_check=True or pass "
+                              "enable_nested_tensor=False")
+
+
 _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
+    aten._nested_tensor_from_mask_left_aligned.default: _no_nested_fast_path,
+    aten._nested_tensor_from_mask.default: _no_nested_tensors,
     aten.set_.source_Storage_storage_offset: _set_storage,
     aten.arange.out: _host_factory_out(aten.arange.out),
     aten.arange.start_out: _host_factory_out(aten.arange.start_out),
