@@ -136,8 +136,12 @@ def test_out_variants_of_the_outs_shape_are_queued_without_a_fallback():
     lambda d: torch.arange(0.5, 2.0, 0.25, device=d, dtype=torch.bfloat16),
     lambda d: torch.arange(0, device=d),
     lambda d: torch.arange(4, out=torch.empty(4, dtype=torch.int64, device=d)),
-], ids=["end", "start_step", "bfloat16", "empty", "out_of_its_shape"])
-def test_arange_is_made_on_the_stream_without_a_fallback(make):
+    lambda d: torch.eye(3, device=d),
+    lambda d: torch.eye(2, 4, device=d, dtype=torch.int64),
+    lambda d: torch.linspace(0, 1, 5, device=d),
+    lambda d: torch.logspace(0, 2, 3, device=d),
+], ids=["end", "start_step", "bfloat16", "empty", "out_of_its_shape", "eye", "eye_m", "linspace", "logspace"])
+def test_host_factories_are_made_on_the_stream_without_a_fallback(make):
     """``torch.arange(n, device="neuron")`` reaches the device as ``arange.start_out`` into an empty
     tensor (every Hugging Face model makes its position ids so): the values are computed on the host
     and queued into the resized tensor; it warned of a CPU fallback and synchronized each call."""

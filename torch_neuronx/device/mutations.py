@@ -99,7 +99,8 @@ def run_writing_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any], w
 
 def host_factory_out(func: Any, args: Sequence[Any], kwargs: dict[str, Any],
                      write: Callable[[NeuronTensor, torch.Tensor], None]) -> NeuronTensor | None:
-    """An ``out=`` factory (``arange``: its values depend on no tensor) into a neuron ``out`` that is
+    """An ``out=`` factory (``arange``, ``eye``, ``linspace``, ``logspace``: values that depend on no
+    tensor) into a neuron ``out`` that is
     empty or of the result's shape: the values computed on the host, ``out`` sized for them (an empty
     tensor holds no values to keep or wait for) and ``write`` queues them into it, with no
     synchronization. None when that does not apply (the caller takes the general route).
