@@ -20,7 +20,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from torch_neuronx import observe
-from torch_neuronx.runtime.tensor import NeuronTensor, allocate, rebind
+from torch_neuronx.runtime.tensor import NeuronTensor, _contiguous_strides, allocate, rebind
 
 
 def _set_wrapper_shape(t: NeuronTensor, size: Sequence[int], stride: Sequence[int], offset: int = 0) -> None:
@@ -134,17 +134,10 @@ def set_restored_storage(args: Sequence[Any], kwargs: dict[str, Any]) -> NeuronT
     if not isinstance(t, NeuronTensor) or "size" not in bound:
         return None
     size = [int(s) for s in bound["size"]]
-    stride = [int(s) for s in bound.get("stride") or _contiguous(size)]
+    stride = [int(s) for s in bound.get("stride") or _contiguous_strides(size)]
     offset = int(bound.get("storage_offset", 0))
     if not serialization.set_from_restored(t, source, offset, size, stride):
         return None
     _set_wrapper_shape(t, size, stride, offset)
     return t
 
-
-def _contiguous(size: Sequence[int]) -> list[int]:
-    strides, step = [], 1
-    for s in reversed(size):
-        strides.append(step)
-        step *= max(s, 1)
-    return strides[::-1]
