@@ -220,19 +220,11 @@ def _foreach_copy_(args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         _copy_((dst, src), {})
 
 
-def _upload(target: torch.Tensor, values: torch.Tensor, index: int) -> None:
-    """Copy host ``values`` into device memory (a host-to-device transfer, as listeners see it)."""
-    if not observe.state.active:
-        target.copy_(values)
-        return
-    with observe.span("transfer.host_to_device", values.nbytes, device=index):
-        target.copy_(values)
-
-
 def _host_factory_out(func: Any) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
-    """``func`` (``arange``'s ``out=`` forms) through :func:`mutations.host_factory_out`, else the CPU route."""
+    """``func`` (an ``out=`` form of ``arange``, ``eye``, ``linspace`` or ``logspace``) through
+    :func:`mutations.host_factory_out`, else the CPU route."""
     def write(out: NeuronTensor, values: torch.Tensor) -> None:
-        queued.enqueue(out._index, str(func), [out], [out._allocation], _upload, out._data.detach(), values,
+        queued.enqueue(out._index, str(func), [out], [out._allocation], mutations.upload, out._data.detach(), values,
                        out._index)
         wrote(out)
 

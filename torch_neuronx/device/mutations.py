@@ -64,6 +64,16 @@ def resize_op(args: Sequence[Any], kwargs: dict[str, Any]) -> NeuronTensor:
     return t
 
 
+def upload(target: torch.Tensor, values: torch.Tensor, index: int) -> None:
+    """Copy host ``values`` into ``target``, device ``index``'s memory: a host-to-device transfer, as
+    listeners see it."""
+    if not observe.state.active:
+        target.copy_(values)
+        return
+    with observe.span("transfer.host_to_device", values.nbytes, device=index):
+        target.copy_(values)
+
+
 def run_writing_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any], written: Sequence[Any]) -> Any:
     """``func`` on the CPU with each neuron tensor of ``written`` (the arguments it writes) replaced by
     a scratch copy, then those neuron tensors resized to the scratch's shape where it changed and
@@ -86,11 +96,7 @@ def run_writing_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any], w
     for key, copy in scratch.items():
         target = targets[key]
         resize(target, copy.shape)
-        if observe.state.active:  # the op's values cross from host memory into the device's
-            with observe.span("transfer.host_to_device", copy.nbytes, device=target._index):
-                target._data.copy_(copy)
-        else:
-            target._data.copy_(copy)
+        upload(target._data, copy, target._index)
         back[id(copy)] = target
     if scratch:
         torch._C._increment_version([t._data for t in targets.values()])
