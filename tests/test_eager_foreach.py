@@ -1,5 +1,6 @@
-"""``torch._foreach_*`` ops on neuron tensors (device/foreach.py): each runs as its per-tensor op,
-queued on the device, with no CPU fallback (no host synchronization), and gives the CPU's values;
+"""``torch._foreach_*`` ops on neuron tensors: in-place ones queued whole as torch's host kernel
+(device/host_kernels.py), per tensor where that route declines (device/foreach.py), never a CPU
+fallback (no host synchronization), with the CPU's values;
 optimizers with ``foreach=True`` (SGD with momentum, Adam, AdamW) and gradient clipping match the
 same loop on the CPU."""
 
@@ -31,7 +32,7 @@ def _pair(n: int = 3):
     ("lerp_ Scalar", lambda xs, ys: torch._foreach_lerp_(xs, ys, 0.1)),
     ("copy_", lambda xs, ys: torch._foreach_copy_(xs, ys)),
 ])
-def test_in_place_foreach_ops_are_queued_per_tensor(name, op):
+def test_in_place_foreach_ops_are_queued_without_fallbacks(name, op):
     host, device = _pair()
     others_host, others_device = _pair()
     others_host = [t * 2 + 1 for t in others_host]
@@ -76,3 +77,13 @@ def test_foreach_optimizers_match_the_cpu_without_fallbacks(optimizer, kwargs):
     for h, d in zip(host.parameters(), device.parameters()):
         torch.testing.assert_close(d.cpu(), h, rtol=1e-4, atol=1e-5)
     assert observe.counter("eager_fallbacks") == before
+
+
+def test_a_call_writing_a_host_tensor_runs_per_tensor_on_the_device():
+    """host_kernels declines a list holding a host tensor; each element then runs as its per-tensor
+    op (the neuron ones queued), with the CPU's values."""
+    host, device = _pair(2)
+    mixed = [device[0], host[1].clone()]
+    torch._foreach_mul_(mixed, 3.0)
+    torch.testing.assert_close(mixed[0].cpu(), host[0] * 3)
+    torch.testing.assert_close(mixed[1], host[1] * 3)

@@ -37,6 +37,7 @@ from torch_neuronx.device import (
     choice,
     distributed_ops,
     foreach,
+    host_kernels,
     kernels,
     launch,
     math_bits,
@@ -458,6 +459,13 @@ def _copy_results(storage: list[torch.Tensor | None], results: Sequence[torch.Te
             out.copy_(result)
 
 
+def _declined(func: Any) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
+    """The route of a list-writing update that :mod:`.host_kernels` does not queue: per tensor
+    (``_foreach_`` ops), else the CPU as a synchronization (torch's error for a bad call)."""
+    per_tensor = foreach.handler(func, run_without_functional_form)
+    return per_tensor if per_tensor is not None else functools.partial(run_without_functional_form, func)
+
+
 _SPECIAL_OP, _COMPOSITE_VIEW, _INPLACE_VIEW, _VIEW, _RANDOM, _IN_PLACE, _NO_FUNCTIONAL, _FUNCTIONAL, _BITS = range(9)
 _kinds: dict[Any, tuple[int, Any]] = {}
 _no_result: set[Any] = set()  # in-place ops whose schema returns nothing (``fsdp.copy_``)
@@ -472,6 +480,8 @@ def _classify(func: Any) -> tuple[int, Any]:
             kind = (_SPECIAL_OP, _SPECIAL[func])
         elif (distributed := distributed_ops.handler(func)) is not None:  # collectives, FSDP2's kernels
             kind = (_SPECIAL_OP, distributed)
+        elif (updates := host_kernels.handler(func, _declined(func))) is not None:  # optimizers' list updates
+            kind = (_SPECIAL_OP, updates)
         elif (per_tensor := foreach.handler(func, run_without_functional_form)) is not None:  # _foreach_*_
             kind = (_SPECIAL_OP, per_tensor)
         elif _is_view(func) and func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):

@@ -1,9 +1,10 @@
-"""``torch._foreach_*`` ops on neuron tensors: one op per tensor, each queued on the device.
+"""In-place ``torch._foreach_*`` ops on neuron tensors as one op per tensor, each queued on the device.
 
 Optimizers with ``foreach=True``, gradient clipping, DDP and FSDP2 call the ``_foreach_`` ops
-(``_foreach_add_``, ``_foreach_lerp_``, ``_foreach_addcmul_``, ``_foreach_copy_``
-and the rest). They have no kernels of their own here; run on the CPU over the tensors' memory,
-each call would be a synchronization of the stream. Each is run instead as its per-tensor op
+(``_foreach_add_``, ``_foreach_lerp_``, ``_foreach_addcmul_`` and the rest). A call is normally
+queued whole as torch's host kernel (:mod:`.host_kernels`, which checks its elements with
+:func:`elements_fit`); one that route declines (a host tensor written, tensors of two devices)
+would otherwise run on the CPU as a synchronization of the stream. Each is run instead as its per-tensor op
 (``_foreach_add_.List(xs, ys, alpha=a)`` as ``add_(x, y, alpha=a)`` for every pair): the element's
 arguments are the list arguments' i-th elements and the other arguments as they are, and the
 per-tensor op is the one PyTorch's overload resolution picks for them. That pick is made once per
@@ -31,10 +32,9 @@ _KEYWORD_ONLY = ("alpha", "value")  # keyword-only in the per-tensor ops, positi
 _SCALARS_ARE_VALUE = ("addcdiv", "addcdiv_", "addcmul", "addcmul_")
 
 
-def handler(func: Any, fallback: Callable[..., Any]) -> Handler | None:
-    """How the eager device runs ``func`` when it is an in-place ``_foreach_`` op with a per-tensor
-    counterpart; ``fallback(func, args, kwargs)`` runs a call whose arguments fit none. (Out-of-place
-    ones, ``_foreach_sqrt``, are functional: they compile as one kernel like any other op.)"""
+def _per_tensor(func: Any) -> tuple[Any, list[int], list[str]] | None:
+    """An in-place ``_foreach_`` op's per-tensor op, the positions of its list arguments and the
+    argument names the per-tensor op knows them by; None for any other op."""
     name = func._schema.name
     if not name.startswith(_PREFIX) or not func._schema.is_mutable:
         return None
@@ -48,7 +48,33 @@ def handler(func: Any, fallback: Callable[..., Any]) -> Handler | None:
         names = ["value" if n == "scalars" else n for n in names]
         # ``.Tensor`` overloads pass the scalars as one host tensor: element i is its i-th value.
         lists += [i for i, a in enumerate(arguments) if a.name == "scalars" and str(a.type) == "Tensor"]
-    return functools.partial(_run, func, packet, lists, names, fallback)
+    return packet, lists, names
+
+
+def handler(func: Any, fallback: Callable[..., Any]) -> Handler | None:
+    """How the eager device runs ``func`` when it is an in-place ``_foreach_`` op with a per-tensor
+    counterpart; ``fallback(func, args, kwargs)`` runs a call whose arguments fit none. (Out-of-place
+    ones, ``_foreach_sqrt``, are functional: they compile as one kernel like any other op.)"""
+    found = _per_tensor(func)
+    return None if found is None else functools.partial(_run, func, *found, fallback)
+
+
+def elements_fit(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> BaseException | None:
+    """Torch's error for the first element of an in-place ``_foreach_`` call (meta tensors welcome)
+    that its per-tensor op refuses (shapes that do not broadcast, which a foreach op's meta kernel
+    does not check), or None."""
+    found = _per_tensor(func)
+    if found is None:
+        return None
+    packet, lists, names = found
+    count = len(args[lists[0]]) if lists else 0
+    for i in range(count):
+        try:
+            call_args, call_kwargs = _element(args, kwargs, lists, names, i)
+            packet(*call_args, **call_kwargs)
+        except Exception as exc:
+            return exc
+    return None
 
 
 def _element(args: Sequence[Any], kwargs: dict[str, Any], lists: list[int], names: list[str],
@@ -60,7 +86,8 @@ def _element(args: Sequence[Any], kwargs: dict[str, Any], lists: list[int], name
         if position in lists:
             value = value[i]
             if isinstance(value, torch.Tensor) and value.dim() == 0 and names[position] == "value":
-                value = value.item()  # a host tensor of scalars (``.Tensor`` overloads)
+                # a host tensor of scalars (``.Tensor`` overloads); a meta one (a check) has no values
+                value = value.item() if value.device.type != "meta" else 1.0
         if names[position] in _KEYWORD_ONLY:
             call_kwargs[names[position]] = value
         else:
