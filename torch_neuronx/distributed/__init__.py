@@ -9,16 +9,32 @@ torch.distributed's own gloo transport (:mod:`.algorithms`, :mod:`.work`, :mod:`
 
 from __future__ import annotations
 
-import torch.distributed as dist
+import importlib
+from typing import Any
 
-from torch_neuronx.distributed.options import DistributedConfigError
-from torch_neuronx.distributed.process_group import ProcessGroupNeuron, create
-from torch_neuronx.distributed.validate import CollectiveArgumentError
-from torch_neuronx.distributed.work import CollectiveError
+import torch.distributed as dist
 
 __all__ = ["CollectiveArgumentError", "CollectiveError", "DistributedConfigError", "ProcessGroupNeuron", "register"]
 
+#: Exported names and their modules, imported on first use: the process group's modules import
+#: Dynamo (their methods are hidden from it), which ``import torch`` must not pay for (about 1 s).
+_LAZY = {"CollectiveArgumentError": "validate", "CollectiveError": "work", "DistributedConfigError": "options",
+         "ProcessGroupNeuron": "process_group"}
 _registered = False
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def _create(*args: Any, **kwargs: Any) -> Any:
+    """The backend's creator (torch.distributed calls it per process group): process_group.create."""
+    from torch_neuronx.distributed.process_group import create
+
+    return create(*args, **kwargs)
 
 
 def register() -> None:
@@ -27,5 +43,5 @@ def register() -> None:
     if _registered or not dist.is_available():
         return
     if "NEURON" not in dist.Backend._plugins:
-        dist.Backend.register_backend("neuron", create, devices=["neuron"])
+        dist.Backend.register_backend("neuron", _create, devices=["neuron"])
     _registered = True

@@ -188,6 +188,12 @@ class CompiledGraph:
         return [next(it) if slot is None else inputs[slot[1]] if slot[0] == "input" else slot[1]
                 for slot in self._template]
 
+    @classmethod
+    def hide_from_dynamo(cls) -> None:
+        """Make Dynamo run ``__call__`` without tracing it (``torch._dynamo.disable``); idempotent."""
+        if not getattr(cls.__call__, "_torchdynamo_disable", False):
+            cls.__call__ = torch._dynamo.disable(cls.__call__)
+
     def call_unboxed(self, *args: Any) -> list[Any]:
         """Dynamo's calling convention (inference graphs run without aot_autograd's wrapper)."""
         executable = self._executable
@@ -196,8 +202,9 @@ class CompiledGraph:
         return self(list(args))
 
     # A backward runs where the user calls .backward(): inside a compiled function's graph
-    # break, Dynamo would trace this code (and the lazy backward compile) as user code.
-    @torch._dynamo.disable
+    # break, Dynamo would trace this code (and the lazy backward compile) as user code. Hidden
+    # from Dynamo by hide_from_dynamo(), which the torch.compile frontend calls: decorated here,
+    # every ``import torch`` (the device's autoload) would import Dynamo (about 1 s).
     def __call__(self, args: list[Any]) -> list[Any]:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         args.clear()  # boxed convention: let inputs die as early as possible
