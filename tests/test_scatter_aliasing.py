@@ -166,3 +166,40 @@ def test_only_a_computed_tensor_with_other_users_goes_through_a_barrier() -> Non
     assert len(list(barrier.operands[0].uses)) == 1  # the barrier; every other user reads its result
     assert sorted(use.owner.name for use in barrier.results[0].uses) == [
         "func.return", "stablehlo.dynamic_update_slice", "stablehlo.scatter", "stablehlo.sort"]
+
+
+def _shift(x: torch.Tensor) -> torch.Tensor:
+    y = x.clone()
+    y[1:] = y[:-1].clone()
+    return y
+
+
+def _roll(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    last = y[-1].clone()
+    y[1:] = y[:-1].clone()
+    y[0] = last
+    return y
+
+
+_I = torch.tensor([1, 2, 3])
+
+
+@pytest.mark.parametrize("fn", [
+    _shift, _roll,
+    lambda x: torch.slice_scatter(x, x[:-1], 0, 1),
+    lambda x: x.index_copy(0, _I, x[:3]),
+    lambda x: x.index_put((_I,), x[:3]),
+    lambda x: x.index_put((_I,), x[:3] * 3, accumulate=True),
+    lambda x: x.scatter(0, torch.tensor([4, 3, 2, 1, 0]), x),
+    lambda x: x.scatter_add(0, torch.tensor([1, 2, 3, 4]), x[:4]),
+    lambda x: x.index_add(0, _I, x[:3]),
+], ids=["shift", "roll", "slice_scatter", "index_copy", "index_put", "index_put_accumulate", "scatter",
+        "scatter_add", "index_add"])
+def test_a_scatter_of_values_read_from_its_own_target_matches_eager(fn: Callable) -> None:
+    """The updates are read from the tensor the scatter writes in place: they must be read first
+    (fused into the scatter, the slice read elements already overwritten)."""
+    x = torch.arange(1.0, 6.0)
+    torch.testing.assert_close(torch.compile(fn, backend="neuron")(x), fn(x))
+    rows = torch.arange(12.0).reshape(4, 3)
+    torch.testing.assert_close(torch.compile(_shift, backend="neuron")(rows), _shift(rows))

@@ -17,6 +17,7 @@ def apply(module: object) -> None:
     _narrow_scatter_indices(module)
     _materialize_scatter_operands(module)
     _copy_shared_in_place_operands(module)
+    _materialize_updates_read_from_the_target(module)
     _round_narrowed_constants(module)
     _materialize_sliced_operands(module)
     _signed_unsigned_converts(module)
@@ -278,6 +279,72 @@ def _copy_shared_in_place_operands(module: object) -> None:
         for value in shared:
             barrier = _barrier(value, ir.InsertionPoint.after(_defining_op(value)))
             value.replace_all_uses_except(barrier.result, barrier)  # type: ignore[attr-defined]
+
+
+#: The operands an in-place op reads while it writes its target's buffer: a scatter's updates,
+#: a ``dynamic_update_slice``'s update.
+_READ_WHILE_WRITING: dict[str, Callable[[int], range]] = {
+    "stablehlo.scatter": lambda count: range(count // 2 + 1, count),
+    "stablehlo.dynamic_update_slice": lambda count: range(1, 2),
+}
+_DEPENDENCE_LIMIT = 4096  # values looked at per operand (a larger search leaves the operand as it is)
+
+
+def _same_data(value: object) -> list[object]:
+    """``value`` and what it shows, seen through ops that only move elements and through barriers."""
+    found = [value]
+    source = _defining_op(value)
+    while source is not None and (source.name in _VIEWS  # type: ignore[attr-defined]
+                                  or source.name == "stablehlo.optimization_barrier"):  # type: ignore[attr-defined]
+        found.append(source.operands[0])  # type: ignore[attr-defined]
+        source = _defining_op(source.operands[0])  # type: ignore[attr-defined]
+    return found
+
+
+def _computed_from(value: object, sources: list[object]) -> bool:
+    """Whether ``value`` is computed (through any ops) from one of ``sources``."""
+    stack, seen = [value], 0
+    visited: list[object] = []
+    while stack:
+        current = stack.pop()
+        if current in sources:
+            return True
+        if current in visited:
+            continue
+        visited.append(current)
+        seen += 1
+        if seen > _DEPENDENCE_LIMIT:
+            return False
+        op = _defining_op(current)
+        if op is not None:
+            stack.extend(op.operands)  # type: ignore[attr-defined]
+    return False
+
+
+def _materialize_updates_read_from_the_target(module: object) -> None:
+    """Compute a scatter's updates before the scatter when they are read from the tensor it writes.
+
+    ``y[1:] = y[:-1]`` is ``scatter(y, indices, slice(y))``. IREE 3.13 runs the scatter in place
+    in ``y``'s buffer and fuses the slice into the scatter's dispatch, which then reads elements it
+    has already overwritten: the shift gave ``[1, 1, 1, 1, 1]`` for ``[1, 1, 2, 3, 4]``, and so did
+    ``slice_scatter``, ``index_copy``, ``index_put``, ``scatter_add`` and ``index_add`` of a slice of
+    their own input. Behind a barrier, the updates are a tensor of their own, computed first.
+    """
+    from torch_mlir import ir
+
+    reads: list[tuple[object, int]] = []
+    for name, positions in _READ_WHILE_WRITING.items():
+        for op in _ops_named(module, name):
+            count = len(op.operands)  # type: ignore[attr-defined]
+            written = _IN_PLACE[name](count)
+            sources = [v for p in written for v in _same_data(op.operands[p])]  # type: ignore[attr-defined]
+            for position in positions(count):
+                update = op.operands[position]  # type: ignore[attr-defined]
+                if _defining_op(update) is not None and _computed_from(update, sources):
+                    reads.append((op, position))
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        for op, position in reads:
+            _materialize_operand(op, position)
 
 
 def _reads_a_slice(value: object) -> bool:
