@@ -28,6 +28,7 @@ from torch_neuronx.compiler.passes.random_inputs import random_ops_to_inputs
 from torch_neuronx.compiler.passes.scalar_inputs import inline_scalar_inputs
 from torch_neuronx.compiler.passes.scalar_operands import scalar_operands_to_tensors
 from torch_neuronx.compiler.passes.squeeze_dims import squeeze_dims_to_view
+from torch_neuronx.compiler.passes.zero_divisors import zero_divisors_checked
 
 Pass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 
@@ -38,6 +39,7 @@ PIPELINE: list[Pass] = [
     expand_sizes_kept,  # dynamic traces: an expand that keeps a symbolic size says so (-1)
     checks_to_outputs,  # before folding: the checks' info tensors become outputs
     index_bounds_checked,  # after checks_to_outputs (its checks follow those); before folding and scalars
+    zero_divisors_checked,  # as index_bounds_checked (its checks follow those)
     random_ops_to_inputs,  # before folding: a random op is no constant
     constant_fold,
     inline_scalar_inputs,

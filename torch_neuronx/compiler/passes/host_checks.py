@@ -44,14 +44,18 @@ def run_checks(checks: Sequence[dict[str, Any]], results: list[torch.Tensor]) ->
     """Check the trailing outputs of ``results`` (raising eager's error); return the others.
 
     A check is a linear-algebra ``info`` (this pass's) or, with ``kind: "index"``, an index
-    operand's (min, max) (``passes/index_bounds.py``).
+    operand's (min, max) (``passes/index_bounds.py``), or with ``kind: "zero_division"`` whether
+    an integer divisor held a zero (``passes/zero_divisors.py``).
     """
     from torch_neuronx.compiler.passes.index_bounds import raise_out_of_range
+    from torch_neuronx.compiler.passes.zero_divisors import raise_on_zero
 
     kept = len(results) - len(checks)
     for check, value in zip(checks, results[kept:]):
         if check.get("kind") == "index":
             raise_out_of_range(check, value)
+        elif check.get("kind") == "zero_division":
+            raise_on_zero(value)
         else:
             try:
                 torch._linalg_check_errors(value, check["api_name"], is_matrix=check["is_matrix"])

@@ -1,0 +1,72 @@
+"""Integer divisors → zeros replaced by 1, and checked on the host after the call.
+
+torch raises ``RuntimeError: ZeroDivisionError`` for an integer division or remainder by zero
+(``a // b``, ``a % b``, ``torch.fmod``, ``torch.div(..., rounding_mode=...)``). The decompositions
+write all of them as ``aten.div.Tensor_mode``, which IREE computes without a trap and returns
+whatever the hardware gives: ``[7, -7] // [0, 0]`` came back as ``[-1, -2]``, with no error. This
+pass rewrites the divisor ``d`` of every integer ``div.Tensor_mode`` as ``masked_fill(d == 0, 1)``
+(no lane divides by zero) and appends ``any(d == 0)`` as a trailing graph output with a recorded
+check (``gm.meta["host_checks"]``, ``kind: "zero_division"``): after the call the host raises
+:class:`IntegerDivisionByZeroError`, and the results are never returned.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torch_neuronx.compiler.passes.rewrite import call_before, example
+
+aten = torch.ops.aten
+
+_OPS = (aten.div.Tensor_mode, aten.floor_divide.default)
+
+
+class IntegerDivisionByZeroError(ZeroDivisionError, RuntimeError):
+    """An integer division or remainder by zero, found by a host check after a call: a RuntimeError
+    with torch's message (what eager raises), and a ZeroDivisionError."""
+
+    neuron_input_error = True  # bad input: eager raises it, never falls back to the CPU
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and not value.dtype.is_floating_point \
+        and not value.dtype.is_complex and value.dtype != torch.bool
+
+
+def _nonzero_literal(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a tensor made from a literal nonzero number (a decomposition's constant)."""
+    if node.target in (aten.scalar_tensor.default, aten.full.default):
+        value = node.args[0] if node.target is aten.scalar_tensor.default else node.args[1]
+        return isinstance(value, int | float) and value != 0
+    return False
+
+
+def zero_divisors_checked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Make every integer division's divisor safe and check it for zeros on the host."""
+    checks: list[torch.fx.Node] = []
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _OPS or not _integer(example(node)):
+            continue
+        divisor = node.args[1]
+        if not isinstance(divisor, torch.fx.Node) or _nonzero_literal(divisor) \
+                or not isinstance(example(divisor), torch.Tensor) or example(divisor).numel() == 0:
+            continue
+        zero = call_before(gm, node, aten.eq.Scalar, divisor, 0)
+        safe = call_before(gm, node, aten.masked_fill.Scalar, divisor, zero, 1)
+        found = call_before(gm, node, aten.any.default, zero)
+        checks.append(call_before(gm, node, aten._to_copy.default, found, dtype=torch.int32))
+        node.args = (node.args[0], safe, *node.args[2:])
+    if checks:
+        output = next(n for n in gm.graph.nodes if n.op == "output")
+        output.args = (tuple(output.args[0]) + tuple(checks),)
+        gm.meta["host_checks"] = list(gm.meta.get("host_checks", ())) + [
+            {"kind": "zero_division"} for _ in checks]
+    return gm
+
+
+def raise_on_zero(found: torch.Tensor) -> None:
+    """Raise torch's error when a check output says a divisor held a zero."""
+    if int(found.item()):
+        raise IntegerDivisionByZeroError("ZeroDivisionError")
