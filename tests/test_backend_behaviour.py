@@ -269,6 +269,16 @@ def test_tensor_constant_in_graph():
     torch.testing.assert_close(_run(lambda t: t * weights, x), x * weights)
 
 
+def test_unsigned_tensor_constants_in_graph():
+    """IREE rejects unsigned literals: bool constants cross as int8, uint8 ones as int16 (uint8
+    literals failed to compile: 'arith.constant' op failed to verify)."""
+    z = torch.arange(5, dtype=torch.uint8) * 40
+    table = torch.tensor([200, 1, 255, 0, 3], dtype=torch.uint8)
+    mask = torch.tensor([True, False, True, True, False])
+    for fn in (lambda t: t + table, lambda t: t * table, lambda t: t.float() + mask):
+        assert torch.equal(_run(fn, z), fn(z))
+
+
 def test_compile_only_with_meta_inputs_allocates_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
     huge = torch.empty(2**33, 2**20, device="meta")  # 32 PiB: only its shape exists

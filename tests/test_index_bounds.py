@@ -79,3 +79,16 @@ def test_indices_a_graph_computes_are_checked_too():
     torch.testing.assert_close(compiled(X, torch.tensor([2, 3])), X[torch.tensor([-3, -1])])
     with pytest.raises(IndexError, match="index 5 is out of bounds"):
         compiled(X, torch.tensor([6, 2]))
+
+
+def test_one_hot_checks_its_classes_as_eager_does():
+    """F.one_hot's traced form gave an all-zero row for a class out of range; torch raises."""
+    compiled = torch.compile(lambda y: F.one_hot(y, 3), backend="neuron", dynamic=False)
+    for bad, message in ((torch.tensor([0, 3]), "smaller than num_classes"),
+                         (torch.tensor([0, -1]), "non-negative")):
+        with pytest.raises(RuntimeError, match=message):
+            F.one_hot(bad, 3)
+        with pytest.raises(RuntimeError, match=message):
+            compiled(bad)
+    good = torch.tensor([2, 0, 1, 1])
+    torch.testing.assert_close(compiled(good), F.one_hot(good, 3))

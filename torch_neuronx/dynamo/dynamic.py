@@ -198,7 +198,7 @@ def compile_once(gm: torch.fx.GraphModule, args: Sequence[Any], options: Resolve
     try:
         graph = build(gm, args, options, f"{name}_dynamic")
         got = graph(*args)
-        if not _agrees(gm(*[_host(a) for a in args]), got):
+        if not _agrees(gm.forward(*[_host(a) for a in args]), got):  # forward: fx prints a failure
             raise NotDynamicGraph("the dynamic NEFF disagreed with eager on its first call")
     except Exception as exc:  # any failure keeps the per-signature route, which always works
         _log.info("%s: one NEFF per input signature (%s: %s)", name, type(exc).__name__,

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch._decomp import decompositions as torch_decompositions
 
+from torch_neuronx.compiler.decompositions import indexing
+
 
 def grid_sample(input: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear", padding_mode: str = "zeros",
                 align_corners: bool | None = None) -> torch.Tensor:
@@ -114,7 +116,7 @@ def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
 
 
 #: Functions of the Dynamo graph and their replacements.
-SUBSTITUTES: dict[Callable, Callable] = {F.grid_sample: grid_sample, torch.pdist: pdist}
+SUBSTITUTES: dict[Callable, Callable] = {F.grid_sample: grid_sample, torch.pdist: pdist, F.one_hot: indexing.one_hot}
 
 
 def substitute(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:

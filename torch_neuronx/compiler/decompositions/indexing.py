@@ -7,7 +7,8 @@ takes them, into ``index_copy``): a compiled
 raises. Their decompositions here pass the index through :data:`BOUNDS` first, which
 the ``index_bounds`` pass (``passes/index_bounds.py``) expands into a clamp and a host
 check with the op's own error. Run eagerly, :data:`BOUNDS` checks and returns the index.
-``put``, which torch-mlir cannot lower, is an ``index_put`` into the flattened tensor.
+``put``, which torch-mlir cannot lower, is an ``index_put`` into the flattened tensor; ``one_hot``
+checks its classes the same way.
 """
 
 from __future__ import annotations
@@ -66,6 +67,18 @@ def put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: 
     """``put`` (torch-mlir has no lowering): an ``index_put`` into ``x`` flattened, negative indices wrapping."""
     flat = x.reshape(-1).index_put((index.reshape(-1),), source.reshape(-1), accumulate=accumulate)
     return flat.view(x.shape)
+
+
+def one_hot(x: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
+    """``F.one_hot`` with torch's class checks (its traced form, ``x.unsqueeze(-1) == arange``,
+    gave an all-zero row for a class out of range, where eager raises); substituted for the
+    functional call in the Dynamo graph (:mod:`.functional`: aot_autograd sees only the traced
+    form). ``num_classes=-1`` needs the values (torch reads the maximum): left to torch."""
+    if num_classes < 0 or x.dtype != torch.int64:
+        return torch.nn.functional.one_hot(x, num_classes)
+    checked = BOUNDS(x, num_classes, False, "one_hot", "one_hot") if x.numel() else x
+    classes = torch.arange(num_classes, dtype=torch.int64, device=x.device)
+    return (checked.unsqueeze(-1) == classes).to(torch.int64)
 
 
 DECOMPOSITIONS = {

@@ -209,6 +209,9 @@ def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:
     if floor <= low and high < size:
         return
     bad = low if low < floor else high
+    if check["message"] == "one_hot":  # torch's own messages, raised as a RuntimeError
+        raise IndexOutOfRangeError("Class values must be non-negative." if low < 0
+                                   else "Class values must be smaller than num_classes.")
     if check["message"] == "in_self":
         message = "index out of range in self"
     else:
