@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from copy import deepcopy
 
 import torch
@@ -295,6 +296,45 @@ def dynamic_shapes_row(seconds: float) -> dict:
             **{label: statistics.median(v) for label, v in samples.items()}}
 
 
+def gemm_ceiling_gflops(seconds: float) -> float:
+    """The best float32 rate torch's GEMM (MKL) reaches here on the block's own matmul shapes, into
+    preallocated outputs (no allocation, no other work), GFLOP/s: the practical ceiling of the
+    block's arithmetic on this host at the current ISA limits."""
+    best = 0.0
+    for m, k, n in ((512, 256, 768), (512, 256, 1024), (512, 1024, 256)):
+        a, b, out = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+        samples = interleaved_us({"gemm": lambda _x, a=a, b=b, out=out: torch.mm(a, b, out=out)}, a,
+                                 seconds / 3)["gemm"]
+        best = max(best, 2 * m * k * n / min(samples) / 1e3)
+    return best
+
+
+def flops(fn: Callable[[], object]) -> int:
+    """Floating-point operations of one call of ``fn``, counted by torch's FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def roofline_rows(per_call: dict, training: dict, ceiling: float) -> list[list[str]]:
+    """The block's targets against the host's ceiling: the rate each target needs, as a share of it."""
+    model, x = block()
+    with torch.no_grad():
+        forward = flops(lambda: model(x))
+    train = deepcopy(model).train()
+    step = flops(lambda: train(x).square().mean().backward())
+    lines = []
+    for label, count, row, target in (("forward", forward, per_call, 0.85), ("training step", step, training, 1.0)):
+        budget_us = target * row["inductor"]
+        lines.append([label, f"{count / 1e9:.3f}", f"{count / row['inductor'] / 1e3:.0f}",
+                      f"{count / row['neuron'] / 1e3:.0f}", f"{target:.2f}x = {budget_us:.0f}",
+                      f"{count / budget_us / 1e3:.0f}", f"{count / budget_us / 1e3 / ceiling:.0%}"])
+    return lines
+
+
 def _table(title: str, columns: list[str], lines: list[list[str]]) -> None:
     """Print a markdown table under ``title``."""
     print(f"\n{title}")
@@ -366,6 +406,13 @@ def main() -> None:
            [[str(dyn["counts"]["dynamic"]), str(dyn["counts"]["static"]), f"{dyn['dynamic']:.0f}",
              f"{dyn['static']:.0f}", f"{dyn['inductor']:.0f}",
              f"{paired_ratio(dyn['samples']['dynamic'], dyn['samples']['static']):.2f}"]])
+
+    ceiling = gemm_ceiling_gflops(seconds)
+    _table(f"transformer block (8x64x256) against this host's ceiling: torch's GEMM on the block's shapes, "
+           f"{ceiling:.0f} GFLOP/s\n"
+           "(the rate a target needs: the block's FLOPs over the target's time; FLOPs by FlopCounterMode)",
+           ["", "GFLOP", "inductor GFLOP/s", "neuron GFLOP/s", "target, us", "GFLOP/s needed", "share of ceiling"],
+           roofline_rows(rows[2], training[1], ceiling))
 
     neuron_cold, inductor_cold = cold_compile_s("neuron"), cold_compile_s("inductor")
     _table("cold compile of the transformer block (fresh process, empty caches), s",

@@ -126,3 +126,20 @@ def test_recorder_places_events_by_fields_or_stream_worker_thread():
     placed = {r.name: (r.device, r.stream, r.category) for r in recorder.snapshot()}
     assert placed == {"collective.all_reduce": (1, 2, "collective"), "runtime.launch": (0, 3, "runtime"),
                       "some_new_layer.thing": (None, None, "some_new_layer")}
+
+
+@pytest.mark.parametrize("raw", ["bogus", "", " , "])
+def test_profile_modes_naming_no_valid_mode_give_the_default(monkeypatch, caplog, raw):
+    """A bad value warns and takes the default, as every variable's does (it recorded nothing)."""
+    from torch_neuronx.profiling import options
+
+    monkeypatch.setenv("TORCH_NEURONX_PROFILE_MODES", raw)
+    with caplog.at_level("WARNING"):
+        modes = options.resolve().modes
+    assert {m.value for m in modes} == {"runtime", "cpu_util", "host_memory"}
+    assert "TORCH_NEURONX_PROFILE_MODES" in caplog.text
+
+
+def test_an_empty_metrics_dir_gives_the_default(monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_METRICS_DIR", "")
+    assert config.get("TORCH_NEURONX_METRICS_DIR") == "/tmp"

@@ -165,7 +165,7 @@ register(
         _METRICS, parse_str),
     Var("TORCH_NEURONX_METRICS_DIR", "str", "/tmp",
         "Directory for metric CSV files.",
-        _METRICS, parse_str),
+        _METRICS, parse_path),
 )
 
 # Profiling

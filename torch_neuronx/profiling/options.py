@@ -106,11 +106,22 @@ class Settings:
         return bool(self.modes & {ProfileMode.RUNTIME, ProfileMode.DEVICE})
 
 
+def _environment_modes() -> frozenset[ProfileMode]:
+    """TORCH_NEURONX_PROFILE_MODES; a value naming no valid mode gives a warning and the default
+    (as every other variable's bad value does), not a session that records nothing."""
+    modes = parse_modes(config.get("TORCH_NEURONX_PROFILE_MODES"))
+    if modes:
+        return modes
+    default = config.var("TORCH_NEURONX_PROFILE_MODES").default_value()
+    _log.warning("TORCH_NEURONX_PROFILE_MODES names no valid mode; using the default %s", default)
+    return parse_modes(default)
+
+
 def resolve(cfg: NeuronConfig | None = None) -> Settings:
     """The settings of a session: ``cfg``'s options where set, else the environment's."""
     cfg = cfg if cfg is not None else NeuronConfig()
     modes = (parse_modes(cfg.modes, "NeuronConfig(modes=...)") if cfg.modes is not None
-             else parse_modes(config.get("TORCH_NEURONX_PROFILE_MODES")))
+             else _environment_modes())
     env_nc = config.get("TORCH_NEURONX_PROFILE_CAPTURE_NC")
     capture = (_indices(cfg.capture_enabled_for_nc, "NeuronConfig(capture_enabled_for_nc=...)", env_nc)
                if cfg.capture_enabled_for_nc is not None else env_nc)
