@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -63,3 +64,20 @@ def test_channel_dropout_and_stochastic_depth_change_masks_per_call():
     # whole channels are dropped or scaled by 1 / (1 - p)
     assert ((per_channel == 0).all(-1) | (per_channel == 2.0).all(-1)).all()
     assert set(depth.reshape(8, -1)[:, 0].tolist()) <= {0.0, 2.0}
+
+
+@pytest.mark.parametrize("weights, message", [
+    ([[0.5, -0.1, 0.6]], "element < 0"),
+    ([[0.5, float("nan"), 0.6]], "element < 0"),
+    ([[0.5, float("inf"), 0.6]], "element < 0"),
+    ([[0.0, 0.0, 0.0]], "sum of probabilities"),
+])
+def test_compiled_multinomial_checks_its_weights_as_eager_does(weights, message):
+    """A negative, infinite or NaN weight, or a row of zeros, raises torch's error (it drew a sample)."""
+    probs = torch.tensor(weights)
+    with pytest.raises(RuntimeError, match=message):
+        torch.multinomial(probs, 1)
+    compiled = torch.compile(lambda p: torch.multinomial(p, 1, replacement=True), backend="neuron", dynamic=False)
+    with pytest.raises(RuntimeError, match=message):
+        compiled(probs)
+    assert compiled(torch.tensor([[0.0, 1.0, 0.0]])).item() == 1

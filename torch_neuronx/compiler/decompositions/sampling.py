@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 import torch
 
+from torch_neuronx.compiler.decompositions.indexing import BOUNDS
+
 aten = torch.ops.aten
 
 
@@ -43,10 +45,24 @@ def exponential(x: torch.Tensor, lambd: float = 1.0, *, generator=None) -> torch
     return -torch.log1p(-torch.rand_like(x)) / lambd
 
 
+def _checked_weights(weights: torch.Tensor) -> torch.Tensor:
+    """``weights`` with torch's checks on the host after the call (a negative, infinite or NaN
+    weight, or a row of zeros, gave a sample where torch raises): codes, 2 for a bad element and
+    1 for a zero row (0 when valid), go through :data:`BOUNDS` for a size of 1 (the index-bounds
+    pass clamps and checks them) and are added to the weights times 0, so the check stays."""
+    if weights.numel() == 0:
+        return weights
+    bad = (~torch.isfinite(weights) | (weights < 0)).any()
+    empty = (weights.sum(-1) <= 0).any()
+    codes = torch.cat([bad.to(torch.int64).reshape(1) * 2, empty.to(torch.int64).reshape(1)])
+    checked = BOUNDS(codes, 1, False, "multinomial", "multinomial")
+    return weights + (checked.to(weights.dtype) * 0).sum()
+
+
 def multinomial(x: torch.Tensor, num_samples: int, replacement: bool = False, *, generator=None) -> torch.Tensor:
     """``aten.multinomial``: with replacement by inverse CDF; without, by Gumbel top-k (exact
     sampling without replacement from the same weights)."""
-    weights = x.to(_floating(x))
+    weights = _checked_weights(x.to(_floating(x)))
     if not replacement:
         gumbel = -torch.log(-torch.log(torch.rand_like(weights).clamp(min=torch.finfo(weights.dtype).tiny)))
         return (torch.log(weights) + gumbel).topk(num_samples, dim=-1).indices

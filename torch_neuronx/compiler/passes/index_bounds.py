@@ -212,6 +212,9 @@ def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:
     if check["message"] == "one_hot":  # torch's own messages, raised as a RuntimeError
         raise IndexOutOfRangeError("Class values must be non-negative." if low < 0
                                    else "Class values must be smaller than num_classes.")
+    if check["message"] == "multinomial":  # codes of sampling.py's checks, not indices
+        raise IndexOutOfRangeError("probability tensor contains either `inf`, `nan` or element < 0" if high == 2
+                                   else "invalid multinomial distribution (sum of probabilities <= 0)")
     if check["message"] == "in_self":
         message = "index out of range in self"
     else:
