@@ -314,3 +314,23 @@ def test_python_floats_that_change_with_the_input_shape_keep_compiling():
     for shape, a, b in (((2,), 0.5, 2.0), ((5,), 1e-3, 3.5), ((5,), 0.25, -1.0), ((3,), 0.25, -1.0)):
         x = torch.randn(shape)
         torch.testing.assert_close(compiled(x, a, b), fn(x, a, b))
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_lstm_captured_with_allow_rnn_compiles_and_trains_on_host_tensors(bidirectional):
+    """With oneDNN on, torch's LSTM decomposition picked mkldnn_rnn_layer for CPU inputs, which
+    nothing lowers (the docs said LSTM compiles with allow_rnn: it failed on host tensors)."""
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 8, num_layers=2, bidirectional=bidirectional, batch_first=True)
+    x = torch.randn(2, 5, 4)
+    with torch._dynamo.config.patch(allow_rnn=True):
+        out, _ = torch.compile(lstm, backend="neuron")(x)
+    expected, _ = lstm(x)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    out.sum().backward()
+    grads = [p.grad.clone() for p in lstm.parameters()]
+    lstm.zero_grad()
+    expected.sum().backward()
+    for got, want in zip(grads, (p.grad for p in lstm.parameters())):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert torch._C._get_mkldnn_enabled()  # restored after tracing

@@ -21,11 +21,12 @@ and compiled once (and served from the NEFF cache on later runs).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -67,6 +68,18 @@ def _is_symbolic(example_inputs: Sequence[Any]) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def _onednn_off() -> Iterator[None]:
+    """oneDNN disabled for torch's decompositions while tracing (``flags()`` would also set TF32,
+    which warns on every compile)."""
+    before = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(before)
+
+
 def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                  options: ResolvedOptions, model: str, plan_key: str | None = None) -> Callable:
     lowering_worker.prestart()  # no plan: its start overlaps aot_autograd's trace
@@ -87,7 +100,9 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     try:
         # torch's aot_compile forces aot_autograd's cache, which stores only inductor's output
         # code: our graphs are serialized as plans instead (precompile.NeuronCompiledFn).
-        with options.applied(), linalg.checks_as_plain_ops(), \
+        # oneDNN off while tracing: torch's LSTM decomposition picks mkldnn_rnn_layer (no lowering)
+        # for CPU inputs when it is on (nn.LSTM under allow_rnn failed to compile).
+        with options.applied(), linalg.checks_as_plain_ops(), _onednn_off(), \
                 torch._functorch.config.patch(force_autograd_cache=False):
             wrapped = aot_module_simplified(
                 functional.substitute(gm), list(example_inputs),
