@@ -92,3 +92,16 @@ def test_one_hot_checks_its_classes_as_eager_does():
             compiled(bad)
     good = torch.tensor([2, 0, 1, 1])
     torch.testing.assert_close(compiled(good), F.one_hot(good, 3))
+
+
+@pytest.mark.parametrize("values, classes", [([0, 2], 3), ([0, 3], 3), ([0, -1], 3), ([1, 4], -1), ([0, -1], -1)])
+def test_one_hot_on_the_eager_device_checks_its_classes(values, classes):
+    """torch's composite one_hot checks nothing on other devices than the CPU (an all-zero row)."""
+    host = torch.tensor(values)
+    try:
+        expected = F.one_hot(host, classes)
+    except RuntimeError as error:
+        with pytest.raises(RuntimeError, match=str(error).rstrip(".")):
+            F.one_hot(host.to("neuron"), classes)
+        return
+    torch.testing.assert_close(F.one_hot(host.to("neuron"), classes).cpu(), expected)

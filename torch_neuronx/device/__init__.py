@@ -108,9 +108,37 @@ def _register_kernels() -> None:
     _library.impl("empty.memory_format", torch._disable_dynamo(empty_memory_format), "PrivateUse1")
     _library.impl("empty_strided", torch._disable_dynamo(empty_strided), "PrivateUse1")
     _library.impl("_copy_from", torch._disable_dynamo(copy_from), "PrivateUse1")
+    _library.impl("one_hot", torch._disable_dynamo(_one_hot), "AutogradPrivateUse1")
     _fallback_library = torch.library.Library("_", "IMPL")  # a fallback lives in the global namespace
     _fallback_library.fallback(torch._disable_dynamo(_factory_fallback), "PrivateUse1")
     _libraries.append(_fallback_library)
+
+
+def _one_hot(x, num_classes=-1):
+    """``F.one_hot`` of a neuron tensor with the CPU kernel's checks (which read the values, as a
+    synchronization, as on the CPU): torch's composite form checks nothing on other devices, and
+    a class out of range gave an all-zero row."""
+    import torch
+
+    from torch_neuronx.runtime.tensor import NeuronTensor
+
+    if type(x) is not NeuronTensor:  # a fake tensor while tracing: torch's own form
+        return torch.ops.aten.one_hot.default.decompose(x, num_classes)
+    if x.dtype != torch.int64:
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
+    if x.numel() == 0:
+        if num_classes < 1:
+            raise RuntimeError("Can not infer total number of classes from empty tensor.")
+    else:
+        if int(x.min()) < 0:
+            raise RuntimeError("Class values must be non-negative.")
+        high = int(x.max())
+        if num_classes == -1:
+            num_classes = high + 1
+        elif high >= num_classes:
+            raise RuntimeError("Class values must be smaller than num_classes.")
+    classes = torch.arange(num_classes, device=x.device)
+    return (x.unsqueeze(-1) == classes).to(torch.int64)
 
 
 def _factory_fallback(op, *args, **kwargs):
