@@ -110,7 +110,7 @@ def test_overrides_belong_to_the_thread_that_set_them():
 
 
 def test_environment_reads_follow_every_change_of_os_environ(monkeypatch):
-    name = "TORCH_NEURONX_METRICS_DIR"
+    name = "TORCH_NEURONX_PROFILE_MODES"  # a str variable that takes any value, the empty one too
     monkeypatch.delenv(name, raising=False)
     assert config._environ(name) is None
     for value in ("model", "mod\u00e8le", ""):

@@ -43,6 +43,21 @@ def _nonzero_literal(node: torch.fx.Node) -> bool:
     return False
 
 
+def _from_inputs(node: torch.fx.Node) -> bool:
+    """Whether ``node`` depends on a graph input or a stored tensor (not only on literals: a
+    decomposition's ``2 ** 23``, which needs no check and would cost ``frexp`` its launch plan)."""
+    stack, seen = [node], set()
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current.op in ("placeholder", "get_attr"):
+            return True
+        stack.extend(current.all_input_nodes)
+    return False
+
+
 def zero_divisors_checked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Make every integer division's divisor safe and check it for zeros on the host."""
     checks: list[torch.fx.Node] = []
@@ -53,6 +68,8 @@ def zero_divisors_checked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if not isinstance(divisor, torch.fx.Node) or _nonzero_literal(divisor) \
                 or not isinstance(example(divisor), torch.Tensor) or example(divisor).numel() == 0:
             continue
+        if divisor.target not in (aten.scalar_tensor.default, aten.full.default) and not _from_inputs(divisor):
+            continue  # computed from literals only
         zero = call_before(gm, node, aten.eq.Scalar, divisor, 0)
         safe = call_before(gm, node, aten.masked_fill.Scalar, divisor, zero, 1)
         found = call_before(gm, node, aten.any.default, zero)
