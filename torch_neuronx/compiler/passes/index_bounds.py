@@ -25,13 +25,12 @@ the graph and checked from there: the check's output holds it after the index's 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from torch_neuronx.compiler.decompositions.indexing import BOUNDS
-from torch_neuronx.compiler.passes.rewrite import call_before, example
+from torch_neuronx.compiler.passes.rewrite import append_checks, call_before, example
 
 aten = torch.ops.aten
 
@@ -190,14 +189,8 @@ def index_bounds_checked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
                 args[position] = safe
         node.args = tuple(args)
     if checks:
-        _append_outputs(gm, checks)
+        append_checks(gm, checks)
     return gm
-
-
-def _append_outputs(gm: torch.fx.GraphModule, checks: Sequence[tuple[torch.fx.Node, dict[str, Any]]]) -> None:
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    output.args = (tuple(output.args[0]) + tuple(node for node, _ in checks),)
-    gm.meta["host_checks"] = list(gm.meta.get("host_checks", ())) + [check for _, check in checks]
 
 
 def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:

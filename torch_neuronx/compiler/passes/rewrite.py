@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -80,3 +80,11 @@ def _fake_mode(gm: torch.fx.GraphModule) -> Any:
 
     mode = detect_fake_mode([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
     return mode if mode is not None else contextlib.nullcontext()
+
+
+def append_checks(gm: torch.fx.GraphModule, checks: Sequence[tuple[torch.fx.Node, dict[str, Any]]]) -> None:
+    """Append each check's node as a trailing graph output and record the check
+    (``gm.meta["host_checks"]``, read by ``host_checks.run_checks`` after each call)."""
+    output = next(n for n in gm.graph.nodes if n.op == "output")
+    output.args = (tuple(output.args[0]) + tuple(node for node, _ in checks),)
+    gm.meta["host_checks"] = list(gm.meta.get("host_checks", ())) + [check for _, check in checks]

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from torch_neuronx.compiler.passes.rewrite import call_before, example
+from torch_neuronx.compiler.passes.rewrite import append_checks, call_before, example
 
 aten = torch.ops.aten
 
@@ -35,12 +35,16 @@ def _integer(value: Any) -> bool:
         and not value.dtype.is_complex and value.dtype != torch.bool
 
 
-def _nonzero_literal(node: torch.fx.Node) -> bool:
-    """Whether ``node`` is a tensor made from a literal nonzero number (a decomposition's constant)."""
-    if node.target in (aten.scalar_tensor.default, aten.full.default):
-        value = node.args[0] if node.target is aten.scalar_tensor.default else node.args[1]
-        return isinstance(value, int | float) and value != 0
-    return False
+def _needs_check(divisor: Any) -> bool:
+    """Whether ``divisor`` could hold a zero: a tensor made from a literal, when that is 0;
+    any other tensor, when it depends on the graph's inputs (not only on literals)."""
+    if not isinstance(divisor, torch.fx.Node) or not isinstance(example(divisor), torch.Tensor) \
+            or example(divisor).numel() == 0:
+        return False
+    if divisor.target in (aten.scalar_tensor.default, aten.full.default):
+        value = divisor.args[0] if divisor.target is aten.scalar_tensor.default else divisor.args[1]
+        return not isinstance(value, int | float) or value == 0
+    return _from_inputs(divisor)
 
 
 def _from_inputs(node: torch.fx.Node) -> bool:
@@ -60,26 +64,20 @@ def _from_inputs(node: torch.fx.Node) -> bool:
 
 def zero_divisors_checked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Make every integer division's divisor safe and check it for zeros on the host."""
-    checks: list[torch.fx.Node] = []
+    checks: list[tuple[torch.fx.Node, dict[str, Any]]] = []
     for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _OPS or not _integer(example(node)):
+        if node.op != "call_function" or node.target not in _OPS or not _integer(example(node)) \
+                or not _needs_check(node.args[1]):
             continue
         divisor = node.args[1]
-        if not isinstance(divisor, torch.fx.Node) or _nonzero_literal(divisor) \
-                or not isinstance(example(divisor), torch.Tensor) or example(divisor).numel() == 0:
-            continue
-        if divisor.target not in (aten.scalar_tensor.default, aten.full.default) and not _from_inputs(divisor):
-            continue  # computed from literals only
         zero = call_before(gm, node, aten.eq.Scalar, divisor, 0)
         safe = call_before(gm, node, aten.masked_fill.Scalar, divisor, zero, 1)
         found = call_before(gm, node, aten.any.default, zero)
-        checks.append(call_before(gm, node, aten._to_copy.default, found, dtype=torch.int32))
+        checks.append((call_before(gm, node, aten._to_copy.default, found, dtype=torch.int32),
+                       {"kind": "zero_division"}))
         node.args = (node.args[0], safe, *node.args[2:])
     if checks:
-        output = next(n for n in gm.graph.nodes if n.op == "output")
-        output.args = (tuple(output.args[0]) + tuple(checks),)
-        gm.meta["host_checks"] = list(gm.meta.get("host_checks", ())) + [
-            {"kind": "zero_division"} for _ in checks]
+        append_checks(gm, checks)
     return gm
 
 
