@@ -70,13 +70,27 @@ def test_malformed_bool_names_accepted_values(monkeypatch, caplog):
     assert "true" in caplog.text and "yes" in caplog.text
 
 
-def test_streams_flag_accepts_only_0_and_1(monkeypatch, caplog):
-    monkeypatch.setenv("TORCH_NEURONX_ENABLE_STREAMS", "true")
-    with caplog.at_level(logging.WARNING, logger="torch_neuronx.config"):
-        assert config.get("TORCH_NEURONX_ENABLE_STREAMS") is True  # the default
-    assert "only 0 and 1" in caplog.text
+@pytest.mark.parametrize("raw", ["true", "abc", "2", ""])
+def test_streams_flag_accepts_only_0_and_1(monkeypatch, raw):
+    """The specification accepts only 0 and 1: anything else is an error naming the variable,
+    on every read (not a warning and the default)."""
+    monkeypatch.setenv("TORCH_NEURONX_ENABLE_STREAMS", raw)
+    for _ in range(2):
+        with pytest.raises(config.InvalidVariableError, match="TORCH_NEURONX_ENABLE_STREAMS=.*only 0 and 1"):
+            config.get("TORCH_NEURONX_ENABLE_STREAMS")
     monkeypatch.setenv("TORCH_NEURONX_ENABLE_STREAMS", "0")
     assert config.get("TORCH_NEURONX_ENABLE_STREAMS") is False
+    monkeypatch.setenv("TORCH_NEURONX_ENABLE_STREAMS", " 1 ")
+    assert config.get("TORCH_NEURONX_ENABLE_STREAMS") is True
+
+
+def test_invalid_streams_flag_fails_the_first_device_use():
+    """A program that only runs eager ops on the default stream meets the error at its first op."""
+    code = "import torch, torch_neuronx\ntorch.ones(2, device='neuron') + 1\n"
+    env = {**os.environ, "TORCH_NEURONX_ENABLE_STREAMS": "abc"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stderr
+    assert "InvalidVariableError: TORCH_NEURONX_ENABLE_STREAMS='abc' is not valid: only 0 and 1" in run.stderr
 
 
 def test_split_collectives_only_1_enables(monkeypatch):

@@ -8,7 +8,8 @@ these names directly. Which modules read a variable is derived from the source
 
 Parsing is typed and forgiving, as the specification asks: a malformed value
 logs one warning naming the variable, the bad value and what is accepted, and
-the default is used. Values set programmatically (``CompileOptions``) take
+the default is used (a ``strict`` variable, whose specification accepts only its listed
+values, raises :class:`InvalidVariableError` instead). Values set programmatically (``CompileOptions``) take
 precedence over the environment through :func:`override`.
 
 The package's modules:
@@ -29,6 +30,7 @@ from __future__ import annotations
 from torch_neuronx.config import table as _table  # noqa: F401  (registers every variable)
 from torch_neuronx.config.parsers import (
     ConfigValueError,
+    InvalidVariableError,
     parse_bool,
     parse_csv,
     parse_device_list,
@@ -59,6 +61,7 @@ from torch_neuronx.config.render import main, render_markdown, render_table
 
 __all__ = [
     "ConfigValueError",
+    "InvalidVariableError",
     "Var",
     "get",
     "lookup",

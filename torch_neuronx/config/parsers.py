@@ -17,6 +17,14 @@ class ConfigValueError(ValueError):
     """A raw environment string that a variable's parser does not accept."""
 
 
+class InvalidVariableError(ValueError):
+    """A variable whose specification accepts nothing but its listed values holds another one.
+
+    Raised where the value is read (not a warning and the default): the message names the
+    variable, the value and what is accepted.
+    """
+
+
 def parse_bool(raw: str) -> bool:
     """Parse 0/1/true/false/yes/no/on/off in any case."""
     value = raw.strip().lower()

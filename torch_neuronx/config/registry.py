@@ -4,7 +4,9 @@
 :mod:`torch_neuronx.config.table` does, at import). :func:`lookup` and :func:`get`
 answer a variable's value: an :func:`override` frame of the calling thread first, then
 the environment (parsed once per raw string), then the default. A malformed value logs
-one warning naming the variable and what is accepted, and the default is used.
+one warning naming the variable and what is accepted, and the default is used, except for a
+``strict`` variable (one whose specification accepts only its listed values), which raises
+:class:`~torch_neuronx.config.parsers.InvalidVariableError` where it is read.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torch_neuronx.config.parsers import ConfigValueError
+from torch_neuronx.config.parsers import ConfigValueError, InvalidVariableError
 
 _log = logging.getLogger("torch_neuronx.config")
 
@@ -42,6 +44,7 @@ class Var:
     external_readers: tuple[str, ...] = ()  # readers outside torch_neuronx, e.g. "torch (PyTorch reads it itself)"
     status: str = "built"  # "built", or what is missing, e.g. "planned: issue 5 (eager device)"
     ours: bool = False  # an extension of torch_neuronx, not in the TorchNeuron specification
+    strict: bool = False  # an invalid value raises InvalidVariableError instead of warning
 
     def default_value(self) -> Any:
         """The default, computed now when it is a callable."""
@@ -165,6 +168,8 @@ def lookup(name: str) -> tuple[Any, str]:
         value = _parsed[(name, raw)] = entry.parse(raw)
         return value, "environment"
     except ConfigValueError as exc:
+        if entry.strict:
+            raise InvalidVariableError(f"{name}={raw!r} is not valid: {exc}") from None
         _warn_invalid(entry, raw, exc)
         return entry.default_value(), "default (environment value invalid)"
 

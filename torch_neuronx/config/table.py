@@ -199,7 +199,7 @@ register(
         "When 1 (the default), Neuron streams are enabled and work can be submitted to the default "
         "stream or non-default streams. When 0, all streams alias the default stream. Only 0 and 1 "
         "are accepted.",
-        _DIST, parse_strict_01),
+        _DIST, parse_strict_01, strict=True),
     Var("TORCH_NEURONX_ENABLE_HOST_CC", "bool", False,
         "When 1, enables collectives to execute on non-default streams, allowing communication to "
         "overlap with computation. Requires TORCH_NEURONX_ENABLE_STREAMS=1 (the default).",

@@ -29,10 +29,7 @@ class Options:
     @classmethod
     def from_environment(cls) -> Options:
         """Read the variables; an impossible combination raises :class:`DistributedConfigError`."""
-        streams, source = config.lookup("TORCH_NEURONX_ENABLE_STREAMS")
-        if source.startswith("default ("):  # set, but neither 0 nor 1
-            raise DistributedConfigError("TORCH_NEURONX_ENABLE_STREAMS accepts only 0 and 1")
-        streams = bool(streams)
+        streams = bool(config.get("TORCH_NEURONX_ENABLE_STREAMS"))  # strict: neither 0 nor 1 raises
         host_cc = bool(config.get("TORCH_NEURONX_ENABLE_HOST_CC"))
         if host_cc and not streams:
             raise DistributedConfigError(

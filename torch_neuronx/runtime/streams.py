@@ -261,6 +261,7 @@ def _default_stream(device: int) -> Stream:
         with _registry_lock:
             stream = _defaults.get(device)
             if stream is None:
+                config.get("TORCH_NEURONX_ENABLE_STREAMS")  # a value other than 0 and 1 raises at first use
                 queue = _Queue(device, 0)
                 _queues[device].add(queue)
                 stream = _defaults[device] = Stream._wrap(queue)
