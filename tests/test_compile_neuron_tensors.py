@@ -271,3 +271,31 @@ def test_recurrent_layers_train_on_the_device(layer, recwarn):
     for p, q in zip(layer.parameters(), on_device.parameters(), strict=True):
         torch.testing.assert_close(q.grad.cpu(), p.grad)
     assert not [w for w in recwarn if "runs on the CPU" in str(w.message)]
+
+
+def test_empty_tensors_in_and_out_of_a_graph():
+    """A neuron tensor with no elements is an ordinary input, output and gradient (fake-tensor
+    conversion resizes an empty tensor's storage to 0 bytes, which the device storage of a traced
+    value could not do)."""
+    torch.manual_seed(0)
+    host = nn.Linear(4, 3)
+    dev = copy.deepcopy(host).to("neuron")
+    compiled = torch.compile(dev, backend="neuron")
+    for rows in (0, 2):
+        x = torch.randn(rows, 4, requires_grad=True)
+        xn = x.detach().to("neuron").requires_grad_()
+        out, ref = compiled(xn), host(x)
+        assert out.device.type == "neuron" and out.shape == ref.shape
+        torch.testing.assert_close(out.cpu(), ref)
+        (out.sum() + 1).backward()
+        (ref.sum() + 1).backward()
+        torch.testing.assert_close(dev.weight.grad.cpu(), host.weight.grad)
+        assert xn.grad.shape == (rows, 4)
+    pieces = torch.compile(lambda a: (a[:0] * 2, a.new_zeros(0, 5), a.sum()), backend="neuron")
+    first, second, total = pieces(torch.ones(3, device="neuron"))
+    assert first.shape == (0,) and second.shape == (0, 5) and first.device.type == "neuron"
+    assert total.item() == 3
+    joined = torch.compile(lambda a, b: torch.cat([a, b]) * 2, backend="neuron", dynamic=True)
+    for a, b in ((0, 2), (3, 0), (0, 0)):
+        out = joined(torch.ones(a, device="neuron"), torch.ones(b, device="neuron"))
+        assert out.tolist() == [2.0] * (a + b)

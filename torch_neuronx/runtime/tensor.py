@@ -266,7 +266,11 @@ class NeuronTensor(torch.Tensor):
         tensor and its views: truthful ``size()``/``data_ptr()``, and ``resize_(0)`` / ``resize_(n)``
         free and allocate it again, as FSDP2's reshard does (:mod:`.storage`)."""
         allocation = getattr(self, "_allocation", None)
-        if allocation is None:  # a traced value (or a bare wrapper): the wrapper's own storage
+        if allocation is None:  # a traced value (or a bare wrapper)
+            if not self.numel() and isinstance(getattr(self, "_data", None), torch.Tensor):
+                # Tracing an empty tensor resizes its storage to 0 bytes (meta_utils), which a
+                # neuron-device storage of a traced value cannot do: its inner tensor's can.
+                return self._data.untyped_storage()
             return torch.Tensor.untyped_storage(self)
         from torch_neuronx.runtime import storage
 
