@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -310,3 +311,44 @@ def test_scanner_follows_changes_of_the_source(tmp_path):
     (root / "b" / "c.py").write_text("from torch_neuronx import config\nconfig.get('A')\n")
     (root / "a.py").write_text("")
     assert readers.code_readers(readers.scan(root)) == {"A": ("b.c",)}
+
+
+def test_a_directory_that_cannot_be_made_warns_once_and_takes_the_default(tmp_path, monkeypatch, caplog):
+    from torch_neuronx.config import directories
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    monkeypatch.setitem(config._REGISTRY, "TORCH_NEURONX_DEBUG_DIR", dataclasses.replace(
+        config.var("TORCH_NEURONX_DEBUG_DIR"), default=str(tmp_path / "default")))
+    monkeypatch.setenv("TORCH_NEURONX_DEBUG_DIR", str(tmp_path / "made" / "deep"))
+    assert directories.directory("TORCH_NEURONX_DEBUG_DIR") == str(tmp_path / "made" / "deep")
+    assert (tmp_path / "made" / "deep").is_dir()
+    monkeypatch.setenv("TORCH_NEURONX_DEBUG_DIR", str(blocker / "under"))
+    with caplog.at_level(logging.WARNING, logger="torch_neuronx.config"):
+        for _ in range(3):
+            assert directories.directory("TORCH_NEURONX_DEBUG_DIR") == str(tmp_path / "default")
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "TORCH_NEURONX_DEBUG_DIR" in warnings[0] and "a_file" in warnings[0]
+    monkeypatch.setitem(config._REGISTRY, "TORCH_NEURONX_DEBUG_DIR", dataclasses.replace(
+        config.var("TORCH_NEURONX_DEBUG_DIR"), default=str(blocker / "default")))
+    monkeypatch.setenv("TORCH_NEURONX_DEBUG_DIR", str(blocker / "other"))
+    with pytest.raises(directories.UnusableDirectoryError, match="TORCH_NEURONX_DEBUG_DIR=.*nor can its default"):
+        directories.directory("TORCH_NEURONX_DEBUG_DIR")
+
+
+def test_unusable_debug_and_lock_directories_still_compile_and_say_which_variable(tmp_path):
+    """A compile with TORCH_NEURONX_DEBUG_DIR and TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR through a file:
+    the artifacts and the compiler's work directory go to the default debug directory, the compile
+    runs without its lock; each warning names its variable (the lock's used to name the NEFF cache)."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    code = ("import torch, torch_neuronx\n"
+            "f = torch.compile(lambda a: a * 3 + 7, backend='neuron')\n"
+            "print('VALUE', f(torch.ones(3)).tolist())\n")
+    env = {**os.environ, "TORCH_NEURONX_DEBUG_DIR": str(blocker / "debug"),
+           "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR": str(blocker / "locks"),
+           "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"), "TORCH_NEURONX_HLO_CACHE_DIR": str(tmp_path / "hlo")}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "VALUE [10.0, 10.0, 10.0]" in run.stdout, run.stderr[-3000:]
+    assert "TORCH_NEURONX_DEBUG_DIR=" in run.stderr and "using the default /tmp/neuron_backend" in run.stderr
+    assert "NEFF compile locks (TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR): cannot take the compile lock" in run.stderr

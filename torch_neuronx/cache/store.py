@@ -46,17 +46,27 @@ _log = logging.getLogger("torch_neuronx.cache")
 MEMORY_ENTRIES = 64  # NEFFs kept mapped in memory per process, most recently used
 
 
-class _IoWarnings:
-    """Warn once per (operation, errno) and stay quiet after, so a read-only cache does not flood logs."""
+_CACHE_NAMES = {"hlo": "HLO cache (TORCH_NEURONX_HLO_CACHE_DIR)",
+                "trace": "NKI trace cache (NKI_TRACE_CACHE_URL)"}
 
-    def __init__(self) -> None:
+
+class _IoWarnings:
+    """Warn once per (operation, errno) and stay quiet after, so a read-only cache does not flood logs.
+
+    ``cache`` names the cache in the message (``NEFF cache``, ``HLO cache``) with the variable
+    that places it, so the user knows which setting to fix.
+    """
+
+    def __init__(self, cache: str, outcome: str = "continuing without caching it") -> None:
+        self._cache = cache
+        self._outcome = outcome
         self._seen: set[tuple[str, int | None]] = set()
 
     def __call__(self, what: str, path: str, exc: OSError) -> None:
         seen = (what, exc.errno)
         level = logging.DEBUG if seen in self._seen else logging.WARNING
         self._seen.add(seen)
-        _log.log(level, "NEFF cache: cannot %s %s (%s); continuing without caching it", what, path, exc)
+        _log.log(level, "%s: cannot %s %s (%s); %s", self._cache, what, path, exc, self._outcome)
 
 
 class NeffCache:
@@ -79,7 +89,9 @@ class NeffCache:
         self._memory_lock = threading.Lock()
         self.stats = stats.Stats(root, "neff")
         self.misses = explain.MissLog(root)
-        self._warn_io = _IoWarnings()
+        self._warn_io = _IoWarnings("NEFF cache (TORCH_NEURONX_NEFF_CACHE_DIR)")
+        self._warn_lock = _IoWarnings("NEFF compile locks (TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR)",
+                                      "compiling without the lock: another process may compile it too")
 
     @property
     def enabled(self) -> bool:
@@ -224,7 +236,8 @@ class NeffCache:
             except locks.LockTimeoutError:
                 raise
             except OSError as exc:
-                self._io_error("lock in", self.lock_dir, exc)
+                self.stats.incr("io_errors")
+                self._warn_lock("take the compile lock of", f"{key.label()} in {self.lock_dir}", exc)
                 state = None
             if state is not None and state.contended:
                 self.stats.incr("lock_waits")
@@ -263,7 +276,7 @@ class HloCache:
         self.root = root
         self.kind = kind
         self.stats = stats.Stats(None, kind)
-        self._warn_io = _IoWarnings()
+        self._warn_io = _IoWarnings(_CACHE_NAMES.get(kind, f"{kind} cache"))
 
     def path(self, key: str) -> str:
         """Where the text of ``key`` lives."""

@@ -34,6 +34,7 @@ from torch_neuronx import config, observe
 from torch_neuronx.compiler.errors import CompilerNotFoundError, NeuronCompileError
 from torch_neuronx.compiler.lower import op_from_message
 from torch_neuronx.compiler.targets import Target
+from torch_neuronx.config import directories
 from torch_neuronx.format import neff
 
 _log = logging.getLogger("torch_neuronx.compiler.driver")
@@ -96,7 +97,7 @@ def compiler_version(target: Target) -> str:
 
 def work_dir(key: str) -> str:
     """The compiler work directory for a cache key."""
-    return os.path.join(config.get("TORCH_NEURONX_DEBUG_DIR"), "neuronx-cc", key[:32])
+    return os.path.join(directories.directory("TORCH_NEURONX_DEBUG_DIR"), "neuronx-cc", key[:32])
 
 
 _time_limit: contextvars.ContextVar[float | None] = contextvars.ContextVar("neuron_compile_time_limit", default=None)

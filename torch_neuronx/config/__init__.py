@@ -17,6 +17,7 @@ The package's modules:
 * :mod:`~torch_neuronx.config.parsers`: ``ConfigValueError`` and the ``parse_*`` functions;
 * :mod:`~torch_neuronx.config.registry`: :class:`Var`, the override stack, :func:`lookup`, :func:`get`;
 * :mod:`~torch_neuronx.config.table`: the variable table (registered on import);
+* :mod:`~torch_neuronx.config.directories`: a path variable's directory, created, or its default;
 * :mod:`~torch_neuronx.config.readers`: the modules reading each variable, found with :mod:`ast`;
 * :mod:`~torch_neuronx.config.render`: the value table, ``docs/environment.md`` and :func:`main`.
 

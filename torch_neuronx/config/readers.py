@@ -3,8 +3,8 @@
 The torch_neuronx sources are parsed with :mod:`ast` (never imported), so the answer
 follows the code wherever its modules move. A module reads a variable when it has:
 
-* ``config.get("NAME")`` or ``config.lookup("NAME")``, however the config package, its
-  submodules or those functions are imported (``from torch_neuronx import config as c``,
+* ``config.get("NAME")``, ``config.lookup("NAME")`` or ``directories.directory("NAME")``,
+  however the config package, its submodules or those functions are imported (``from torch_neuronx import config as c``,
   ``import torch_neuronx.config``, ``from torch_neuronx.config import get``, relative
   imports, imports inside functions);
 * the name in a module-level string constant passed instead (``ENV = "NAME"`` then
@@ -26,7 +26,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 _CONFIG_PACKAGE = __package__ or "torch_neuronx.config"
-_CONFIG_READS = frozenset({"get", "lookup"})
+_CONFIG_READS = frozenset({"get", "lookup", "directory"})
 _ENVIRON = "os.environ"
 _ENVIRON_READS = frozenset({"os.environ.get", "os.getenv"})
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import torch
 
 from torch_neuronx import config, process
+from torch_neuronx.config import directories
 from torch_neuronx.process import job_id
 
 __all__ = ["GraphArtifacts", "job_dir", "job_id"]
@@ -35,7 +36,8 @@ _tree_lock = threading.Lock()
 
 def job_dir() -> str:
     """``{TORCH_NEURONX_DEBUG_DIR}/torch_neuronx/rank{rank}/{job_id}``."""
-    return process.rank_dir(os.path.join(config.get("TORCH_NEURONX_DEBUG_DIR"), "torch_neuronx"), job_id())
+    return process.rank_dir(os.path.join(directories.directory("TORCH_NEURONX_DEBUG_DIR"), "torch_neuronx"),
+                            job_id())
 
 
 class GraphArtifacts:
