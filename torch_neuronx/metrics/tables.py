@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch_neuronx import config, observe, process
+from torch_neuronx.config import directories
 from torch_neuronx.metrics.collector import collector
 from torch_neuronx.observe import samples
 
@@ -165,7 +166,7 @@ def rows(name: str) -> list[dict[str, Any]]:
 
 def csv_path(name: str, directory: str | None = None) -> str:
     """Where table ``name`` of this rank is written."""
-    root = directory if directory is not None else config.get("TORCH_NEURONX_METRICS_DIR")
+    root = directory if directory is not None else directories.directory("TORCH_NEURONX_METRICS_DIR")
     return os.path.join(root, f"metric_table_{name}_rank{process.rank()}.csv")
 
 
@@ -211,6 +212,6 @@ def _export_at_exit() -> None:
     try:
         for path in export():
             _log.info("wrote metric table %s", path)
-    except OSError as exc:  # at exit: say it, never raise
+    except OSError as exc:  # at exit: say it, never raise (an unusable directory fell back to the default)
         _log.warning("could not write the metric tables to %s: %s",
                      config.get("TORCH_NEURONX_METRICS_DIR"), exc)

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 import torch
 
 from torch_neuronx import config
+from torch_neuronx.config import directories
 from torch_neuronx.config.parsers import ConfigValueError, parse_index_ranges
 
 _log = logging.getLogger("torch_neuronx.profiling")
@@ -132,7 +133,7 @@ def resolve(cfg: NeuronConfig | None = None) -> Settings:
         modes=modes,
         max_events_per_nc=int(max_events),
         capture_nc=capture,
-        output_dir=cfg.profile_output_dir or config.get("TORCH_NEURONX_PROFILE_OUTPUT_DIR"),
+        output_dir=cfg.profile_output_dir or directories.directory("TORCH_NEURONX_PROFILE_OUTPUT_DIR"),
         neff_cache_dir=cfg.neff_cache_dir or config.get("TORCH_NEURONX_NEFF_CACHE_DIR"),
     )
 
