@@ -126,6 +126,36 @@ def test_editing_the_lowering_code_changes_every_graph_key(tmp_path, monkeypatch
     (tmp_path / "passes" / "a.py").write_text("x = 2\n")
     assert hlo.sources_digest() != before
 
+def _data_dependent(x):
+    return x[x.nonzero()[:, 0]] * 2, torch.unique(x), x.masked_select(x > 0)
+
+
+def test_data_dependent_shapes_are_a_clear_trace_error_or_run_eagerly(monkeypatch):
+    """With Dynamo capturing ops whose output shape depends on values (nonzero, unique,
+    masked_select), the graph cannot be one NEFF: a trace-stage error naming the op and the
+    Dynamo setting (an FX pass used to fail on a guard of the unbacked size); with fallback
+    allowed the graph runs eagerly, with eager's values."""
+    x = torch.tensor([0.0, 1.0, 0.0, 3.0])
+    monkeypatch.delenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", raising=False)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        with pytest.raises(Exception) as info:
+            torch.compile(_data_dependent, backend="neuron")(x)
+        err = info.value
+        while not isinstance(err, NeuronCompileError) and err is not None:
+            err = getattr(err, "inner_exception", None) or err.__cause__
+        assert isinstance(err, NeuronCompileError) and err.stage == "trace"
+        assert err.op == "aten.nonzero.default"
+        assert "depends on tensor values" in str(err) and "capture_dynamic_output_shape_ops" in str(err)
+        monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "0")
+        torch._dynamo.reset()
+        with pytest.warns(RuntimeWarning, match="falling back to eager"):
+            got = torch.compile(_data_dependent, backend="neuron")(x)
+        for out, ref in zip(got, _data_dependent(x)):
+            torch.testing.assert_close(out, ref)
+    torch._dynamo.reset()
+
+
 def test_fallback_runs_eagerly_warns_once_and_counts(monkeypatch):
     monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "0")
     before = metrics.counter("fallback_graphs")

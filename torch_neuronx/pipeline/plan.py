@@ -95,8 +95,28 @@ def strip_outputs(gm: torch.fx.GraphModule, inputs_as_outputs: bool) -> list[Any
     return template
 
 
+def _data_dependent_shape(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
+    """The first node whose result's shape depends on tensor values (an unbacked size: ``nonzero``,
+    ``unique``, ``masked_select``, a size read with ``.item()``), which no NEFF can have."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    for node in gm.graph.nodes:
+        vals = node.meta.get("val")
+        for val in vals if isinstance(vals, list | tuple) else (vals,):
+            if isinstance(val, torch.Tensor) and free_unbacked_symbols(val.shape):
+                return node
+    return None
+
+
 def _prepare(gm: torch.fx.GraphModule, name: str,
              inputs_as_outputs: bool) -> tuple[torch.fx.GraphModule, list[Any]]:
+    culprit = _data_dependent_shape(gm)
+    if culprit is not None:
+        raise NeuronCompileError(
+            "trace", f"{culprit.target} (node {culprit.name}) gives a tensor whose shape depends on tensor "
+            "values; a compiled graph has shapes known before it runs. Dynamo splits the graph at such ops by "
+            "default: leave torch._dynamo.config.capture_dynamic_output_shape_ops (and capture_scalar_outputs "
+            "for sizes read with .item()) off", op=str(culprit.target), graph=name)
     try:
         template = strip_outputs(gm, inputs_as_outputs)
         with observe.stage("pipeline.fx_passes", graph=name):

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.fx.experimental.symbolic_shapes import guard_or_true
 
 from torch_neuronx.compiler.decompositions.indexing import BOUNDS
 from torch_neuronx.compiler.passes.rewrite import append_checks, call_before, example
@@ -76,7 +77,7 @@ class IndexOutOfRangeError(IndexError, RuntimeError):
 def _is_index(node: Any) -> bool:
     val = example(node)
     return (isinstance(node, torch.fx.Node) and isinstance(val, torch.Tensor)
-            and val.dtype in (torch.int64, torch.int32) and val.numel() != 0)
+            and val.dtype in (torch.int64, torch.int32) and guard_or_true(val.numel() != 0))
 
 
 def _guard(gm: torch.fx.GraphModule, before: torch.fx.Node, index: torch.fx.Node, size: Any,
