@@ -38,8 +38,9 @@ def register() -> bool:
     _setup_privateuseone_for_python_backend("neuron", module, NeuronHooks(), NeuronDeviceGuard())
     _register_kernels()
     from torch_neuronx.device import accelerator, autocast, backward_errors, eager, pinned, swap
-    from torch_neuronx.runtime import tensor
+    from torch_neuronx.runtime import hops, tensor
 
+    hops.install()
     tensor.register_dispatcher(eager.dispatch, on_error=backward_errors.note, host_read=eager.host_read)
 
     autocast.register()

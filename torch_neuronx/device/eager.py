@@ -272,6 +272,9 @@ _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
     aten._local_scalar_dense.default: _host_op(_local_scalar_dense),
+    # ``item`` decomposes into ``_local_scalar_dense`` above autograd; code running below it
+    # (a higher-order op's rule, a custom autograd Function's forward) reaches it as is.
+    aten.item.default: _host_op(_local_scalar_dense),
     aten.resize_.default: _host_op(mutations.resize_op),
 }
 

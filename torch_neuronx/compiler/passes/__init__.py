@@ -15,6 +15,7 @@ import torch
 
 from torch_neuronx.compiler.passes.bool_constants import bool_constants_to_int8
 from torch_neuronx.compiler.passes.complex_to_real import complex_to_real
+from torch_neuronx.compiler.passes.cond_branches import cond_to_select
 from torch_neuronx.compiler.passes.constant_fold import constant_fold
 from torch_neuronx.compiler.passes.degenerate_shapes import degenerate_shapes_spelled_out
 from torch_neuronx.compiler.passes.empty_slices import empty_slices_to_full
@@ -33,6 +34,7 @@ from torch_neuronx.compiler.passes.zero_divisors import zero_divisors_checked
 Pass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 
 PIPELINE: list[Pass] = [
+    cond_to_select,  # first: the other passes see the branches' ops (their checks gated by the branch taken)
     devices_to_host,  # first: graphs of neuron tensors name the device in their factories
     complex_to_real,  # first: the other passes and the importer see real tensors only
     degenerate_shapes_spelled_out,  # early: later passes see no zero-size tensors or dims of 0-d ones

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from torch_neuronx.compiler.decompositions.linalg import CHECK
+from torch_neuronx.compiler.passes.rewrite import append_checks
 
 
 def checks_to_outputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -27,16 +28,12 @@ def checks_to_outputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     checks = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is CHECK]
     if not checks:
         return gm
-    output = next(n for n in gm.graph.nodes if n.op == "output")
-    values = list(output.args[0])
     recorded = []
     for node in checks:
         info, api_name, is_matrix = node.args
-        values.append(info)
-        recorded.append({"api_name": api_name, "is_matrix": bool(is_matrix)})
+        recorded.append((info, {"api_name": api_name, "is_matrix": bool(is_matrix)}))
         gm.graph.erase_node(node)
-    output.args = (tuple(values),)
-    gm.meta["host_checks"] = list(gm.meta.get("host_checks", ())) + recorded
+    append_checks(gm, recorded)
     return gm
 
 

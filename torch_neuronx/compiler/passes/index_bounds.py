@@ -197,6 +197,8 @@ def index_bounds_checked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:
     """Raise torch's error when the index range ``extremes`` (min, max) leaves ``check``'s dimension."""
     values = [int(v) for v in extremes.tolist()]
+    if check.get("gated") and not values[-1]:  # in a torch.cond branch not taken
+        return
     low, high = values[:2]
     size = check["size"] if check.get("size") is not None else values[2]  # symbolic: computed in the graph
     floor = -size if check["negative"] else 0

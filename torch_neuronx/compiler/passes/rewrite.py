@@ -13,6 +13,12 @@ from torch_neuronx.compiler.errors import NotDynamic
 
 _dynamic_trace = contextvars.ContextVar("neuron_dynamic_trace", default=False)
 
+#: Metadata of a node copied out of a ``torch.cond`` branch (``passes/cond_branches.py``): the
+#: conditions ``((predicate node, polarity), ...)`` under which its branch is taken. Nodes that
+#: :func:`call_before` inserts before such a node inherit it; :func:`append_checks` gates the host
+#: checks of those nodes by it.
+GATE = "neuron_cond_gate"
+
 
 @contextlib.contextmanager
 def dynamic_trace() -> Iterator[None]:
@@ -71,6 +77,8 @@ def call_before(gm: torch.fx.GraphModule, before: torch.fx.Node, target: Any, *a
     # real tensor, which torch-mlir's importer cannot type (make_fx graphs run passes outside it).
     with _fake_mode(gm):
         node.meta["val"] = target(*example(list(args)), **{k: example(v) for k, v in kwargs.items()})
+    if GATE in before.meta:
+        node.meta[GATE] = before.meta[GATE]
     return node
 
 
@@ -84,7 +92,32 @@ def _fake_mode(gm: torch.fx.GraphModule) -> Any:
 
 def append_checks(gm: torch.fx.GraphModule, checks: Sequence[tuple[torch.fx.Node, dict[str, Any]]]) -> None:
     """Append each check's node as a trailing graph output and record the check
-    (``gm.meta["host_checks"]``, read by ``host_checks.run_checks`` after each call)."""
+    (``gm.meta["host_checks"]``, read by ``host_checks.run_checks`` after each call).
+
+    A check of a node in a ``torch.cond`` branch (:data:`GATE`) is gated: it holds only when
+    that branch is taken (an error count multiplied by the condition; an index range with the
+    condition appended and the check marked ``gated``)."""
     output = next(n for n in gm.graph.nodes if n.op == "output")
-    output.args = (tuple(output.args[0]) + tuple(node for node, _ in checks),)
-    gm.meta["host_checks"] = list(gm.meta.get("host_checks", ())) + [check for _, check in checks]
+    nodes, recorded = [], []
+    for node, check in checks:
+        if node.meta.get(GATE):
+            node, check = _gated(gm, output, node, check)
+        nodes.append(node)
+        recorded.append(check)
+    output.args = (tuple(output.args[0]) + tuple(nodes),)
+    gm.meta["host_checks"] = list(gm.meta.get("host_checks", ())) + recorded
+
+
+def _gated(gm: torch.fx.GraphModule, output: torch.fx.Node, node: torch.fx.Node,
+           check: dict[str, Any]) -> tuple[torch.fx.Node, dict[str, Any]]:
+    """``node``'s check value, holding only when its ``torch.cond`` branch is taken."""
+    taken = None
+    for pred, polarity in node.meta[GATE]:
+        term = pred if polarity else call_before(gm, output, torch.ops.aten.logical_not.default, pred)
+        taken = term if taken is None else call_before(gm, output, torch.ops.aten.logical_and.default, taken, term)
+    dtype = example(node).dtype
+    flag = call_before(gm, output, torch.ops.aten._to_copy.default, taken, dtype=dtype)
+    if check.get("kind") == "index":  # (low, high[, size]) + (taken,)
+        flag = call_before(gm, output, torch.ops.aten.reshape.default, flag, [1])
+        return call_before(gm, output, torch.ops.aten.cat.default, [node, flag]), {**check, "gated": True}
+    return call_before(gm, output, torch.ops.aten.mul.Tensor, node, flag), check  # error counts: 0 when not taken
