@@ -99,16 +99,29 @@ def _poison(allocations: Sequence[Any], error: BaseException) -> None:
         allocation.error = error
 
 
-def _check_inputs(inputs: Sequence[NeuronTensor], name: str, queue: Any) -> None:
-    """Wait for inputs written on other streams than ``queue`` (whose own writes are ordered
-    before this op, or are this op); fail when an input's producing op failed."""
+def _writers_elsewhere(inputs: Sequence[NeuronTensor], queue: Any) -> tuple:
+    """The queued ops, on other streams than ``queue``, that write ``inputs`` as of now (when an op
+    is issued): the op waits for these, not for writers issued after it, which may themselves be
+    ordered after this op (``wait_stream``) and would wait for it in turn."""
+    found = ()
+    for t in inputs:
+        allocation = t._allocation
+        writer = None if allocation is None else allocation.writer
+        if writer is not None and writer.queue is not queue and not writer.done():
+            found += (writer,)
+    return found
+
+
+def _check_inputs(inputs: Sequence[NeuronTensor], writers: tuple, name: str) -> None:
+    """Wait for ``writers`` (the inputs' writers on other streams when the op was issued); fail
+    when an input's producing op failed."""
+    for writer in writers:
+        if not writer.done():
+            writer.wait()
     for t in inputs:
         allocation = t._allocation
         if allocation is None:
             continue
-        writer = allocation.writer
-        if writer is not None and writer.queue is not queue and not writer.done():
-            writer.wait()
         if allocation.error is not None:
             raise QueuedOpError(f"{name} did not run: an input's producing op failed "
                                 f"({allocation.error})") from allocation.error
@@ -124,16 +137,17 @@ def synchronized(args: Sequence[Any], kwargs: dict[str, Any], fn: Callable[..., 
 class _Op:
     """One queued op's work, as its stream runs it (an object, not a closure: cheaper to make)."""
 
-    __slots__ = ("index", "name", "inputs", "outputs", "work", "args", "queue", "stack", "inference")
+    __slots__ = ("index", "name", "inputs", "outputs", "work", "args", "writers", "stack", "inference")
 
     def __init__(self, index: int, name: str, inputs: Sequence[NeuronTensor], outputs: Sequence[Any],
                  work: Callable[..., None], args: tuple, queue: Any, stack: Any, inference: bool) -> None:
         self.index, self.name, self.inputs, self.outputs = index, name, inputs, outputs
-        self.work, self.args, self.queue, self.stack, self.inference = work, args, queue, stack, inference
+        self.work, self.args, self.stack, self.inference = work, args, stack, inference
+        self.writers = _writers_elsewhere(inputs, queue)
 
     def __call__(self) -> None:
         try:
-            _check_inputs(self.inputs, self.name, self.queue)
+            _check_inputs(self.inputs, self.writers, self.name)
             if self.inference:
                 # On the stream's thread, whose grad and inference modes are not the caller's: the
                 # work computes on raw device memory, which may hold inference tensors.
