@@ -176,3 +176,24 @@ def test_mixed_narrow_and_float32_arithmetic_keeps_torchs_result_dtype():
         assert ours.dtype == fn(a, b).dtype == torch.float32
         # (mixed, addcmul's float16 product is still rounded before the float32 sum: docs/known-limits.md)
         torch.testing.assert_close(ours.cpu(), fn(a, b), rtol=1e-3, atol=1e-3)
+
+
+def _scalar_arithmetic(x):
+    return (x * 1e5, x / 1e5, x.div(1e-6), x * (1 / 3), x + 1e-4, 2.5 - x, x * torch.tensor(1e5),
+            torch.add(x, x, alpha=0.1), x / torch.tensor(3.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_narrow_arithmetic_with_a_scalar_uses_the_scalars_own_value(dtype):
+    """torch computes a float16/bfloat16 tensor with a Python or 0-d float32 scalar in float32,
+    the scalar unrounded, and rounds once: the scalar rounded to the narrow type first made
+    x * 1e5 inf and x / 1e5 zero in float16 (eager device and compiled)."""
+    torch.manual_seed(0)
+    x = torch.cat([torch.tensor([0.001, 2.0, -3.5, 0.0]), torch.randn(4092) * 10]).to(dtype)
+    want = _scalar_arithmetic(x)
+    eager = _scalar_arithmetic(x.to("neuron"))
+    compiled = torch.compile(_scalar_arithmetic, backend="neuron")(x)
+    for index, (w, e, c) in enumerate(zip(want, eager, compiled)):
+        assert e.dtype == w.dtype == c.dtype
+        torch.testing.assert_close(e.cpu(), w, rtol=0, atol=0, equal_nan=True, msg=f"eager result {index}")
+        torch.testing.assert_close(c, w, rtol=0, atol=0, equal_nan=True, msg=f"compiled result {index}")

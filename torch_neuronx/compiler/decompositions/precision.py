@@ -14,6 +14,8 @@ dtypes (a float32 weight), an explicit ``dtype=``, or wider inputs, the op is le
 from __future__ import annotations
 
 import functools
+import math
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +59,11 @@ OPS = _overloads(
     "logit_backward.default", "xlogy.Tensor", "hypot.default", "logaddexp.default", "logaddexp2.default",
     "softplus.default", "softplus_backward.default", "mish.default", "silu.default", "silu_backward.default",
     "elu.default", "sinc.default", "erfinv.default",
+    # arithmetic, which torch's kernels compute in float32 with a scalar operand's own value
+    # ("original_scalar_value"): lowered as it is, the scalar was rounded to float16 first
+    # (x * 1e5 gave inf for every x, x / 1e5 gave 0, x * (1/3) was off by an ulp in a third of cases)
+    "add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Tensor", "rsub.Scalar", "mul.Tensor",
+    "mul.Scalar", "div.Tensor", "div.Scalar", "div.Tensor_mode", "div.Scalar_mode",
 )
 
 #: Matrix products, computed in float32 only where they are dot products (a 1-row times a
@@ -84,6 +91,21 @@ def _narrow_dtype(leaves: list[Any]) -> torch.dtype | None:
     return found if found in NARROW else None
 
 
+def rounded(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to float16 or bfloat16 (to nearest, ties to even), in Python: no tensor
+    op, since decompositions call it while tracing."""
+    try:
+        if dtype == torch.float16:
+            return struct.unpack("<e", struct.pack("<e", value))[0]
+        bits = struct.unpack("<I", struct.pack("<f", value))[0]
+    except OverflowError:
+        return math.copysign(math.inf, value)
+    if value != value:
+        return value
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000) & 0xFFFFFFFF
+    return struct.unpack("<f", struct.pack("<I", bits))[0]
+
+
 def in_float32(op: Any, previous: Callable | None, when: Callable[[tuple, dict], bool] | None = None) -> Callable:
     """The decomposition of ``op``: ``previous`` (or the op itself) as it is, except for inputs of
     one narrow dtype (see the module docstring), which it computes in float32 (only where
@@ -103,6 +125,9 @@ def in_float32(op: Any, previous: Callable | None, when: Callable[[tuple, dict],
         def round_back(leaf: Any) -> Any:
             return leaf.to(narrow) if isinstance(leaf, torch.Tensor) and leaf.dtype == torch.float32 else leaf
 
+        alpha = kwargs.get("alpha")
+        if type(alpha) is float:  # add/sub: torch rounds alpha to the tensors' dtype, then computes in float32
+            kwargs = {**kwargs, "alpha": rounded(alpha, narrow)}
         wide_args, wide_kwargs = pytree.tree_map(widen, (args, kwargs))
         result = previous(*wide_args, **wide_kwargs) if previous is not None else NotImplemented
         if result is NotImplemented:
