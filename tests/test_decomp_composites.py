@@ -108,3 +108,21 @@ def test_addbmm_with_scales_and_a_zero_beta_matches_eager(dtype):
         torch.testing.assert_close(got, expected, equal_nan=True, **tolerance)
     for got, expected in zip(f(x.to("neuron"), b1.to("neuron"), b2.to("neuron")), f(x, b1, b2)):
         torch.testing.assert_close(got.cpu(), expected, equal_nan=True, **tolerance)
+
+
+def test_addmm_with_zero_beta_ignores_its_input_nans_included():
+    """torch documents that ``input`` is ignored when beta=0 (``addmm(torch.empty(...), a, b, beta=0)``):
+    lowered whole, 0 * NaN gave NaN (eager device and compiled; ``addmm_`` through it)."""
+    x = torch.tensor([[float("nan"), float("inf")], [1.0, -float("inf")]])
+    a, b = torch.randn(2, 3), torch.randn(3, 2)
+
+    def products(x, a, b):
+        return torch.addmm(x, a, b, beta=0), torch.addmm(x, a, b, beta=0, alpha=2.5), torch.addmm(x[:1], a, b, beta=0)
+
+    want = products(x, a, b)
+    for got in (products(x.to("neuron"), a.to("neuron"), b.to("neuron")),
+                torch.compile(products, backend="neuron")(x, a, b)):
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.cpu(), w)
+    inplace = x.clone().to("neuron").addmm_(a.to("neuron"), b.to("neuron"), beta=0)
+    torch.testing.assert_close(inplace.cpu(), want[0])

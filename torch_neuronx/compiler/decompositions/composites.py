@@ -6,6 +6,8 @@
   tensors go through the complex decomposition pass).
 - ``addbmm`` of floating tensors: the batch of products summed, scaled and added (torch-mlir's own
   lowering failed on bfloat16: "failed to legalize operation 'torch.constant.int'").
+- ``addmm`` with ``beta=0``: the product alone; ``input`` is ignored, its NaNs and infinities
+  included, as eager's kernel and torch's documentation say (lowered whole, 0 * NaN was NaN).
 - ``grid_sampler_2d`` and ``grid_sampler_3d`` called directly (``F.grid_sample`` is rewritten
   before tracing, :mod:`.functional`): the same samplers, for the integer mode arguments.
 """
@@ -67,10 +69,20 @@ def addbmm(x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta:
     return (x if beta == 1 else x * beta) + product
 
 
+def addmm(x: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: float = 1,
+          alpha: float = 1) -> torch.Tensor:
+    """``aten.addmm`` with ``beta=0``: ``alpha * (mat1 @ mat2)``, ``x`` ignored (other betas: lowered whole)."""
+    if beta != 0:
+        return NotImplemented
+    product = torch.mm(mat1, mat2)
+    return product if alpha == 1 else product * alpha
+
+
 #: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.angle.default: angle,
     aten.addbmm.default: addbmm,
+    aten.addmm.default: addmm,
     aten.grid_sampler_2d.default: grid_sampler_2d,
     aten.grid_sampler_3d.default: grid_sampler_3d,
     **get_decompositions([aten.addmv.default, aten.dist.default, aten._batch_norm_with_update.default,
