@@ -55,3 +55,22 @@ class CompilerNotFoundError(NeuronCompileError):
 class NotDynamic(Exception):
     """A dynamic-shape trace depends on concrete sizes (it guarded on one, or a pass cannot handle a
     symbolic size): the kernel must be compiled for its concrete shapes instead."""
+
+
+class InvalidInputError(RuntimeError):
+    """An op's input that torch's own kernel rejects (``max()`` of an empty tensor, ``topk`` with
+    ``k`` past the dimension), found while tracing the op: the caller sees torch's error, and the
+    eager device never falls back to the CPU for it nor marks the op unimplemented."""
+
+    neuron_input_error = True
+
+
+def input_error(exc: BaseException) -> BaseException | None:
+    """The bad-input error (one with ``neuron_input_error``) in ``exc``'s chain of causes, if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if getattr(exc, "neuron_input_error", False):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None

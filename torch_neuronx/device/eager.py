@@ -45,6 +45,7 @@ from torch_neuronx.device import (
     out_variants,
     queued,
     random,
+    scalar_checks,
     scalars,
 )
 from torch_neuronx.device.queued import on_host
@@ -537,6 +538,8 @@ def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
 
 
 def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    if func in scalar_checks.CHECKED:
+        scalar_checks.check(func, args, kwargs)
     kind, extra = _classify(func)
     if kind == _FUNCTIONAL:
         return _run_compiled(func, args, kwargs)

@@ -23,6 +23,7 @@ import torch.utils._pytree as pytree
 
 from torch_neuronx import config, observe
 from torch_neuronx.cache import store
+from torch_neuronx.compiler.errors import input_error
 from torch_neuronx.compiler.hlo import lowering_versions
 from torch_neuronx.device import scalars
 from torch_neuronx.pipeline import trace as tracing
@@ -270,6 +271,9 @@ def compiled_kernel(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str
                 # excluded (thread-locally), which would blind make_fx's tracing modes.
                 kernel = _compiler_thread().submit(_compile, func, key, args, kwargs, dynamic).result()
             except Exception as exc:  # nothing lowers this op: it is unimplemented here
+                bad_input = input_error(exc)
+                if bad_input is not None:  # torch's kernel rejects these arguments: its error, nothing kept
+                    raise bad_input from None
                 _log.info("%s is not implemented on neuron: %s", func, exc)
                 unimplemented_because.setdefault(str(func), _first_reason(exc))
                 kernel = UNIMPLEMENTED

@@ -14,8 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from torch_neuronx.compiler.decompositions.scans import cummax
+from torch_neuronx.compiler.errors import InvalidInputError
 
 aten = torch.ops.aten
 
@@ -88,6 +90,9 @@ def topk(x: torch.Tensor, k: int, dim: int = -1, largest: bool = True,
     """``aten.topk`` as the first ``k`` of a :func:`sort` (NaN counts as the largest value)."""
     if x.dim() == 0:
         return NotImplemented
+    size = x.shape[dim]
+    if isinstance(size, int) and isinstance(k, int) and not 0 <= k <= size:
+        raise InvalidInputError("selected index k out of range")
     values, index = sort_stable(x, dim=dim, descending=largest)
     # index_select, not a slice: IREE turns a sort with indices feeding a slice into a top_k
     # it cannot type for int64 indices.
@@ -246,13 +251,23 @@ def amin_unsigned(x: torch.Tensor, dim: list[int] | tuple[int, ...] = (), keepdi
     return aten.amin.default(x.to(wide), dim, keepdim).to(x.dtype)
 
 
+def _nonempty(x: torch.Tensor, name: str) -> None:
+    """torch's error for a reduction over all of an empty tensor, which it has no identity for."""
+    if statically_known_true(x.numel() == 0):
+        raise InvalidInputError(f"{name}(): Expected reduction dim to be specified for input.numel() == 0. "
+                                "Specify the reduction dim with the 'dim' argument.")
+
+
 def max_all(x: torch.Tensor) -> torch.Tensor:
-    """``aten.max`` of a whole unsigned or bool tensor (see :func:`amax_unsigned`)."""
+    """``aten.max`` of a whole tensor: an error when it is empty; unsigned and bool tensors in a
+    wider type (see :func:`amax_unsigned`)."""
+    _nonempty(x, "max")
     return amax_unsigned(x, list(range(x.dim())))
 
 
 def min_all(x: torch.Tensor) -> torch.Tensor:
-    """``aten.min`` of a whole unsigned or bool tensor (see :func:`amax_unsigned`)."""
+    """``aten.min`` of a whole tensor (see :func:`max_all`)."""
+    _nonempty(x, "min")
     return amin_unsigned(x, list(range(x.dim())))
 
 

@@ -1,0 +1,80 @@
+"""Inputs torch's CPU kernels reject, on the eager device: the same errors, never a value.
+
+Each case was found by trying the device as a new user would (a value came back where the
+CPU raises, or an internal error where the CPU gives a clean one).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import pytest
+import torch
+
+
+def _cpu_error(fn, *tensors):
+    with pytest.raises(Exception) as info:
+        fn(*tensors)
+    return info.value
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x: x.max(), lambda x: x.min(),
+    lambda x: torch.topk(x, 5), lambda x: torch.topk(x.view(1, -1), 5, dim=1),
+], ids=["max", "min", "topk", "topk_dim"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_reductions_and_topk_of_too_few_values_raise_torchs_error(fn, dtype):
+    """``max()``/``min()`` of an empty tensor gave -inf/inf (or int64's extremes), and a ``topk``
+    past its dimension an index error about index_select; and no CPU fallback warning."""
+    for x in (torch.zeros(0, dtype=dtype), torch.arange(3).to(dtype)):
+        try:
+            want = fn(x)
+        except RuntimeError as expected:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                with pytest.raises(RuntimeError, match=re.escape(str(expected)[:40])):
+                    fn(x.to("neuron"))
+            with pytest.raises(Exception, match="range|numel"):  # Dynamo's fake run or ours: torch's words
+                torch.compile(fn, backend="neuron")(x)
+        else:
+            got = fn(x.to("neuron"))
+            torch.testing.assert_close(pytree_cpu(got), want)
+
+
+def pytree_cpu(value):
+    return torch.utils._pytree.tree_map(lambda t: t.cpu() if isinstance(t, torch.Tensor) else t, value)
+
+
+_FILLS = {
+    "full": lambda x, m: torch.full((2,), 300, dtype=x.dtype, device=x.device),
+    "new_full": lambda x, m: x.new_full((2,), 300),
+    "fill_": lambda x, m: x.clone().fill_(300),
+    "setitem": lambda x, m: x.clone().__setitem__(0, 300),
+    "masked_fill": lambda x, m: x.masked_fill(m, 200),
+    "index_fill": lambda x, m: x.index_fill(0, torch.tensor([0], device=x.device), 300),
+    "where": lambda x, m: torch.where(m, x, 300),
+    "clamp": lambda x, m: x.clamp(max=300),
+    "clamp_min": lambda x, m: x.clamp(min=-300),
+    "addcmul": lambda x, m: x.addcmul(x, x, value=300),
+    "uint8 fill -1": lambda x, m: x.to(torch.uint8).fill_(-1),
+    "float16 fill": lambda x, m: x.half().fill_(1e6),
+    "float16 inf fill": lambda x, m: x.half().fill_(float("inf")),
+    "small": lambda x, m: x.masked_fill(m, -100),
+}
+
+
+@pytest.mark.parametrize("name", list(_FILLS))
+def test_scalars_a_dtype_cannot_hold_raise_torchs_overflow_error(name):
+    """``full((2,), 300, dtype=int8)`` and its kin wrapped to 44 on the device; torch raises."""
+    fn = _FILLS[name]
+    x, m = torch.tensor([1, 2], dtype=torch.int8), torch.tensor([True, False])
+    try:
+        want = fn(x, m)
+    except RuntimeError as expected:
+        with pytest.raises(RuntimeError, match=re.escape(str(expected))):
+            fn(x.to("neuron"), m.to("neuron"))
+    else:
+        got = fn(x.to("neuron"), m.to("neuron"))
+        if want is not None:
+            torch.testing.assert_close(got.cpu(), want)

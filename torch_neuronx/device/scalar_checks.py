@@ -1,0 +1,71 @@
+"""Python scalars that torch converts to a tensor's dtype with an overflow check.
+
+torch's CPU kernels of the fill family, ``where`` with a scalar, ``clamp`` and ``addcmul``/
+``addcdiv`` convert their scalar to the tensor's dtype with ``checked_convert`` and raise
+``value cannot be converted to type int8_t without overflow`` (``full((2,), 300,
+dtype=torch.int8)``); a compiled kernel would wrap the value silently (44). :func:`check`
+raises torch's own error (torch's conversion of the value, run on the host) before such an op
+runs on neuron tensors; values every dtype of their kind holds skip it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+# op -> (the argument whose dtype the scalar takes, the scalar arguments)
+_SPECS = {
+    "fill.Scalar": ("self", ("value",)), "fill_.Scalar": ("self", ("value",)),
+    "new_full.default": ("self", ("fill_value",)),
+    "masked_fill.Scalar": ("self", ("value",)), "masked_fill_.Scalar": ("self", ("value",)),
+    "index_fill.int_Scalar": ("self", ("value",)), "index_fill_.int_Scalar": ("self", ("value",)),
+    "where.ScalarOther": ("self", ("other",)), "where.ScalarSelf": ("other", ("self",)),
+    "clamp.default": ("self", ("min", "max")), "clamp_.default": ("self", ("min", "max")),
+    "clamp_min.default": ("self", ("min",)), "clamp_min_.default": ("self", ("min",)),
+    "clamp_max.default": ("self", ("max",)), "clamp_max_.default": ("self", ("max",)),
+    "addcmul.default": ("self", ("value",)), "addcmul_.default": ("self", ("value",)),
+    "addcdiv.default": ("self", ("value",)), "addcdiv_.default": ("self", ("value",)),
+}
+
+
+def _resolve() -> dict[Any, tuple[int, tuple[int, ...], tuple[str, ...]]]:
+    table = {}
+    for name, (tensor, scalars) in _SPECS.items():
+        packet, overload = name.split(".")
+        op = getattr(getattr(aten, packet), overload)
+        names = [a.name for a in op._schema.arguments]
+        table[op] = (names.index(tensor), tuple(names.index(s) for s in scalars), scalars)
+    return table
+
+
+CHECKED = _resolve()
+
+
+def _safe(value: Any, dtype: torch.dtype) -> bool:
+    """Whether ``value`` converts to ``dtype`` without a check: small numbers, and any number for
+    bool, complex and float32/float64 tensors of ordinary values."""
+    if type(value) is bool or dtype is torch.bool or dtype.is_complex:
+        return True
+    if dtype.is_floating_point:
+        return not (abs(value) > 65504.0 and value == value and abs(value) != float("inf"))
+    return type(value) is int and -128 <= value <= 127
+
+
+def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """Raise torch's overflow error when ``func`` converts a scalar that ``dtype`` cannot hold."""
+    spec = CHECKED.get(func)
+    if spec is None:
+        return
+    where, positions, names = spec
+    target = args[where] if where < len(args) else kwargs.get(func._schema.arguments[where].name)
+    if not isinstance(target, torch.Tensor):
+        return
+    dtype = target.dtype
+    for position, name in zip(positions, names):
+        value = args[position] if position < len(args) else kwargs.get(name)
+        if isinstance(value, int | float) and not _safe(value, dtype):
+            torch.empty(2, dtype=dtype).fill_(value)  # torch's checked conversion (one value skips it)
