@@ -300,3 +300,27 @@ def test_a_transformer_encoder_in_eval_with_a_padding_mask_runs_its_dense_path()
         unchecked = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True, mask_check=False).eval()
         with pytest.raises(NotImplementedError, match="enable_nested_tensor=False"):
             unchecked.to("neuron")(x.to("neuron"), src_key_padding_mask=pad.to("neuron"))
+
+
+def test_formatting_and_repr_read_as_torchs():
+    """``f"{loss:.3f}"`` of a 0-d neuron tensor (a TypeError before), and a repr that shows
+    autograd's part (``requires_grad=True``, ``grad_fn=<...>``) as torch's does."""
+    x = torch.tensor([1.5, 2.0], device="neuron", requires_grad=True)
+    loss = (x * 2).sum()
+    assert f"{loss:.3f}" == "7.000" and f"{loss:>6.1f}" == "   7.0" and f"{loss}" == "7.0"
+    assert repr(x) == "tensor([1.5000, 2.0000], device='neuron:0', requires_grad=True)"
+    assert repr(x * 2) == "tensor([3., 4.], device='neuron:0', grad_fn=<MulBackward0>)"
+    assert f"{x.detach()}" == "tensor([1.5000, 2.0000], device='neuron:0')"
+
+
+@pytest.mark.parametrize("update", [
+    lambda t: t.pow_(2), lambda t: t.__ipow__(3), lambda t: t.double().float_power_(2),
+    lambda t: t.ldexp_(torch.tensor([1, 2], device=t.device)),
+], ids=["pow_", "ipow", "float_power_", "ldexp_"])
+def test_in_place_ops_whose_functional_twin_has_another_overload_name(update):
+    """``pow_.Scalar`` is ``pow.Tensor_Scalar`` (``pow.Scalar`` takes a number as self): the in-place
+    ops failed with a schema error."""
+    host = torch.tensor([1.5, -2.0])
+    want = update(host.clone())
+    got = update(host.to("neuron"))
+    torch.testing.assert_close(got.cpu(), want)

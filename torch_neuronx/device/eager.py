@@ -315,13 +315,28 @@ def _run_inplace_view(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) ->
     return return_and_correct_aliasing(func, args, kwargs, target)
 
 
+def _argument_types(op: Any) -> list[tuple[str, str, bool]]:
+    return [(a.name, str(a.type), a.kwarg_only) for a in op._schema.arguments]
+
+
 def _functional_variant(func: Any) -> Any | None:
+    """The functional op of in-place ``func``: the overload of the same name whose arguments are
+    the same (``pow_.Scalar`` is ``pow.Tensor_Scalar``: ``pow.Scalar`` takes a number as self)."""
     name = func._schema.name.split("::")[1]
     if not name.endswith("_") or func._schema.overload_name == "out":
         return None
     packet = getattr(aten, name[:-1], None)
-    overload = func._overloadname
-    return getattr(packet, overload, None) if packet is not None else None
+    if packet is None:
+        return None
+    wanted = _argument_types(func)
+    same_name = getattr(packet, func._overloadname, None)
+    if same_name is not None and _argument_types(same_name) == wanted:
+        return same_name
+    for overload in packet.overloads():
+        candidate = getattr(packet, overload)
+        if _argument_types(candidate) == wanted:
+            return candidate
+    return same_name
 
 
 def _fallback(func: Any, args: Sequence[Any], kwargs: dict[str, Any], reason: str) -> Any:

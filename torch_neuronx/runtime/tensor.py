@@ -234,7 +234,19 @@ class NeuronTensor(torch.Tensor):
             return (f"tensor(<storage resized to 0 bytes>, size={tuple(self.shape)}, dtype={self.dtype}, "
                     f"device='{self.device}')")
         _host_read(self)
-        return f"{self._data!r}"[:-1] + f", device='{self.device}')"
+        text = f"{self._data!r}"[:-1] + f", device='{self.device}'"
+        if self.grad_fn is not None:  # autograd's part of the text, as torch prints it for any device
+            text += f", grad_fn=<{type(self.grad_fn).__name__}>"
+        elif self.requires_grad:
+            text += ", requires_grad=True"
+        return text + ")"
+
+    def __format__(self, spec: str) -> str:
+        """A 0-d tensor formats as its value (``f"{loss:.3f}"``), as torch does for its own tensors
+        (``Tensor.__format__`` does so only for ``type(self) is Tensor``)."""
+        if self.dim() == 0 and not self.is_meta:
+            return self.item().__format__(spec)
+        return object.__format__(self, spec)
 
     def __reduce_ex__(self, protocol: int) -> tuple[Any, tuple[Any, ...]]:
         """Pickled (``torch.save``, ``pickle``) as its values on the host and its device (:mod:`.serialization`)."""
