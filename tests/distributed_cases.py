@@ -244,6 +244,51 @@ def groups_closed_in_opposite_orders(rank: int) -> None:
         raise RuntimeError(f"closing took {took:.1f} s; still alive: {alive}")
 
 
+def found_by_new_users(rank: int) -> None:
+    """Defects a new user found (wrong values first), each checked against what NCCL/gloo give:
+    a reduce leaves non-root tensors as they were (gloo used them as scratch: partial sums, NaN
+    for a zero PREMUL_SUM factor); scatter into a non-contiguous view (gloo wrote it as if it
+    were contiguous); all_to_all_single with one side's splits only, on the padding path
+    (NEURON_USE_NKI_ALLTOALLV=0 in this run: its output was never written); an empty
+    reduce_scatter off the default stream; recv from any source."""
+    size = dist.get_world_size()
+    mine = torch.tensor([1.0, 2.0, 3.0, 4.0], device="neuron") * (rank + 1)
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist._make_nccl_premul_sum(0.0)):
+        x = mine.clone()
+        dist.reduce(x, dst=0, op=op)
+        if rank != 0 and x.tolist() != mine.tolist():
+            raise RuntimeError(f"reduce {op} changed a non-root tensor: {x.tolist()}")
+    expected_sum = sum(range(1, size + 1))
+    x = mine.clone()
+    dist.reduce(x, dst=0)
+    if rank == 0 and x.tolist() != [v * expected_sum for v in (1.0, 2.0, 3.0, 4.0)]:
+        raise RuntimeError(f"reduce onto the root gave {x.tolist()}")
+    base = torch.zeros(2, 4, device="neuron")
+    out = base[:, ::2]
+    sources = [torch.tensor([[1.0, 2.0], [3.0, 4.0]], device="neuron") * (k + 1) for k in range(size)]
+    dist.scatter(out, sources if rank == 0 else None, src=0)
+    if out.tolist() != (torch.tensor([[1.0, 2.0], [3.0, 4.0]]) * (rank + 1)).tolist() or base[:, 1].tolist() != [0, 0]:
+        raise RuntimeError(f"scatter into a strided view gave {base.tolist()}")
+    inp = torch.arange(2.0 * size, device="neuron") + 100 * rank
+    for outs, ins in (([], [2] * size), ([2] * size, [])):
+        got = torch.full((2 * size,), -1.0, device="neuron")
+        dist.all_to_all_single(got, inp, output_split_sizes=outs or None, input_split_sizes=ins or None)
+        want = [float(2 * rank + i + 100 * r) for r in range(size) for i in range(2)]
+        if got.tolist() != want:
+            raise RuntimeError(f"all_to_all_single({outs}, {ins}) gave {got.tolist()}, not {want}")
+    with torch.neuron.stream(torch.neuron.Stream()):
+        empty = torch.empty(0, device="neuron")
+        dist.reduce_scatter_tensor(empty, torch.empty(0, device="neuron"))
+    torch.neuron.synchronize()
+    if rank == 1:
+        dist.send(torch.ones(2, device="neuron") * 7, dst=0)
+    elif rank == 0:
+        got = torch.zeros(2, device="neuron")
+        source = dist.recv(got)
+        if source != 1 or got.tolist() != [7.0, 7.0]:
+            raise RuntimeError(f"recv from any source: {source}, {got.tolist()}")
+
+
 def main() -> None:
     import faulthandler
     faulthandler.dump_traceback_later(200, exit=True)

@@ -104,6 +104,14 @@ def test_small_collectives_on_idle_streams_run_in_the_issuing_thread():
     assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
 
 
+def test_defects_found_by_new_users_stay_fixed():
+    """Non-root reduce buffers kept, strided scatter outputs, one-sided all_to_all splits on the
+    padding path, an empty reduce_scatter off the default stream, recv from any source."""
+    proc = torchrun("distributed_cases.py", "found_by_new_users", timeout=240, NEURON_USE_NKI_ALLTOALLV="0")
+    outcomes = _outcomes(proc)
+    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+
+
 def test_ranks_that_close_their_groups_in_opposite_orders_exit_at_once():
     proc = torchrun("distributed_cases.py", "groups_closed_in_opposite_orders", timeout=240)
     outcomes = _outcomes(proc)

@@ -106,19 +106,19 @@ def broadcast(pg: dist.ProcessGroup, tensors: Sequence[torch.Tensor], root: int)
 
 
 def reduce(pg: dist.ProcessGroup, tensor: torch.Tensor, root: int, reduce_op: dist.ReduceOp, size: int) -> None:
-    """Reduce ``tensor`` onto ``root`` (in place there)."""
+    """Reduce ``tensor`` onto ``root`` (in place there; other ranks keep their tensor as it was,
+    as NCCL's reduce does: gloo uses a non-root's buffer as scratch, so they send a copy)."""
     op, factor = op_and_factor(reduce_op)
-    work = tensor if tensor.is_contiguous() else tensor.contiguous()
+    is_root = pg.rank() == root
+    work = tensor if tensor.is_contiguous() and is_root else tensor.clone(memory_format=torch.contiguous_format)
     _before(work, op, factor)
     options = dist.ReduceOptions()
     options.rootRank, options.reduceOp = root, dist.ReduceOp(_transport_op(op))
     _wait(pg.reduce([work], options))
-    if pg.rank() == root:
+    if is_root:
         _after(work, op, size)
         if work is not tensor:
             tensor.copy_(work)
-    elif op == RedOp.PREMUL_SUM and work is tensor:  # non-roots keep their input as it was
-        tensor.div_(factor.to(tensor.device) if isinstance(factor, torch.Tensor) else factor)
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -176,6 +176,8 @@ def reduce_scatter_base(pg: dist.ProcessGroup, output: torch.Tensor, input: torc
     op, factor = op_and_factor(reduce_op)
     wire = _reduce_options(_transport_op(op))
     n = output.numel()
+    if n == 0:  # (every rank's output is empty: the sizes agreed)
+        return
     rows = input.reshape(size, n)
     step = n if not split else max(1, _chunk_bytes() // input.element_size())
     flat_out = output.view(-1) if output.is_contiguous() else None
@@ -225,10 +227,14 @@ def all_to_all_single(pg: dist.ProcessGroup, output: torch.Tensor, input: torch.
         _wait(pg.alltoall_base(output, input, list(output_splits), list(input_splits), dist.AllToAllOptions()))
         return
     row = math.prod(input.shape[1:])
-    splits = torch.tensor(list(input_splits), dtype=torch.int64)
+    # A side given as None is an even split of its rows (as the native exchange reads it).
+    input_splits = list(input_splits) or even_splits(input.shape[0], size)
+    splits = torch.tensor(input_splits, dtype=torch.int64)
     every = torch.empty(size * size, dtype=torch.int64)
     _wait(pg._allgather_base(every, splits, c10d.AllgatherOptions()))
     largest = max(1, int(every.max()))
+    # What each peer sends this rank (its input split for this rank), whatever output_splits says.
+    output_splits = every.view(size, size)[:, pg.rank()].tolist()
     send = torch.zeros(size, largest * row, dtype=input.dtype)
     offset = 0
     flat_in = input.reshape(-1)

@@ -300,8 +300,15 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         ins = [[_plain(i) for i in lst] for lst in input_lists]
         options = dist.ScatterOptions()
         options.rootRank = opts.rootRank
-        return self._issue("scatter", [*outputs, *_flatten(input_lists)], list(outputs),
-                           lambda: self._transport.scatter(outs, ins, options).wait(),
+
+        def run() -> None:  # gloo writes a non-contiguous output as if it were contiguous: staged
+            staged = [o if o.is_contiguous() else torch.empty(o.shape, dtype=o.dtype) for o in outs]
+            self._transport.scatter(staged, [[i.contiguous() for i in lst] for lst in ins], options).wait()
+            for out, stage in zip(outs, staged):
+                if stage is not out:
+                    out.copy_(stage)
+
+        return self._issue("scatter", [*outputs, *_flatten(input_lists)], list(outputs), run,
                            Agreement(outputs[0].dtype, [outputs[0].numel(), opts.rootRank]))
 
     # -- all to all ---------------------------------------------------------------------------
@@ -353,8 +360,16 @@ class ProcessGroupNeuron(dist.ProcessGroup):
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> NeuronWork:
         plain = [_plain(t) for t in tensors]
-        return self._issue("recv", tensors, list(tensors),
-                           lambda: self._transport.recv_anysource(plain, tag))
+        sources: list[int] = []
+
+        def run() -> None:
+            received = self._transport.recv_anysource(plain, tag)
+            received.wait()
+            sources.append(received._source_rank())
+
+        work = self._issue("recv", tensors, list(tensors), run)
+        work.sources = sources  # what ``_source_rank()`` answers once the receive ran
+        return work
 
     def barrier(self, opts: Any = None) -> NeuronWork:
         return self._issue("barrier", [], [], lambda: self._transport.barrier().wait())

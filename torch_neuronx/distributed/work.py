@@ -371,6 +371,7 @@ class NeuronWork(dist.Work):
     def __init__(self, task: Task, host_wait: bool) -> None:
         super().__init__()
         self._task, self._host_wait = task, host_wait
+        self.sources: list[int] = []  # a receive from any source: the rank it came from
 
     def wait(self, timeout: Any = None) -> bool:
         task = self._task
@@ -400,7 +401,12 @@ class NeuronWork(dist.Work):
         self._task.wait()
 
     def source_rank(self) -> int:
-        return -1
+        """The rank a receive from any source got its data from (waits for it); -1 otherwise."""
+        if not self.sources and self._task is not None:
+            self._task.wait()
+        return self.sources[0] if self.sources else -1
+
+    _source_rank = source_rank  # the name c10d's ``dist.recv(t)`` (no ``src``) calls
 
 
 #: A collective moving at most this many bytes, issued while the streams it is ordered with and its
