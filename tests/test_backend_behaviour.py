@@ -171,6 +171,37 @@ def test_fallback_runs_eagerly_warns_once_and_counts(monkeypatch):
         torch.testing.assert_close(_run(uses_opaque, x), x * 2)
 
 
+def _opaque_backward(ctx, grad):
+    return grad
+
+
+opaque.register_autograd(_opaque_backward)
+
+
+def test_fallback_runs_the_graph_as_traced_not_as_the_failed_compile_left_it():
+    """The pipeline rewrites the graph it compiles (index-range outputs appended, outputs that are
+    inputs dropped): the fallback ran that rewritten graph ("expected 1 outputs, got 2"), and a
+    training graph's backward got the wrong inputs. It runs aot_autograd's graph as traced."""
+    options = CompileOptions(fallback_execution=True)
+    x, idx = torch.randn(6, 8), torch.tensor([0, 2, 5, 1])
+
+    def indexed(x, idx):
+        return uses_opaque(x[idx]).relu(), x
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with torch.no_grad():
+            got = torch.compile(indexed, backend="neuron", options=options)(x, idx)
+        for g, w in zip(got, indexed(x, idx)):
+            torch.testing.assert_close(g, w)
+        xg = torch.randn(4, 8, requires_grad=True)
+        loss = torch.compile(lambda a: uses_opaque(a[1:] * 2).relu().sum(), backend="neuron", options=options)(xg)
+        loss.backward()
+    want = xg.detach().clone().requires_grad_()
+    uses_opaque(want[1:] * 2).relu().sum().backward()
+    torch.testing.assert_close(xg.grad, want.grad)
+
+
 def test_compile_option_overrides_fallback_environment(monkeypatch):
     monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "1")
     x = torch.randn(4)

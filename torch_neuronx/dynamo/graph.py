@@ -11,6 +11,7 @@ to run eagerly.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -72,13 +73,16 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     with options.applied():
         artifacts = GraphArtifacts(name, options.preserve_artifacts)
         plain = on_plan is not None and plans.plain_inference(dynamo_inputs, example_inputs)
+        # The pipeline rewrites the graph it compiles in place (outputs stripped, checks appended):
+        # with fallback enabled it compiles a copy, so that a failure runs aot_autograd's graph as is.
+        target = copy.deepcopy(gm) if options.fallback else gm
         try:
             with stats.compiling(gm, model, kind):
-                if collectives.present(gm):  # compute compiled, collectives on the transport
-                    split = collectives.compile_split(gm, options, name)
+                if collectives.present(target):  # compute compiled, collectives on the transport
+                    split = collectives.compile_split(target, options, name)
                     observe.count("compiled_graphs")
                     return split
-                compiled, plan = build_graph(gm, options, name, artifacts, inputs_as_outputs=True,
+                compiled, plan = build_graph(target, options, name, artifacts, inputs_as_outputs=True,
                                              resident=resident_inputs(dynamo_inputs) if plain else ())
         except NeuronCompileError as err:
             if not options.fallback:
