@@ -216,3 +216,15 @@ def test_graphs_not_served_by_a_plan_are_refused():
         with pytest.raises(aot.AOTCompileError,
                            match=rf"{fn.__name__} does not compile to a graph that runs from a plan"):
             torch_neuronx.aot_compile(fn, (torch.randn(4, 4),))
+
+
+def test_a_model_whose_guards_torch_cannot_serialize_is_a_clear_error():
+    """Hugging Face models need ID_MATCH guards, which torch 2.13's aot_compile cannot serialize
+    (for every backend): an AOTCompileError that says so and points at torch.compile, not
+    torch's bare PackageError."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=100, eos_token_id=0, bos_token_id=0)
+    model = transformers.GPT2Model(config).eval()
+    model.config.return_dict = False
+    with pytest.raises(aot.AOTCompileError, match="cannot serialize.*torch.compile instead"):
+        torch_neuronx.aot_compile(model, (torch.randint(0, 100, (2, 8)),))

@@ -230,6 +230,12 @@ def aot_compile(model: Any, example_inputs: Any, example_kwargs: Mapping[str, An
         try:
             target = compiled.forward if is_module else compiled
             function = target.aot_compile((args, kwargs))
+        except torch._dynamo.exc.PackageError as exc:
+            raise AOTCompileError(
+                f"aot_compile: torch cannot serialize what {name}'s code needs checked at call time "
+                f"({exc}); a limit of torch's aot_compile that every backend shares (Hugging Face "
+                "models hit it through their activation modules and decorators). Call it through "
+                "torch.compile instead (docs/aot.md)") from exc
         except RuntimeError as exc:
             if "SerializableCallable" not in str(exc):
                 raise
