@@ -285,3 +285,28 @@ def test_expand_sizes_that_repeat_the_inputs_symbolic_sizes_become_minus_one():
     gm.recompile()
     x = torch.randn(6, 7, 8)
     torch.testing.assert_close(gm(x), f(x))
+
+
+def _rotary(x):
+    """A rotary embedding's arithmetic (sin, cos) next to remainder, atan2 and copysign."""
+    angles = x * 0.5
+    return (x * angles.cos() + x.flip(-1) * angles.sin(), torch.remainder(x, 0.7), torch.atan2(x, x - 0.5),
+            torch.copysign(x, x - 1), torch.tan(x))
+
+
+def test_sin_and_sign_ops_get_one_dynamic_neff(caplog):
+    """``sin``, ``tan``, ``remainder`` and ``atan2`` go through ``copysign``/``signbit``, whose
+    bitcast torch-mlir's linalg path could not lower with symbolic sizes: every rotary-embedding
+    model (Llama, Mistral, Qwen2) compiled one NEFF per sequence length. Signed zeros kept."""
+    compiled = torch.compile(_rotary, backend="neuron")
+    caplog.set_level(logging.INFO, logger="torch_neuronx.dynamo")
+    logging.getLogger("torch_neuronx.dynamo").propagate = True
+    for rows in (2, 3, 5, 9):
+        x = torch.randn(rows, 16)
+        x[0, :4] = torch.tensor([0.0, -0.0, 1.0, -1.0])
+        for got, want in zip(compiled(x), _rotary(x)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            assert torch.equal(got[0, :2].signbit(), want[0, :2].signbit())
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("one NEFF serves every size" in m for m in messages), messages
+    assert not any("one NEFF per input signature" in m for m in messages), messages

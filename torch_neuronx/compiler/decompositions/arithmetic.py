@@ -211,9 +211,10 @@ def atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     y, x = y.to(dtype), x.to(dtype)
     result = aten.atan2.default(y, x)
     pi = torch.pi
-    zeros = torch.copysign(torch.where(x.signbit(), pi, 0.0), y)  # y and x both +-0
+    # y +-0 (IREE gave +pi for atan2(-0.0, -0.5), C -pi): +-pi for a negative x, +-0 for a positive one
+    zeros = torch.copysign(torch.where(x.signbit(), pi, 0.0), y)
     infinities = torch.copysign(torch.where(x.signbit(), 0.75 * pi, 0.25 * pi), y)  # both +-inf
-    result = torch.where((y == 0) & (x == 0), zeros.to(dtype), result)
+    result = torch.where((y == 0) & ~x.isnan(), zeros.to(dtype), result)
     return torch.where(y.isinf() & x.isinf(), infinities.to(dtype), result)
 
 
@@ -313,7 +314,39 @@ def hypot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 #: This module's decompositions, merged into the compile path's table.
+def _symbolic(t: torch.Tensor) -> bool:
+    return any(not isinstance(d, int) for d in t.shape)
+
+
+def signbit(x: torch.Tensor) -> torch.Tensor:
+    """``aten.signbit`` in a dynamic-shape trace without a bitcast (torch-mlir's linalg path could
+    not legalize the dtype constant of its ``view(int32)``): negative, or a zero whose reciprocal
+    is -inf. (A NaN's sign bit reads as clear: the one difference from torch's result.)"""
+    if not (x.is_floating_point() and _symbolic(x)):
+        return NotImplemented
+    return (x < 0) | ((x == 0) & (1.0 / x < 0))
+
+
+def copysign(a: torch.Tensor, b: torch.Tensor | float) -> torch.Tensor:
+    """``aten.copysign`` in a dynamic-shape trace (see :func:`signbit`): ``|a|`` with ``b``'s sign;
+    every sin, tan, remainder and atan2 of a dynamic-shape graph goes through it."""
+    tensors = [t for t in (a, b) if isinstance(t, torch.Tensor)]
+    if not any(_symbolic(t) for t in tensors):
+        return NotImplemented
+    dtype = torch.result_type(a, b)
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    magnitude = a.to(dtype).abs()
+    if not isinstance(b, torch.Tensor):
+        return -magnitude if math.copysign(1.0, b) < 0 else magnitude
+    b = b.to(dtype)
+    return torch.where((b < 0) | ((b == 0) & (1.0 / b < 0)), -magnitude, magnitude)
+
+
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
+    aten.signbit.default: signbit,
+    aten.copysign.Tensor: copysign,
+    aten.copysign.Scalar: copysign,
     aten.remainder.Tensor: remainder,
     aten.remainder.Scalar: remainder_scalar,
     aten.div.Tensor_mode: div_mode,
