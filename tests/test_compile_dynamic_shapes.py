@@ -310,3 +310,35 @@ def test_sin_and_sign_ops_get_one_dynamic_neff(caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert any("one NEFF serves every size" in m for m in messages), messages
     assert not any("one NEFF per input signature" in m for m in messages), messages
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = torch.nn.Linear(16, 16)
+        self.scaling = 0.125
+
+    def forward(self, x):
+        return self.lin(x) * self.scaling
+
+
+def test_a_python_float_attribute_under_dynamic_true_keeps_one_dynamic_neff(caplog):
+    """Under dynamic=True Dynamo passes a module's float attribute (an attention scale) as a 0-d
+    tensor the graph reads with .item(): such graphs compiled a NEFF per batch size, silently.
+    Now one dynamic NEFF per value of the scalar."""
+    model = _Scaled().eval()
+    compiled = torch.compile(model, backend="neuron", dynamic=True)
+    caplog.set_level(logging.INFO, logger="torch_neuronx.dynamo")
+    logging.getLogger("torch_neuronx.dynamo").propagate = True
+    with torch.no_grad():
+        before = _compiles()
+        for batch in (3, 4, 6, 9, 2):
+            x = torch.randn(batch, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+        assert _compiles() - before == 1
+        model.scaling = 0.5  # another value: another dynamic NEFF, the right values
+        for batch in (3, 7):
+            x = torch.randn(batch, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert any("one NEFF serves every size" in r.getMessage() for r in caplog.records)

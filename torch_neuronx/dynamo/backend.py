@@ -160,11 +160,11 @@ class _ShapeSpecialized:
         self.gm, self.options, self.model = gm, options, model
         self.compiled: dict[tuple, Callable] = {}
         self.scalars = _item_inputs(gm)
-        # One NEFF for every size where the graph allows it (dynamo/dynamic.py): decided at the first
-        # call, outside Dynamo's compile, whose tracing context a symbolic trace must not share.
-        self.dynamic: Callable | bool | None = None
-        if self.scalars or not config.get("TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES"):
-            self.dynamic = False
+        # One NEFF for every size where the graph allows it (dynamo/dynamic.py), per value of the
+        # scalars it reads (an attention scale under dynamic=True): decided at the first call with
+        # those values, outside Dynamo's compile, whose tracing context a symbolic trace must not share.
+        self.dynamic: dict[tuple, Callable | bool] = {}
+        self.dynamic_allowed = bool(config.get("TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES"))
 
     @staticmethod
     def signature(args: Sequence[Any]) -> tuple:
@@ -172,15 +172,19 @@ class _ShapeSpecialized:
                      if isinstance(a, torch.Tensor) else (type(a).__name__, a) for a in args)
 
     def __call__(self, *args: Any) -> Any:
-        if self.dynamic is None:
-            made = dynamic.compile_once(self.gm, args, self.options, self.model)
-            self.dynamic = made[0] if made is not None else False
-            if made is not None:
-                return made[1]  # this call's results, computed (and checked) once
-        if self.dynamic:
-            return self.dynamic(*args)
-        values = {i: args[i].item() for i in self.scalars}
-        key = (self.signature(args), tuple(values.items()))
+        values = {i: args[i].item() for i in self.scalars} if self.scalars else {}
+        scalars = tuple(values.items())
+        if self.dynamic_allowed:
+            found = self.dynamic.get(scalars)
+            if found is None:
+                gm = _with_items_fixed(self.gm, values) if values else self.gm
+                made = dynamic.compile_once(gm, args, self.options, self.model)
+                self.dynamic[scalars] = made[0] if made is not None else False
+                if made is not None:
+                    return made[1]  # this call's results, computed (and checked) once
+            elif found:
+                return found(*args)
+        key = (self.signature(args), scalars)
         fn = self.compiled.get(key)
         if fn is None:
             name = f"{self.model}_s{len(self.compiled)}"
