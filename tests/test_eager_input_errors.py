@@ -78,3 +78,32 @@ def test_scalars_a_dtype_cannot_hold_raise_torchs_overflow_error(name):
         got = fn(x.to("neuron"), m.to("neuron"))
         if want is not None:
             torch.testing.assert_close(got.cpu(), want)
+
+
+_OVERLAPS = {
+    "assign shifted": lambda y: y[1:].copy_(y[:-1]),
+    "add shifted": lambda y: y[1:].add_(y[:-1]),
+    "add transposed": lambda y: y.view(2, 3)[:, :2].reshape(4).view(2, 2).add_(y[:4].view(2, 2).t()),
+    "mul by own row": lambda y: y.view(2, 3).mul_(y.view(2, 3)[0]),
+    "add itself": lambda y: y.add_(y),
+    "same elements, other tensor": lambda y: y[:3].add_(y[:3]),
+    "strided copy": lambda y: y.view(2, 3)[:, 0].copy_(y.view(2, 3)[:, 1]),
+}
+
+
+@pytest.mark.parametrize("name", list(_OVERLAPS))
+def test_writes_from_partly_overlapping_memory_raise_at_the_call(name):
+    """``y[1:] = y[:-1]`` raised only at the next host read and left ``y`` poisoned; ``y[1:] += y[:-1]``
+    computed as if its input were cloned. torch raises at the call and leaves ``y`` as it was;
+    the same elements, or strided views torch does not judge, are allowed."""
+    fn = _OVERLAPS[name]
+    host, device = torch.arange(6.0), torch.arange(6.0, device="neuron")
+    try:
+        fn(host)
+    except RuntimeError as expected:
+        with pytest.raises(RuntimeError, match=re.escape(str(expected)[:60])):
+            fn(device)
+        assert device.tolist() == list(range(6))  # untouched, readable
+    else:
+        fn(device)
+        assert device.tolist() == host.tolist()

@@ -43,6 +43,7 @@ from torch_neuronx.device import (
     math_bits,
     mutations,
     out_variants,
+    overlap,
     queued,
     random,
     scalar_checks,
@@ -160,15 +161,6 @@ def wrote(*tensors: Any) -> None:
 _OVERLAP_ALLOWED = frozenset({aten.fill_.Scalar, aten.zero_.default})
 
 
-def _refuse_internal_overlap(target: NeuronTensor) -> None:
-    """Raise torch's error, where the op is called, for a write into a tensor of which several
-    elements share one memory location (``x.expand(4, 3).add_(1)``); queued, it failed later and
-    poisoned the tensor."""
-    if torch._debug_has_internal_overlap(target._data) == 1:
-        raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
-                           "single memory location. Please clone() the tensor before performing the operation.")
-
-
 def _fill_from_first(target: torch.Tensor, values: torch.Tensor) -> None:
     if values.numel():
         target.fill_(values.reshape(-1)[0].item())
@@ -177,7 +169,8 @@ def _fill_from_first(target: torch.Tensor, values: torch.Tensor) -> None:
 def _copy_(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     dst, src = args[0], args[1]
     if isinstance(dst, NeuronTensor) and isinstance(src, NeuronTensor) and dst._index == src._index:
-        _refuse_internal_overlap(dst)
+        overlap.refuse_internal_overlap(dst)
+        overlap.refuse_partial_overlap(dst, (src,))
         _queue_copy(dst, src, "aten::copy_")  # device to device: queued
         return dst
     return _host_op(_copy_on_host)(args, kwargs)
@@ -579,7 +572,9 @@ def _run_in_place(func: Any, functional: Any, args: Sequence[Any], kwargs: dict[
                   target: NeuronTensor) -> Any:
     """An in-place op as its functional variant on ``args``, the result copied into ``target``."""
     if func not in _OVERLAP_ALLOWED:
-        _refuse_internal_overlap(target)
+        overlap.refuse_internal_overlap(target)
+    if torch.Tag.pointwise in func.tags:
+        overlap.refuse_partial_overlap(target, (*args[1:], *kwargs.values()))
     result = _run_compiled(functional, args, kwargs)
     if isinstance(result, NeuronTensor) and result._index == target._index:
         _check_in_place(target, result)

@@ -1,0 +1,61 @@
+"""Writes whose source and destination share memory, refused where the op is called.
+
+torch's CPU kernels raise for a write into a tensor of which several elements share one memory
+location (``x.expand(4, 3).add_(1)``), and for a copy or pointwise in-place op whose input
+partly overlaps its output (``y[1:] = y[:-1]``, ``x.add_(x.t())``): the result would depend on
+the order elements are written in. Queued on a stream, such an op failed only when it ran,
+poisoning the tensor, or silently computed with clone semantics. These checks raise torch's
+errors at the call, as torch's ``assert_no_internal_overlap`` and ``assert_no_partial_overlap`` do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+__all__ = ["refuse_internal_overlap", "refuse_partial_overlap"]
+
+_PARTIAL = ("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
+            "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def refuse_internal_overlap(target: torch.Tensor) -> None:
+    """Raise torch's error for a write into ``target`` (a neuron tensor) whose elements share memory."""
+    if torch._debug_has_internal_overlap(target._data) == 1:
+        raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
+                           "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def _dense_span(t: torch.Tensor) -> tuple[int, int] | None:
+    """The byte range of ``t``'s elements when they fill it exactly (torch only judges such tensors)."""
+    if t.numel() == 0:
+        return None
+    span = 1
+    for size, stride in zip(t.shape, t.stride()):
+        if size > 1:
+            if stride <= 0:
+                return None
+            span += (size - 1) * stride
+    if span != t.numel():  # gaps, or elements sharing memory: torch calls that too hard to judge
+        return None
+    start = t.data_ptr()
+    return start, start + span * t.element_size()
+
+
+def refuse_partial_overlap(target: torch.Tensor, sources: Iterable[object]) -> None:
+    """Raise torch's error when a neuron tensor among ``sources`` partly overlaps ``target``'s memory
+    (the same elements with the same layout is a full overlap, which torch allows)."""
+    mine = _dense_span(target._data)
+    if mine is None:
+        return
+    for source in sources:
+        data = getattr(source, "_data", None)
+        if not isinstance(data, torch.Tensor) or data is target._data:
+            continue
+        theirs = _dense_span(data)
+        if theirs is None or theirs[0] >= mine[1] or mine[0] >= theirs[1]:
+            continue
+        if theirs == mine and data.shape == target.shape and data.stride() == target.stride():
+            continue  # full overlap: the same elements
+        raise RuntimeError(_PARTIAL)
