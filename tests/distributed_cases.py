@@ -35,6 +35,21 @@ def mismatched_shapes(rank: int) -> None:
     t.cpu()
 
 
+def mismatched_reduce_op(rank: int) -> None:
+    """Every rank must reduce with the same op: one rank's SUM against another's MAX gave each
+    rank its own op's result, silently (reduce_scatter_tensor, reduce)."""
+    out = torch.empty(2, device="neuron")
+    dist.reduce_scatter_tensor(out, torch.tensor([1.0, 5.0, 2.0, 7.0], device="neuron") * (rank + 1),
+                               op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+    out.cpu()
+
+
+def non_contiguous_send(rank: int) -> None:
+    """A non-contiguous send or recv buffer is refused at the call (it returned, and failed later
+    in the stream's worker while the peer waited out the timeout)."""
+    dist.send(torch.arange(12.0, device="neuron").reshape(3, 4).t(), dst=1 - rank)
+
+
 def mismatched_gather(rank: int) -> None:
     out = torch.empty(4 * 2, device="neuron")
     dist.all_gather_into_tensor(out, torch.ones(4 + rank, device="neuron"))

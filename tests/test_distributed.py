@@ -86,6 +86,8 @@ def _outcomes(proc: subprocess.CompletedProcess) -> dict[int, str]:
     ("mismatched_pattern", {0: "disagree on the collective called", 1: "disagree on the collective called"}),
     ("mismatched_after_queued", {0: "disagree on the tensor sizes", 1: "disagree on the tensor sizes"}),
     ("bad_reduce_scatter", {0: "input of 8 elements for 2 outputs of 3", 1: "input of 8 elements"}),
+    ("mismatched_reduce_op", {0: "roots or reduce ops", 1: "roots or reduce ops"}),
+    ("non_contiguous_send", {0: "non-contiguous tensor", 1: "non-contiguous tensor"}),
     ("mismatched_gather", {1: "output of 8 elements for 2 inputs of 5", 0: "CollectiveError"}),
     ("peer_dies", {0: "by peer"}),  # gloo: "Connection closed by peer" or "... reset by peer"
     ("peer_never_arrives", {0: "did not complete within 5 s"}),

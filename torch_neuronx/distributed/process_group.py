@@ -50,6 +50,11 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     return t._data.detach() if isinstance(t, NeuronTensor) else t
 
 
+def _op_code(op: Any) -> int:
+    """A reduce op as a number the ranks agree on (every rank must reduce with the same op)."""
+    return int(algorithms.op_and_factor(op)[0])
+
+
 def _flatten(values: Any) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     for v in values:
@@ -160,7 +165,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         plain = [_plain(t) for t in tensors]
         return self._issue("all_reduce", tensors, list(tensors), lambda: algorithms.all_reduce(
             self._transport, plain, op, self.size(), self.options.bucket_bytes),
-            Agreement(tensors[0].dtype if tensors else None, [*_numels(tensors), int(algorithms.op_and_factor(op)[0])]))
+            Agreement(tensors[0].dtype if tensors else None, [*_numels(tensors), _op_code(op)]))
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> NeuronWork:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -175,7 +180,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         plain = _plain(tensors[0])
         return self._issue("reduce", tensors, list(tensors), lambda: algorithms.reduce(
             self._transport, plain, opts.rootRank, opts.reduceOp, self.size()),
-            Agreement(tensors[0].dtype, [*_numels(tensors), opts.rootRank]))
+            Agreement(tensors[0].dtype, [*_numels(tensors), opts.rootRank, _op_code(opts.reduceOp)]))
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> NeuronWork:
         validate.root("broadcast", opts.rootRank, self.size())
@@ -248,7 +253,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         out, inp = _plain(output), _plain(input)
         return self._issue("reduce_scatter", [input, output], [output],
                            lambda: algorithms.reduce_scatter_base(self._transport, out, inp, op, split),
-                           Agreement(output.dtype, [output.numel()]))
+                           Agreement(output.dtype, [output.numel(), _op_code(op)]))
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -264,7 +269,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             for out, inp in pairs:
                 algorithms.reduce_scatter_base(self._transport, out, inp, op, split)
         return self._issue("reduce_scatter_coalesced", [*inputs, *outputs], list(outputs), run,
-                           Agreement(outputs[0].dtype if outputs else None, _numels(outputs)))
+                           Agreement(outputs[0].dtype if outputs else None, [*_numels(outputs), _op_code(op)]))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -278,7 +283,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         def run() -> None:
             for out, ins in pairs:
                 algorithms.reduce_scatter(self._transport, out, ins, op, split)
-        agree = Agreement(outputs[0].dtype, _numels(input_lists[0]), [outputs[0].numel()],
+        agree = Agreement(outputs[0].dtype, [*_numels(input_lists[0]), _op_code(op)], [outputs[0].numel()],
                           [[t.numel()] for t in input_lists[0]]) if len(outputs) == 1 else Agreement(None)
         return self._issue("reduce_scatter", [*outputs, *_flatten(input_lists)], list(outputs), run, agree)
 
@@ -350,15 +355,18 @@ class ProcessGroupNeuron(dist.ProcessGroup):
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> NeuronWork:
         validate.root("send", dst, self.size())
+        validate.contiguous("send", tensors)
         plain = [_plain(t) for t in tensors]
         return self._issue("send", tensors, list(tensors), lambda: self._transport.send(plain, dst, tag))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> NeuronWork:
         validate.root("recv", src, self.size())
+        validate.contiguous("recv", tensors)
         plain = [_plain(t) for t in tensors]
         return self._issue("recv", tensors, list(tensors), lambda: self._transport.recv(plain, src, tag))
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> NeuronWork:
+        validate.contiguous("recv", tensors)
         plain = [_plain(t) for t in tensors]
         sources: list[int] = []
 

@@ -189,7 +189,7 @@ def disagreement(kind: str, rows: torch.Tensor, expected_mine: Sequence[Sequence
     """What the ranks disagree on, from every rank's :func:`signature` (the same verdict on every
     rank, since each sees every row); None when they agree."""
     size = rows.shape[0]
-    for column, what in ((0, "the collective called"), (1, "the dtype"), (2, "the tensor sizes")):
+    for column, what in ((0, "the collective called"), (1, "the dtype"), (2, "the tensor sizes, roots or reduce ops")):
         values = rows[:, column].tolist()
         if len(set(values)) > 1:
             return f"the ranks disagree on {what}: " + _per_rank(rows, column, what)
