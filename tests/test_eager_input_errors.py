@@ -107,3 +107,13 @@ def test_writes_from_partly_overlapping_memory_raise_at_the_call(name):
     else:
         fn(device)
         assert device.tolist() == host.tolist()
+
+
+def test_a_host_tensor_written_with_a_neuron_operand_is_torchs_device_error():
+    """``cpu.add_(neuron)`` raised AttributeError '_data' from inside the device."""
+    host, device = torch.zeros(3), torch.ones(3, device="neuron")
+    for write in (lambda: host.add_(device), lambda: host.mul_(device), lambda: host.masked_fill_(device > 0, 1.0)):
+        with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device.*neuron:0 and cpu"):
+            write()
+    assert host.tolist() == [0.0, 0.0, 0.0]
+

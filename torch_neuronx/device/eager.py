@@ -552,6 +552,10 @@ def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     if kind == _FUNCTIONAL:
         return _run_compiled(func, args, kwargs)
     if kind == _IN_PLACE:
+        if not isinstance(args[0], NeuronTensor):  # a host tensor written with a neuron operand
+            raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
+                               f"{_first_neuron((args, kwargs)).device} and {args[0].device}! (when checking "
+                               f"the written-to argument 'self' of {func})")
         return _run_in_place(func, extra, args, kwargs, args[0])
     if kind == _VIEW:
         return _run_view(func, args, kwargs)
