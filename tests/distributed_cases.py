@@ -44,6 +44,23 @@ def mismatched_reduce_op(rank: int) -> None:
     out.cpu()
 
 
+def mismatch_then_valid(rank: int) -> None:
+    """A mismatch is raised once, where the caller sees it; the next, valid collective and its
+    read give their values (the rank that raised at the call got the stale error again from the
+    next read)."""
+    try:
+        dist.all_reduce(torch.ones(4 + rank, device="neuron"))
+        torch.neuron.synchronize()
+    except Exception:  # noqa: BLE001  (the agreement error, on each rank at the call or the synchronization)
+        pass
+    else:
+        raise RuntimeError("the mismatch was not raised")
+    u = torch.ones(8, device="neuron")
+    dist.all_reduce(u)
+    if u.tolist() != [2.0] * 8:
+        raise RuntimeError(f"the valid all_reduce gave {u.tolist()}")
+
+
 def non_contiguous_send(rank: int) -> None:
     """A non-contiguous send or recv buffer is refused at the call (it returned, and failed later
     in the stream's worker while the peer waited out the timeout)."""

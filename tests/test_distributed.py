@@ -106,6 +106,12 @@ def test_small_collectives_on_idle_streams_run_in_the_issuing_thread():
     assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
 
 
+def test_a_caught_mismatch_does_not_resurface_at_the_next_valid_collective():
+    proc = torchrun("distributed_cases.py", "mismatch_then_valid", timeout=240)
+    outcomes = _outcomes(proc)
+    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+
+
 def test_defects_found_by_new_users_stay_fixed():
     """Non-root reduce buffers kept, strided scatter outputs, one-sided all_to_all splits on the
     padding path, an empty reduce_scatter off the default stream, recv from any source."""

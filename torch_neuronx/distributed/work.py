@@ -42,7 +42,7 @@ class Task:
     """One collective: what it waits for, what it runs, and how it ended."""
 
     __slots__ = ("kind", "fn", "ready", "outputs", "nbytes", "future", "done", "error", "group", "timeout_s",
-                 "check", "after", "order", "_ending")
+                 "check", "after", "order", "_ending", "reported", "consumers")
 
     def __init__(self, kind: str, fn: Callable[[], Any], ready: Sequence[streams.Event], outputs: list[Any],
                  nbytes: int, group: str, timeout_s: float, check: agreements.Check | None = None) -> None:
@@ -55,6 +55,8 @@ class Task:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self._ending = False
+        self.reported = False  # its error was raised to the caller by Work.wait(): not the streams' too
+        self.consumers: Sequence[streams.Stream] = ()  # the streams that wait for it
 
     def describe(self) -> str:
         return f"{self.kind} on process group {self.group!r}"
@@ -348,8 +350,13 @@ def never_compiled(cls: type) -> type:
 
 
 def _await(task: Task) -> None:
-    """Queued on a stream that consumes a collective's outputs: hold the stream until it ended."""
-    task.wait()
+    """Queued on a stream that consumes a collective's outputs: hold the stream until it ended
+    (its error becomes the stream's, unless ``Work.wait()`` raised it to the caller already)."""
+    try:
+        task.wait()
+    except BaseException:
+        if not task.reported:
+            raise
 
 
 def run_direct(queue: CollectiveQueue, task: Task) -> None:
@@ -378,6 +385,11 @@ class NeuronWork(dist.Work):
         if self._host_wait:
             task.wait()
         elif task.error is not None:
+            # Raised here, so not again at the consumers' next synchronization (a later, valid
+            # collective's read raised this stale error): the streams forget it.
+            task.reported = True
+            for stream in task.consumers:
+                stream._queue.forget_error(task.error)
             raise task.error
         return True
 
@@ -443,6 +455,7 @@ def issue(queue: CollectiveQueue, task: Task, neuron: Sequence[Any], consumers: 
             task.complete(pending)
         task.wait()
         return NeuronWork(task, host_wait=True)
+    task.consumers = consumers
     if inline and _inline(queue, task, consumers):
         queue.execute(task)
         if task.error is not None:

@@ -242,6 +242,12 @@ class _Queue:
             finally:
                 self._waiting -= 1
 
+    def forget_error(self, error: BaseException) -> None:
+        """Drop ``error`` if it is the one this stream would report (it was reported elsewhere)."""
+        with self._lock:
+            if self._error is error:
+                self._error = None
+
     def raise_error(self) -> None:
         error, self._error = self._error, None
         if error is not None:
