@@ -126,3 +126,20 @@ def test_addmm_with_zero_beta_ignores_its_input_nans_included():
             torch.testing.assert_close(g.cpu(), w)
     inplace = x.clone().to("neuron").addmm_(a.to("neuron"), b.to("neuron"), beta=0)
     torch.testing.assert_close(inplace.cpu(), want[0])
+
+
+def test_uint8_fills_run_on_the_device_and_compile():
+    """``zero_``, ``fill_`` and ``*_like`` fills of uint8 tensors: torch-mlir made a uint8 literal,
+    which does not lower, so each fell back to the CPU on the eager device (with a warning)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        x = torch.ones(3, dtype=torch.uint8, device="neuron")
+        assert x.zero_().tolist() == [0, 0, 0]
+        assert x.fill_(-1).tolist() == [255, 255, 255]
+        assert x.fill_(7).tolist() == [7, 7, 7]
+        assert torch.zeros_like(x).tolist() == [0, 0, 0] and torch.full_like(x, 200).tolist() == [200] * 3
+    fills = torch.compile(lambda a: (a.fill_(250) + 1, torch.zeros_like(a), torch.full_like(a, 255)), backend="neuron")
+    got = fills(torch.zeros(2, dtype=torch.uint8))
+    assert [t.tolist() for t in got] == [[251, 251], [0, 0], [255, 255]]

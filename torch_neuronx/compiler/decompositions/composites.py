@@ -6,6 +6,9 @@
   tensors go through the complex decomposition pass).
 - ``addbmm`` of floating tensors: the batch of products summed, scaled and added (torch-mlir's own
   lowering failed on bfloat16: "failed to legalize operation 'torch.constant.int'").
+- ``full_like`` of uint8: computed in int16 and narrowed (torch-mlir made a uint8 literal, which
+  does not lower: ``zero_``/``fill_``/``zeros_like`` of a uint8 tensor fell back to the CPU on the
+  eager device, with a warning).
 - ``addmm`` with ``beta=0``: the product alone; ``input`` is ignored, its NaNs and infinities
   included, as eager's kernel and torch's documentation say (lowered whole, 0 * NaN was NaN).
 - ``grid_sampler_2d`` and ``grid_sampler_3d`` called directly (``F.grid_sample`` is rewritten
@@ -78,11 +81,26 @@ def addmm(x: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: floa
     return product if alpha == 1 else product * alpha
 
 
+def _uint8_fill(value: float | int | bool) -> int:
+    return int(value) % 256  # (-1 wraps to 255, as torch's conversion does)
+
+
+def full_like_uint8(x: torch.Tensor, fill_value: float | int | bool, *, dtype: torch.dtype | None = None,
+                    **kwargs: object) -> torch.Tensor:
+    """``aten.full_like`` with a uint8 result, as an int16 fill narrowed."""
+    if (dtype or x.dtype) != torch.uint8 or isinstance(fill_value, torch.Tensor) or x.is_complex():
+        return NotImplemented
+    # Computed from x (times 0), not filled: torch-mlir folds a fill of a static shape into a
+    # uint8 literal again, which is what does not lower.
+    return (x.to(torch.int16) * 0 + _uint8_fill(fill_value)).to(torch.uint8)
+
+
 #: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.angle.default: angle,
     aten.addbmm.default: addbmm,
     aten.addmm.default: addmm,
+    aten.full_like.default: full_like_uint8,
     aten.grid_sampler_2d.default: grid_sampler_2d,
     aten.grid_sampler_3d.default: grid_sampler_3d,
     **get_decompositions([aten.addmv.default, aten.dist.default, aten._batch_norm_with_update.default,
