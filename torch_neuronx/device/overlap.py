@@ -14,6 +14,8 @@ from collections.abc import Iterable
 
 import torch
 
+from torch_neuronx.runtime.tensor import _span_bytes
+
 __all__ = ["refuse_internal_overlap", "refuse_partial_overlap"]
 
 _PARTIAL = ("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
@@ -29,18 +31,12 @@ def refuse_internal_overlap(target: torch.Tensor) -> None:
 
 def _dense_span(t: torch.Tensor) -> tuple[int, int] | None:
     """The byte range of ``t``'s elements when they fill it exactly (torch only judges such tensors)."""
-    if t.numel() == 0:
-        return None
-    span = 1
-    for size, stride in zip(t.shape, t.stride()):
-        if size > 1:
-            if stride <= 0:
-                return None
-            span += (size - 1) * stride
-    if span != t.numel():  # gaps, or elements sharing memory: torch calls that too hard to judge
+    nbytes = t.numel() * t.element_size()
+    # (gaps, or elements sharing memory, make the span differ: torch calls those too hard to judge)
+    if nbytes == 0 or _span_bytes(t.shape, t.stride(), t.dtype) != nbytes:
         return None
     start = t.data_ptr()
-    return start, start + span * t.element_size()
+    return start, start + nbytes
 
 
 def refuse_partial_overlap(target: torch.Tensor, sources: Iterable[object]) -> None:

@@ -324,6 +324,11 @@ def signbit(x: torch.Tensor) -> torch.Tensor:
     is -inf. (A NaN's sign bit reads as clear: the one difference from torch's result.)"""
     if not (x.is_floating_point() and _symbolic(x)):
         return NotImplemented
+    return _negative(x)
+
+
+def _negative(x: torch.Tensor) -> torch.Tensor:
+    """Whether a floating ``x`` has its sign bit set, NaN aside: negative, or -0 (1 / -0 is -inf)."""
     return (x < 0) | ((x == 0) & (1.0 / x < 0))
 
 
@@ -340,7 +345,7 @@ def copysign(a: torch.Tensor, b: torch.Tensor | float) -> torch.Tensor:
     if not isinstance(b, torch.Tensor):
         return -magnitude if math.copysign(1.0, b) < 0 else magnitude
     b = b.to(dtype)
-    return torch.where((b < 0) | ((b == 0) & (1.0 / b < 0)), -magnitude, magnitude)
+    return torch.where(_negative(b), -magnitude, magnitude)
 
 
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
