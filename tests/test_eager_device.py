@@ -324,3 +324,19 @@ def test_in_place_ops_whose_functional_twin_has_another_overload_name(update):
     want = update(host.clone())
     got = update(host.to("neuron"))
     torch.testing.assert_close(got.cpu(), want)
+
+
+def test_tensor_constructors_read_zero_dim_neuron_tensors_as_cuda_does():
+    """``torch.tensor([a, b])`` of 0-d neuron tensors reads each value with Python dispatch
+    excluded: it failed with an internal assertion of PyTorch's; queued values are waited for."""
+    x = torch.arange(6, dtype=torch.float32, device="neuron")
+    a, b = x.sum(), x.max()  # queued work: the constructor must wait for it
+    i = torch.tensor(3, device="neuron")
+    assert torch.equal(torch.tensor([a, b]), torch.tensor([15.0, 5.0]))
+    assert torch.equal(torch.tensor([a, 1.0]), torch.tensor([15.0, 1.0]))
+    assert torch.equal(torch.as_tensor([i, i]), torch.tensor([3, 3]))
+    assert torch.equal(torch.Tensor([a, b]), torch.tensor([15.0, 5.0]))
+    nested = torch.tensor([[a], [b]], device="neuron")
+    assert nested.device.type == "neuron" and torch.equal(nested.cpu(), torch.tensor([[15.0], [5.0]]))
+    with pytest.raises(ValueError, match="only one element tensors"):
+        torch.tensor([x, x])

@@ -110,9 +110,21 @@ def _register_kernels() -> None:
     _library.impl("empty_strided", torch._disable_dynamo(empty_strided), "PrivateUse1")
     _library.impl("_copy_from", torch._disable_dynamo(copy_from), "PrivateUse1")
     _library.impl("one_hot", torch._disable_dynamo(_one_hot), "AutogradPrivateUse1")
+    _library.impl("_local_scalar_dense", torch._disable_dynamo(_local_scalar_dense), "PrivateUse1")
     _fallback_library = torch.library.Library("_", "IMPL")  # a fallback lives in the global namespace
     _fallback_library.fallback(torch._disable_dynamo(_factory_fallback), "PrivateUse1")
     _libraries.append(_fallback_library)
+
+
+def _local_scalar_dense(x):
+    """A neuron tensor's value read below the Python dispatch key: ``torch.tensor([a, b])`` of
+    0-d neuron tensors reads each element with Python dispatch excluded, which reached the
+    ``PrivateUse1`` fallback and failed there with an internal assertion of PyTorch's."""
+    import torch
+
+    from torch_neuronx.device import eager
+
+    return eager.dispatch(torch.ops.aten._local_scalar_dense.default, (x,), {})
 
 
 def _one_hot(x, num_classes=-1):
