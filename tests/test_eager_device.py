@@ -99,16 +99,54 @@ def test_training_step_on_neuron_matches_cpu():
 
 
 def test_unlowerable_op_falls_back_to_cpu_with_one_warning():
-    x = torch.tensor([0.0, 1.0, 0.0, 2.0]).to("neuron")
+    x = torch.tensor([[2.0, 0.0], [0.0, 3.0]]).to("neuron")
     before = counted("eager_fallbacks")
-    with pytest.warns(RuntimeWarning, match="aten.nonzero.default runs on the CPU"):
-        idx = torch.nonzero(x)  # data-dependent output shape: nothing lowers it
-    assert idx.device.type == "neuron"
-    assert torch.equal(idx.cpu(), torch.tensor([[1], [3]]))
+    with pytest.warns(RuntimeWarning, match="aten.linalg_eig.default runs on the CPU"):
+        values = torch.linalg.eigvals(x)  # complex results: nothing lowers it
+    assert values.device.type == "neuron"
+    assert torch.equal(values.cpu(), torch.tensor([2.0, 3.0], dtype=torch.complex64))
     assert counted("eager_fallbacks") == before + 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        torch.nonzero(x)
+        torch.linalg.eigvals(x)
+
+
+@pytest.mark.parametrize("op", [
+    lambda x: torch.nonzero(x), lambda x: torch.masked_select(x, x > 0), lambda x: torch.unique(x),
+    lambda x: x[x > 0], lambda x: x.view(2, 3)[x.view(2, 3)[:, 0] >= 0], lambda x: torch.argwhere(x),
+    lambda x: torch.unique_consecutive(x), lambda x: torch.repeat_interleave((x > 0).long()),
+], ids=["nonzero", "masked_select", "unique", "mask_index", "row_mask", "argwhere", "unique_consecutive",
+        "repeat_interleave"])
+def test_ops_with_data_dependent_shapes_run_on_the_host_without_a_fallback_warning(op):
+    """Their result's shape depends on the values, which no kernel can have: they synchronize, as
+    on CUDA, and are not fallbacks (a RuntimeWarning per op for ordinary indexing was noise)."""
+    x = torch.tensor([0.0, 1.5, 0.0, 2.0, -1.0, 1.5])
+    before = counted("eager_fallbacks")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = op(x.to("neuron"))
+    assert out.device.type == "neuron" and torch.equal(out.cpu(), op(x))
+    assert counted("eager_fallbacks") == before
+
+
+@pytest.mark.parametrize("shape,mask_dims", [((4, 3), 1), ((4, 3), 2), ((2, 3, 4), 2), ((5,), 1)])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_assigning_one_value_per_element_selected_by_a_mask_runs_compiled(shape, mask_dims, accumulate):
+    """``x[mask] = values`` (one value per selected element): torch-mlir cannot lower a boolean
+    index, and it fell back to the CPU with a warning; the mask becomes integer indices first."""
+    torch.manual_seed(sum(shape) + mask_dims)
+    expected = torch.randn(*shape)
+    mask = torch.rand(*shape[:mask_dims]) > 0.5
+    values = torch.randn(int(mask.sum()), *shape[mask_dims:])
+    x = expected.to("neuron")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        x.index_put_((mask.to("neuron"),), values.to("neuron"), accumulate=accumulate)
+        expected.index_put_((mask,), values, accumulate=accumulate)
+        assert torch.equal(x.cpu(), expected)
+        y = torch.zeros(3, 4, device="neuron")
+        y[:, torch.tensor([True, False, True, False], device="neuron")] = torch.arange(6.0, device="neuron").view(3, 2)
+    assert torch.equal(y.cpu(), torch.tensor([[0.0, 0, 1, 0], [2, 0, 3, 0], [4, 0, 5, 0]]))
 
 
 def test_random_numbers_follow_the_host_generator():

@@ -117,3 +117,22 @@ def test_a_host_tensor_written_with_a_neuron_operand_is_torchs_device_error():
             write()
     assert host.tolist() == [0.0, 0.0, 0.0]
 
+
+
+@pytest.mark.parametrize("fn", [
+    lambda x, c: x + c, lambda x, c: c * x, lambda x, c: torch.mm(x.view(3, 1), c.view(1, 3)),
+    lambda x, c: torch.where(x > 0, x, c), lambda x, c: torch.cat([x, c]), lambda x, c: x.add_(c),
+], ids=["add", "rmul", "mm", "where", "cat", "add_"])
+def test_a_cpu_operand_beside_neuron_tensors_is_torchs_device_error(fn):
+    """A CPU tensor of one or more dimensions as an operand: computed silently with the host
+    tensor (CUDA refuses it: code that fails on an accelerator ran here). 0-d CPU tensors
+    (scalars) and CPU indices stay accepted, as on CUDA."""
+    x = torch.arange(3, dtype=torch.float32, device="neuron")
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device.*neuron:0 and cpu"):
+        fn(x, torch.ones(3))
+    assert torch.equal((x + torch.tensor(2.0)).cpu(), torch.tensor([2.0, 3.0, 4.0]))
+    assert torch.equal(x[torch.tensor([2, 0])].cpu(), torch.tensor([2.0, 0.0]))
+    x[torch.tensor([1])] = torch.tensor([7.0])
+    assert torch.equal(x.cpu(), torch.tensor([0.0, 7.0, 2.0]))
+    x.copy_(torch.ones(3))
+    assert torch.equal(x.cpu(), torch.ones(3))

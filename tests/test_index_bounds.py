@@ -28,14 +28,15 @@ CASES: dict[str, tuple[Callable, torch.Tensor, torch.Tensor]] = {
                torch.tensor([[3, 0], [-1, 1], [2, 0]])),
     "scatter": (lambda x, i: x.scatter(1, i, 9.0), torch.tensor([[3, 0], [1, 1], [2, 0]]),
                 torch.tensor([[4, 0], [1, 1], [2, 0]])),
-    "scatter_add": (lambda x, i: x.scatter_add(0, i, torch.ones(2, 4)), torch.tensor([[2, 0, 1, 1], [0, 0, 2, 1]]),
+    "scatter_add": (lambda x, i: x.scatter_add(0, i, torch.ones(2, 4, device=x.device)),
+                    torch.tensor([[2, 0, 1, 1], [0, 0, 2, 1]]),
                     torch.tensor([[2, 0, 1, 1], [0, -1, 2, 1]])),
-    "scatter_reduce": (lambda x, i: x.scatter_reduce(0, i, -torch.ones(2, 4), "amin"),
+    "scatter_reduce": (lambda x, i: x.scatter_reduce(0, i, -torch.ones(2, 4, device=x.device), "amin"),
                        torch.tensor([[2, 0, 1, 1], [0, 0, 2, 1]]), torch.tensor([[2, 0, 3, 1], [0, 0, 2, 1]])),
     "index_select": (lambda x, i: x.index_select(1, i), torch.tensor([3, 0, 1]), torch.tensor([3, -1, 1])),
     "embedding": (lambda x, i: F.embedding(i, x), torch.tensor([[2, 0], [1, 1]]), torch.tensor([[2, 0], [3, 1]])),
-    "index_add": (lambda x, i: x.index_add(0, i, ROWS), torch.tensor([2, 0]), torch.tensor([-1, 0])),
-    "index_copy": (lambda x, i: x.index_copy(0, i, ROWS), torch.tensor([2, 0]), torch.tensor([2, 3])),
+    "index_add": (lambda x, i: x.index_add(0, i, ROWS.to(x.device)), torch.tensor([2, 0]), torch.tensor([-1, 0])),
+    "index_copy": (lambda x, i: x.index_copy(0, i, ROWS.to(x.device)), torch.tensor([2, 0]), torch.tensor([2, 3])),
 }
 
 

@@ -43,6 +43,30 @@ class NeuronCompileError(RuntimeError):
         return "\n  ".join(parts)
 
 
+class DataDependentShapeError(NeuronCompileError):
+    """A graph has a tensor whose shape depends on tensor values (``nonzero``, ``unique``,
+    ``masked_select``): no NEFF can have it. The eager device runs such an op on the host as a
+    synchronization (as CUDA synchronizes for it), not as a fallback."""
+
+    data_dependent_shape = True
+
+
+def data_dependent(exc: BaseException | None) -> bool:
+    """Whether ``exc``'s chain of causes holds a :class:`DataDependentShapeError`."""
+    return _in_chain(exc, "data_dependent_shape") is not None
+
+
+def _in_chain(exc: BaseException | None, flag: str) -> BaseException | None:
+    """The first exception in ``exc``'s chain of causes with a true attribute ``flag``, if any."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if getattr(exc, flag, False):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 class CompilerNotFoundError(NeuronCompileError):
     """The compiler executable (iree-compile / neuronx-cc) is not installed or not on PATH."""
 
@@ -67,10 +91,4 @@ class InvalidInputError(RuntimeError):
 
 def input_error(exc: BaseException) -> BaseException | None:
     """The bad-input error (one with ``neuron_input_error``) in ``exc``'s chain of causes, if any."""
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        if getattr(exc, "neuron_input_error", False):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__ or exc.__context__
-    return None
+    return _in_chain(exc, "neuron_input_error")

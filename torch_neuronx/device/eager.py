@@ -40,10 +40,12 @@ from torch_neuronx.device import (
     host_kernels,
     kernels,
     launch,
+    masks,
     math_bits,
     mutations,
     out_variants,
     overlap,
+    placement,
     queued,
     random,
     scalar_checks,
@@ -59,7 +61,7 @@ aten = torch.ops.aten
 
 _kernels = kernels.registry  # the kernels of every key seen (tests inject faults here)
 _warned: set[str] = set()
-_fell_back = threading.local()  # whether the op being dispatched ran on the CPU (for its eager.op span)
+_fell_back = threading.local()  # how the op being dispatched ran, when not as classified (its eager.op span)
 
 
 _cpu = kernels.host_view
@@ -270,6 +272,7 @@ _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
     # (a higher-order op's rule, a custom autograd Function's forward) reaches it as is.
     aten.item.default: _host_op(_local_scalar_dense),
     aten.resize_.default: _host_op(mutations.resize_op),
+    aten.resize_as_.default: _host_op(mutations.resize_as_op),
 }
 
 
@@ -341,7 +344,7 @@ def _fallback(func: Any, args: Sequence[Any], kwargs: dict[str, Any], reason: st
 def _warn_fallback(func: Any, reason: str) -> None:
     observe.count("eager_fallbacks")
     observe.count("aten::" + func._schema.name.split("::")[-1])  # TorchXLA's per-op fallback counter
-    _fell_back.op = True
+    _fell_back.op = "fallback"
     name = str(func)
     if name not in _warned:
         _warned.add(name)
@@ -368,9 +371,16 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
     if plan is not None:  # a call seen before: its route is known (device/launch.py)
         return plan(args, kwargs)
     given = args, kwargs  # what a fallback runs on
+    placement.check(func, args, kwargs)
+    if func in masks.INDEX_PUTS and masks.has_mask(args):  # x[mask] = values
+        return _run_compiled(func, masks.expanded(args), kwargs)
     args, kwargs = scalars.as_inputs(func, args, kwargs)
     kernel = choice.kernel_for(func, args, kwargs)
     if kernel is kernels.UNIMPLEMENTED:
+        if str(func) in kernels.data_dependent_ops:
+            observe.count("eager_data_dependent_ops")
+            _fell_back.op = "other"
+            return _synchronized(*given, _run_on_cpu, func, *given)
         return _fallback(func, *given, "no neuron kernel: "
                          + kernels.unimplemented_because.get(str(func), "not implemented by the neuron compiler"))
     if kwargs or any(isinstance(a, list | tuple) for a in args):
@@ -537,12 +547,12 @@ def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     if func._overloadname != "default":
         name += "." + func._overloadname
     with observe.span("eager.op", op=name, how=_HOW[_classify(func)[0]]) as span:
-        _fell_back.op = False
+        _fell_back.op = None
         try:
             return _dispatch(func, args, kwargs)
         finally:
             if _fell_back.op:
-                span.fields["how"] = "fallback"
+                span.fields["how"] = _fell_back.op
 
 
 def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

@@ -23,7 +23,7 @@ import torch.utils._pytree as pytree
 
 from torch_neuronx import config, observe
 from torch_neuronx.cache import store
-from torch_neuronx.compiler.errors import input_error
+from torch_neuronx.compiler.errors import data_dependent, input_error
 from torch_neuronx.compiler.hlo import lowering_versions
 from torch_neuronx.device import scalars
 from torch_neuronx.pipeline import trace as tracing
@@ -62,6 +62,9 @@ registry: _Registry = _Registry()
 UNIMPLEMENTED = object()
 #: Per op (``str(func)``), why its first kernel could not be made: the eager fallback's warning says it.
 unimplemented_because: dict[str, str] = {}
+#: Ops (by name) whose result's shape depends on tensor values: no kernel can have it; they run
+#: on the host as a synchronization, as CUDA synchronizes for them (not a fallback).
+data_dependent_ops: set[str] = set()
 
 
 def _first_reason(exc: BaseException) -> str:
@@ -276,6 +279,8 @@ def compiled_kernel(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str
                     raise bad_input from None
                 _log.info("%s is not implemented on neuron: %s", func, exc)
                 unimplemented_because.setdefault(str(func), _first_reason(exc))
+                if data_dependent(exc):
+                    data_dependent_ops.add(str(func))
                 kernel = UNIMPLEMENTED
             registry[key] = kernel
     return kernel

@@ -130,6 +130,8 @@ register(
     _c("eager_ops_compiled", "Eager op signatures traced and lowered.", _EAGER),
     _c("eager_hlo_cache_hits", "Eager op signatures served by the HLO cache.", _EAGER),
     _c("eager_fallbacks", "Eager ops run on the CPU (not implemented, or failed to execute).", _EAGER),
+    _c("eager_data_dependent_ops", "Eager ops whose result's shape depends on tensor values (nonzero, unique, "
+       "masked_select, a boolean-mask index): run on the host as a synchronization, as CUDA synchronizes.", _EAGER),
     _s("eager.op", "One eager op dispatched, from the call to its return (queued, not necessarily run; fields: "
        "op, how: compiled, fallback, view, random, copy, other).", _EAGER),
     _c("eager_shapes_promoted", "Eager op shapes called again after running on their family's dynamic-shape "

@@ -18,7 +18,7 @@ import torch
 from torch_neuronx import observe
 from torch_neuronx.compiler import passes
 from torch_neuronx.compiler.cost import graph_flops
-from torch_neuronx.compiler.errors import NeuronCompileError
+from torch_neuronx.compiler.errors import DataDependentShapeError, NeuronCompileError
 from torch_neuronx.pipeline import shapes
 from torch_neuronx.pipeline.artifacts import GraphArtifacts
 from torch_neuronx.pipeline.lowering import lower_with_artifacts
@@ -112,7 +112,7 @@ def _prepare(gm: torch.fx.GraphModule, name: str,
              inputs_as_outputs: bool) -> tuple[torch.fx.GraphModule, list[Any]]:
     culprit = _data_dependent_shape(gm)
     if culprit is not None:
-        raise NeuronCompileError(
+        raise DataDependentShapeError(
             "trace", f"{culprit.target} (node {culprit.name}) gives a tensor whose shape depends on tensor "
             "values; a compiled graph has shapes known before it runs. Dynamo splits the graph at such ops by "
             "default: leave torch._dynamo.config.capture_dynamic_output_shape_ops (and capture_scalar_outputs "

@@ -1,0 +1,56 @@
+"""Which host (CPU) tensors an eager op accepts beside neuron tensors, as torch.cuda decides.
+
+A CUDA op refuses a CPU tensor operand with "Expected all tensors to be on the same device",
+except a 0-d one (a scalar, which TensorIterator ops take from anywhere), the operands of
+the ops that move them themselves (indexing takes CPU indices; copies and conversions take
+any device), and those of composite ops, which have no backend kernel to check them. The
+eager device computed with the CPU tensor instead, so code that fails on an accelerator ran
+here silently. :func:`check` raises torch's error for such an operand.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from torch_neuronx.runtime.tensor import NeuronTensor
+
+__all__ = ["check"]
+
+# Ops whose non-0-d CPU operands CUDA takes: indices of indexing, sources of copies.
+_ACCEPTING = frozenset((
+    "index", "_unsafe_index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put",
+    "_to_copy", "copy", "copy_", "_copy_from", "_copy_from_and_resize", "lift_fresh_copy",
+))
+
+
+def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """Raise torch's error when ``func`` has a host tensor operand CUDA would refuse."""
+    if kwargs or any(isinstance(a, list | tuple) for a in args):
+        leaves = pytree.tree_leaves((list(args), kwargs))
+    else:
+        leaves = args
+    for leaf in leaves:
+        if (isinstance(leaf, torch.Tensor) and not isinstance(leaf, NeuronTensor) and leaf.dim() > 0
+                and leaf.device.type == "cpu"
+                and not _accepts_host_tensors(func)):
+            device = next((t.device for t in leaves if isinstance(t, NeuronTensor)), "neuron")
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found at least two devices, {device} "
+                f"and cpu! (when checking arguments for {func}; move the CPU tensor with .to('{device}'), "
+                "or use a 0-d tensor or a Python number for a scalar)")
+
+
+@functools.cache
+def _accepts_host_tensors(func: Any) -> bool:
+    """Ops CUDA runs without checking devices: the indexing and copy ops above, and composite ops
+    (``_pack_padded_sequence`` takes its lengths on the CPU), which have no backend kernel of their
+    own (the generated device check sits in backend kernels; composites check in the ops they call)."""
+    name = func._schema.name.split("::")[-1]
+    if name in _ACCEPTING:
+        return True
+    return not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CPU")
