@@ -194,3 +194,23 @@ def test_parameters_moved_by_module_to_and_in_place_views_follow_a_resize():
     torch.testing.assert_close(flipped.cpu(), want.t())
     torch.testing.assert_close(model(torch.ones(1, 4, device="neuron")).cpu(),
                                want.sum(1).view(1, 3) + model.bias.detach().cpu())
+
+
+def test_set_onto_a_neuron_storage_and_resize_as_work_as_on_cuda():
+    """``t.set_(x.untyped_storage(), offset, size, stride)`` fell back to the CPU, which refused the
+    device's storage; ``resize_as_`` failed with "Trying to resize storage that is not resizable"."""
+    x = torch.arange(12.0, device="neuron").view(4, 3)
+    y = torch.randn(2, 2, device="neuron")
+    assert y.resize_as_(x) is y and y.shape == (4, 3)
+    z = torch.empty(0, device="neuron")
+    z.set_(x.untyped_storage(), 2, (2, 2), (3, 1))
+    assert torch.equal(z.cpu(), torch.tensor([[2.0, 3.0], [5.0, 6.0]]))
+    assert z.storage_offset() == 2 and z.stride() == (3, 1)
+    z.add_(100)  # writes through to x, which shares the memory
+    assert x.cpu()[0, 2] == 102 and x.cpu()[2, 0] == 106
+    bits = torch.empty(0, dtype=torch.int32, device="neuron").set_(x.untyped_storage(), 0, (2,), (1,))
+    assert torch.equal(bits.cpu(), torch.tensor([0.0, 1.0]).view(torch.int32))
+    with pytest.raises(RuntimeError, match="out of bounds for storage of size 48"):
+        z.set_(x.untyped_storage(), 11, (2, 2), (3, 1))
+    with pytest.raises(RuntimeError, match="devices must match"):
+        torch.zeros(3).set_(x.untyped_storage())

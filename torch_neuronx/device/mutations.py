@@ -64,6 +64,12 @@ def resize_op(args: Sequence[Any], kwargs: dict[str, Any]) -> NeuronTensor:
     return t
 
 
+def resize_as_op(args: Sequence[Any], kwargs: dict[str, Any]) -> NeuronTensor:
+    """``aten.resize_as_``: ``resize_`` to the template's shape (torch's kernel resized the wrapper's
+    storage, which holds no data: "Trying to resize storage that is not resizable")."""
+    return resize_op((args[0], list(args[1].shape)), {})
+
+
 def upload(target: torch.Tensor, values: torch.Tensor, index: int) -> None:
     """Copy host ``values`` into ``target``, device ``index``'s memory: a host-to-device transfer, as
     listeners see it."""
@@ -128,6 +134,22 @@ def host_factory_out(func: Any, args: Sequence[Any], kwargs: dict[str, Any],
     return out
 
 
+def _set_to_live(t: NeuronTensor, source: Any, offset: int, size: list[int], stride: list[int]) -> bool:
+    """``t.set_(x.untyped_storage(), ...)`` with a neuron tensor ``x``: ``t`` becomes a view of its
+    memory (of ``t``'s dtype), as on CUDA. False for other storages."""
+    from torch_neuronx.runtime import storage
+
+    allocation = storage.allocation_of(source)
+    if allocation is None:
+        return False
+    if allocation.index != t._index:
+        raise RuntimeError(f"Attempted to set the storage of a tensor on device \"{t.device}\" to a storage on "
+                           f"different device \"neuron:{allocation.index}\".  This is no longer allowed; the "
+                           "devices must match.")
+    rebind(t, storage.view_of(allocation, t.dtype, offset, size, stride), allocation)
+    return True
+
+
 def set_restored_storage(args: Sequence[Any], kwargs: dict[str, Any]) -> NeuronTensor | None:
     """``t.set_(storage, offset, size, stride)`` where ``storage`` is a checkpoint's storage restored
     into device memory (``torch.load(..., map_location="neuron")``): ``t`` becomes a view of it.
@@ -142,7 +164,8 @@ def set_restored_storage(args: Sequence[Any], kwargs: dict[str, Any]) -> NeuronT
     size = [int(s) for s in bound["size"]]
     stride = [int(s) for s in bound.get("stride") or _contiguous_strides(size)]
     offset = int(bound.get("storage_offset", 0))
-    if not serialization.set_from_restored(t, source, offset, size, stride):
+    if not serialization.set_from_restored(t, source, offset, size, stride) and not _set_to_live(
+            t, source, offset, size, stride):
         return None
     _set_wrapper_shape(t, size, stride, offset)
     return t

@@ -43,7 +43,7 @@ from torch_neuronx.runtime import streams
 from torch_neuronx.runtime import tensor as _tensor
 from torch_neuronx.runtime.tensor import Allocation, Memory, NeuronTensor
 
-__all__ = ["resize", "resize_storage_bytes", "storage_of"]
+__all__ = ["allocation_of", "resize", "resize_storage_bytes", "storage_of", "view_of"]
 
 
 @functools.cache
@@ -65,8 +65,33 @@ def storage_of(allocation: Allocation) -> torch.UntypedStorage:
         storage.resize_ = functools.partial(_resize_method, weakref.ref(allocation))
         storage.cpu = functools.partial(_cpu_method, weakref.ref(allocation))
         storage.copy_ = functools.partial(_copy_method, weakref.ref(allocation), storage)
+        storage._neuron_allocation = weakref.ref(allocation)  # for ``t.set_(storage, ...)``
         allocation.storage = storage
     return storage
+
+
+def allocation_of(storage: Any) -> Allocation | None:
+    """The device memory behind ``storage`` when it is a live neuron tensors' storage, else None."""
+    ref = getattr(storage, "_neuron_allocation", None)
+    return None if ref is None else ref()
+
+
+def view_of(allocation: Allocation, dtype: torch.dtype, offset: int, size: Sequence[int],
+            stride: Sequence[int]) -> torch.Tensor:
+    """A CPU view of ``allocation``'s memory as ``dtype`` with ``size``/``stride`` from element ``offset``
+    (``set_``'s view), after checking that it stays inside the memory as torch's ``set_`` does."""
+    span = _tensor._span_bytes(list(size), list(stride), dtype) if all(size) else 0
+    if span and offset * dtype.itemsize + span > allocation.nbytes:
+        raise RuntimeError(f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and "
+                           f"itemsize {dtype.itemsize} requiring a storage size of {offset * dtype.itemsize + span} "
+                           f"are out of bounds for storage of size {allocation.nbytes}")
+    if not span:
+        return torch.empty(0, dtype=dtype).as_strided(list(size), list(stride), 0)
+    if allocation.memory is None:
+        raise RuntimeError("set_ onto a neuron storage whose memory was freed (resized to 0 bytes)")
+    usable = allocation.nbytes - allocation.nbytes % dtype.itemsize
+    flat = memory.block_view(allocation.address, usable, owner=allocation.memory, dtype=dtype)
+    return flat.as_strided(list(size), list(stride), offset)
 
 
 def _resize_method(allocation_ref: weakref.ref, nbytes: Any) -> torch.UntypedStorage:
