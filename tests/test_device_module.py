@@ -6,6 +6,7 @@ import gc
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import torch_neuronx  # noqa: F401  (registers torch.neuron)
@@ -195,3 +196,19 @@ def test_stream_functions_order_work_on_the_current_stream():
     gate.set()
     torch.neuron.synchronize()
     assert order == ["produced", "after wait_stream", "after wait_event"] and marker.query()
+
+
+@pytest.mark.parametrize("call", [
+    lambda d: torch.neuron.memory_allocated(d), lambda d: torch.neuron.memory_stats(f"neuron:{d}"),
+    lambda d: torch.neuron.max_memory_reserved(torch.device("neuron", d)), lambda d: torch.neuron.empty_cache(d),
+    lambda d: torch.neuron.reset_peak_memory_stats(d), lambda d: torch.neuron.Stream(device=d),
+    lambda d: torch.neuron.synchronize(d), lambda d: torch.neuron.current_stream(d),
+    lambda d: torch.neuron.default_stream(d), lambda d: torch.accelerator.memory_allocated(d),
+], ids=["memory_allocated", "memory_stats", "max_memory_reserved", "empty_cache", "reset_peak", "Stream",
+        "synchronize", "current_stream", "default_stream", "accelerator"])
+def test_a_device_this_process_does_not_see_is_an_error(call):
+    """``memory_allocated(9)`` answered 0 and ``Stream(device=3)`` made a stream of a device that does
+    not exist; torch.cuda raises for both. Device 0 (the one visible device) answers."""
+    with pytest.raises(ValueError, match="neuron device 3 does not exist; device_count\\(\\) is 1"):
+        call(3)
+    call(0)

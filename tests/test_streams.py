@@ -7,6 +7,7 @@ import types
 
 import pytest
 
+from torch_neuronx import config
 from torch_neuronx.runtime import streams
 from torch_neuronx.runtime.streams import Event, Stream, StreamError
 
@@ -77,7 +78,15 @@ def test_event_wait_orders_another_stream_after_it():
     assert order == ["produced", "consumed"]
 
 
-def test_wait_stream_and_device_synchronize():
+@pytest.fixture
+def six_devices():
+    """Devices 1-5 visible, so a test's streams live on a device no other test's work uses
+    (a stream of a device the process does not see is an error)."""
+    with config.override(TORCH_NEURONX_VISIBLE_DEVICES=tuple(range(6))):
+        yield
+
+
+def test_wait_stream_and_device_synchronize(six_devices):
     first, second = Stream("neuron:2"), Stream(2)
     gate = blocked(first)
     order = []
@@ -121,7 +130,7 @@ def test_launch_blocking_runs_work_synchronously(monkeypatch):
         stream.submit(lambda: 1 / 0)  # the error reaches the call that caused it
 
 
-def test_disabled_streams_alias_the_default_stream(monkeypatch):
+def test_disabled_streams_alias_the_default_stream(monkeypatch, six_devices):
     monkeypatch.setenv("TORCH_NEURONX_ENABLE_STREAMS", "0")
     stream = Stream(5)
     assert stream == streams.default_stream(5) and stream.id == 0
@@ -137,7 +146,7 @@ def test_enabled_streams_are_distinct():
     assert a != streams.default_stream() and len({a, b, streams.default_stream()}) == 3
 
 
-def test_current_stream_is_per_thread_and_scoped():
+def test_current_stream_is_per_thread_and_scoped(six_devices):
     side = Stream()
     assert streams.current_stream() == streams.default_stream()
     seen_in_thread = []

@@ -9,8 +9,10 @@ from :mod:`torch_neuronx.runtime.streams`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
+from torch_neuronx import memory as _memory
 from torch_neuronx import process
 from torch_neuronx.device.random import (  # noqa: F401
     get_rng_state,
@@ -23,32 +25,45 @@ from torch_neuronx.device.random import (  # noqa: F401
     set_rng_state,
     set_rng_state_all,
 )
-from torch_neuronx.memory import (  # noqa: F401  (re-exported as torch.neuron.*)
-    caching_allocator_alloc,
-    caching_allocator_delete,
-    empty_cache,
-    max_memory_allocated,
-    max_memory_reserved,
-    mem_get_info,
-    memory_allocated,
-    memory_reserved,
-    memory_snapshot,
-    memory_stats,
-    memory_stats_as_nested_dict,
-    memory_summary,
-    reset_accumulated_memory_stats,  # noqa: F401
-    reset_peak_memory_stats,
-)
 from torch_neuronx.runtime import device as runtime_device
+from torch_neuronx.runtime import streams as _streams
 from torch_neuronx.runtime.streams import (  # noqa: F401
     Event,
     Stream,
-    current_stream,
-    default_stream,
     set_stream,
     stream,
-    synchronize,
 )
+
+
+def _on_a_visible_device(fn: Any) -> Any:
+    """``fn(device=None, ...)`` that first checks ``device`` names a device this process sees, as
+    torch.cuda's calls do ("Invalid device argument"): ``memory_allocated(9)`` answered 0."""
+    @functools.wraps(fn)
+    def checked(device: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if device is not None:
+            process.checked_device_index(device)
+        return fn(device, *args, **kwargs)
+    return checked
+
+
+# Re-exported as torch.neuron.*, each checking its device argument.
+max_memory_allocated = _on_a_visible_device(_memory.max_memory_allocated)
+max_memory_reserved = _on_a_visible_device(_memory.max_memory_reserved)
+mem_get_info = _on_a_visible_device(_memory.mem_get_info)
+memory_allocated = _on_a_visible_device(_memory.memory_allocated)
+memory_reserved = _on_a_visible_device(_memory.memory_reserved)
+memory_snapshot = _on_a_visible_device(_memory.memory_snapshot)
+memory_stats = _on_a_visible_device(_memory.memory_stats)
+memory_stats_as_nested_dict = _on_a_visible_device(_memory.memory_stats_as_nested_dict)
+memory_summary = _on_a_visible_device(_memory.memory_summary)
+reset_accumulated_memory_stats = _on_a_visible_device(_memory.reset_accumulated_memory_stats)
+reset_peak_memory_stats = _on_a_visible_device(_memory.reset_peak_memory_stats)
+empty_cache = _on_a_visible_device(_memory.empty_cache)
+current_stream = _on_a_visible_device(_streams.current_stream)
+default_stream = _on_a_visible_device(_streams.default_stream)
+synchronize = _on_a_visible_device(_streams.synchronize)
+caching_allocator_alloc = _memory.caching_allocator_alloc
+caching_allocator_delete = _memory.caching_allocator_delete
 
 _initialized = True  # torch.cuda's flag: torch.utils.checkpoint saves a device's RNG state only when it is set
 

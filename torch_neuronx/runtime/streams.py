@@ -33,7 +33,7 @@ from typing import Any
 
 from torch_neuronx import config, memory, observe
 from torch_neuronx.observe.events import state as _observing
-from torch_neuronx.process import device_index
+from torch_neuronx.process import checked_device_index, device_index
 from torch_neuronx.runtime.errors import NeuronRuntimeError
 
 _log = logging.getLogger("torch_neuronx.runtime.streams")
@@ -278,7 +278,7 @@ class Stream:
     """An in-order queue of work on a neuron device (``torch.cuda.Stream``'s counterpart)."""
 
     def __init__(self, device: Any = None, priority: int = 0) -> None:
-        index = device_index(device)
+        index = checked_device_index(device)  # as torch.cuda.Stream: a device that does not exist is an error
         self.priority = priority  # kept for API compatibility; all streams are equal here
         if not config.get("TORCH_NEURONX_ENABLE_STREAMS"):
             self._queue = _default_stream(index)._queue  # streams disabled: alias the default stream
