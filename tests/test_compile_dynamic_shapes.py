@@ -342,3 +342,62 @@ def test_a_python_float_attribute_under_dynamic_true_keeps_one_dynamic_neff(capl
             x = torch.randn(batch, 16)
             torch.testing.assert_close(compiled(x), model(x))
     assert any("one NEFF serves every size" in r.getMessage() for r in caplog.records)
+
+
+def test_a_kv_cache_grown_by_one_token_each_call_compiles_once(caplog):
+    """Decoding with a key-value cache: each call's cache is one longer, the mask's length is the
+    cache's plus one (an expression of Dynamo's symbols, which compiled a NEFF per token), and the
+    key and value caches have symbols Dynamo never compares (the attention decomposition needs them
+    equal: they are traced as one, and that is checked on each call)."""
+    def step(q, k_cache, v_cache, k_new, v_new, mask):
+        k, v = torch.cat([k_cache, k_new], dim=-2), torch.cat([v_cache, v_new], dim=-2)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, None, :] > 0.2)
+        return out, k, v
+
+    compiled = torch.compile(step, backend="neuron")
+    caplog.set_level(logging.INFO, logger="torch_neuronx.dynamo")
+    logging.getLogger("torch_neuronx.dynamo").propagate = True
+    torch.manual_seed(0)
+
+    def inputs(length):
+        return (torch.randn(2, 4, 1, 8), torch.randn(2, 4, length, 8), torch.randn(2, 4, length, 8),
+                torch.randn(2, 4, 1, 8), torch.randn(2, 4, 1, 8), torch.rand(2, length + 1))
+    with torch.no_grad():
+        compiled(*inputs(3))  # static, as Dynamo's first compile always is
+        for length in range(4, 11):
+            args = inputs(length)
+            for got, expected in zip(compiled(*args), step(*args)):
+                torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("one NEFF serves every size" in m for m in messages) == 1
+    assert not [m for m in messages if "for input signature" in m]  # no NEFF per length
+
+
+_GPT2_GENERATE = """
+import warnings, torch, transformers
+warnings.simplefilter("ignore")
+torch.manual_seed(0)
+config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+model = transformers.GPT2LMHeadModel(config).eval()
+ids = torch.randint(1, 100, (1, 5))
+with torch.no_grad():
+    expected = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    model.forward = torch.compile(model.forward, backend="neuron")
+    got = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+assert torch.equal(got, expected), (got, expected)
+print("matched")
+"""
+
+
+def test_generate_with_a_kv_cache_stops_compiling_after_the_first_tokens(tmp_path):
+    """``model.generate()`` of a compiled GPT-2 compiled a NEFF for every token; now the prompt,
+    the first decoding step (static, as Dynamo's first compiles are) and one dynamic NEFF for
+    every later token. (A subprocess: the generation's graphs stay out of this process.)"""
+    pytest.importorskip("transformers")
+    env = dict(os.environ, TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES="1", TORCH_NEURONX_LOG_LEVEL="2")
+    run = subprocess.run([sys.executable, "-c", _GPT2_GENERATE], env=env, capture_output=True,
+                         text=True, timeout=600, cwd=tmp_path)
+    assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-3000:]}"
+    assert "matched" in run.stdout
+    assert run.stderr.count("one NEFF serves every size") == 1, run.stderr[-3000:]
+    assert "for input signature" not in run.stderr, run.stderr[-3000:]

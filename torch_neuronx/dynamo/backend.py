@@ -182,7 +182,7 @@ class _ShapeSpecialized:
                 self.dynamic[scalars] = made[0] if made is not None else False
                 if made is not None:
                     return made[1]  # this call's results, computed (and checked) once
-            elif found:
+            elif found and found.accepts(args):
                 return found(*args)
         key = (self.signature(args), scalars)
         fn = self.compiled.get(key)

@@ -8,19 +8,26 @@ that serves every size: a serving loop whose batch or sequence length varies com
 
 What Dynamo's graph says about its sizes is kept exactly: each dimension whose size is one of
 Dynamo's symbols is traced symbolic, dimensions that share a symbol share one in the trace and
-dimensions of distinct symbols never do (the stand-ins' sizes are chosen apart), and the
-integer inputs Dynamo passes for its symbols are read from the tensors' sizes inside the trace.
-A graph whose trace depends on a size (a guard, a reshape to a given size), whose sizes are
-expressions rather than symbols, that needs autograd, or whose dynamic lowering fails, is
-compiled per signature instead (``backend._ShapeSpecialized``), and the reason is logged at INFO.
+dimensions of distinct symbols never do (the stand-ins' sizes are chosen apart), a dimension
+whose size is an expression of symbols (``s0 + 1``: a key-value cache's length plus the new
+token, as ``generate()`` grows it) is traced as that expression, and the integer inputs Dynamo
+passes for its symbols are read from the tensors' sizes inside the trace. Symbols Dynamo kept
+apart that the trace needs equal (each layer's key and value cache lengths, which an attention
+decomposition multiplies) are traced as one when the first attempt fails, and each call checks
+that they are still equal. A graph whose trace depends on a size (a guard, a reshape to a given
+size), that needs autograd, or whose dynamic lowering fails, is compiled per signature instead
+(``backend._ShapeSpecialized``), and the reason is logged at INFO.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 from collections.abc import Sequence
 from typing import Any
 
+import sympy
 import torch
 
 from torch_neuronx.compiler.options import ResolvedOptions
@@ -39,28 +46,50 @@ class NotDynamicGraph(Exception):
 
 
 def _symbol(size: Any) -> Any:
-    """The sympy symbol a size is, None for a static size; an expression of symbols is refused."""
+    """The sympy expression of a size: a symbol of Dynamo's, an expression of its symbols (``s0 + 1``:
+    a key-value cache's length plus the new token), or None for a static size."""
     if isinstance(size, int):
         return None
     node = size.node
     expr = node.shape_env.replace(node.expr)  # after the equalities Dynamo's guards established
     if expr.is_number:  # a size Dynamo specialized (a weight's dimension it met)
         return None
-    if not expr.is_Symbol:
-        raise NotDynamicGraph(f"a size is the expression {expr}, not one of Dynamo's symbols")
     return expr
+
+
+def _evaluate(expr: Any, values: dict[Any, Any]) -> Any:
+    """``expr`` (arithmetic of symbols: +, *, //, %, integer powers) with ``values`` for its symbols,
+    which may be SymInts: the size of a stand-in dimension Dynamo gave as an expression."""
+    from torch.utils._sympy.functions import FloorDiv, Mod, PythonMod
+
+    if expr.is_Symbol:
+        return values[expr]
+    if expr.is_Integer:
+        return int(expr)
+    args = [_evaluate(a, values) for a in expr.args]
+    if expr.is_Add:
+        return functools.reduce(operator.add, args)
+    if expr.is_Mul:
+        return functools.reduce(operator.mul, args)
+    if isinstance(expr, FloorDiv):
+        return args[0] // args[1]
+    if isinstance(expr, Mod | PythonMod):
+        return args[0] % args[1]
+    if expr.is_Pow and expr.exp.is_Integer and int(expr.exp) > 0:
+        return functools.reduce(operator.mul, [args[0]] * int(expr.exp))
+    raise NotDynamicGraph(f"a size is the expression {expr}, which the trace cannot rebuild")
 
 
 class _Layout:
     """Where Dynamo's graph inputs are and what their sizes are made of."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], merge: bool = False) -> None:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != len(example_inputs):
             raise NotDynamicGraph("the graph's inputs do not match its example inputs")
         self.tensors: list[int] = []  # positions of tensor inputs
         self.dims: list[list[Any]] = []  # per tensor input: per dimension its symbol, or None
-        self.ints: dict[int, Any] = {}  # position of an int input -> its symbol
+        self.ints: dict[int, Any] = {}  # position of an int input -> its symbol, expression or constant
         for position, (node, example) in enumerate(zip(placeholders, example_inputs)):
             value = node.meta.get("example_value")
             if isinstance(example, torch.Tensor):
@@ -69,21 +98,72 @@ class _Layout:
                 self.tensors.append(position)
                 self.dims.append([_symbol(s) for s in value.shape])
             elif isinstance(example, torch.SymInt | int) and isinstance(value, torch.SymInt):
-                self.ints[position] = _symbol(value)
+                symbol = _symbol(value)
+                self.ints[position] = sympy.Integer(int(example)) if symbol is None else symbol
             else:
                 raise NotDynamicGraph(f"an input of type {type(example).__name__}")
-        found = {s for dims in self.dims for s in dims if s is not None}
+        found = {s for dims in self.dims for s in dims if s is not None and s.is_Symbol}
         if not found:
             raise NotDynamicGraph("no dynamic dimension")
-        missing = [s for s in self.ints.values() if s not in found]
+        used = {f for e in [*self.ints.values(), *(s for dims in self.dims for s in dims)] if e is not None
+                for f in e.free_symbols}
+        missing = [s for s in used if s not in found]
         if missing:
             raise NotDynamicGraph(f"the symbols {missing} are not sizes of any tensor input")
-        # Where the trace reads each symbol's value: the first tensor dimension of that size.
-        self.source: dict[Any, tuple[int, int]] = {}
+        self.source = self._sources()
+        # Pairs of dimensions (tensor, dim) whose sizes the trace assumes equal: see _merge.
+        self.assumed: list[tuple[tuple[int, int], tuple[int, int]]] = []
+        if merge:
+            self._merge([example_inputs[i] for i in self.tensors])
+
+    def _sources(self) -> dict[Any, tuple[int, int]]:
+        """Where the trace reads each symbol's value: the first tensor dimension that is that symbol."""
+        source: dict[Any, tuple[int, int]] = {}
         for t, dims in enumerate(self.dims):
             for d, s in enumerate(dims):
-                if s is not None:
-                    self.source.setdefault(s, (t, d))
+                if s is not None and s.is_Symbol:
+                    source.setdefault(s, (t, d))
+        return source
+
+    def _merge(self, examples: Sequence[torch.Tensor]) -> None:
+        """Treat Dynamo's symbols of equal size in this call as one: Dynamo keeps sizes it never had
+        to compare apart (each layer's key-value cache length, whose attention decomposition then
+        multiplies a key by a value of another symbol), which a trace with the sizes apart cannot
+        follow. The equalities assumed are checked on every call (:meth:`accepts`)."""
+        representative: dict[int, Any] = {}
+        renamed = {}
+        for s, (t, d) in sorted(self.source.items(), key=lambda item: item[1]):
+            size = int(examples[t].shape[d])
+            first = representative.setdefault(size, s)
+            if first is not s:
+                renamed[s] = first
+                self.assumed.append(((t, d), self.source[first]))
+        if not renamed:
+            raise NotDynamicGraph("no two dynamic sizes to treat as one")
+        self.dims = [[None if s is None else s.xreplace(renamed) for s in dims] for dims in self.dims]
+        self.ints = {p: s.xreplace(renamed) for p, s in self.ints.items()}
+        self.source = self._sources()
+
+    def accepts(self, tensors: Sequence[torch.Tensor]) -> bool:
+        """Whether a call's tensor inputs keep the equalities the trace assumed."""
+        return all(tensors[t1].shape[d1] == tensors[t2].shape[d2] for (t1, d1), (t2, d2) in self.assumed)
+
+    def int_value(self, position: int, tensors: Sequence[Any]) -> Any:
+        """The value of the int input at ``position`` (Dynamo's symbol, or an expression of them)
+        from the tensors' sizes (symbolic in the trace)."""
+        expr = self.ints[position]
+        return _evaluate(expr, {f: tensors[self.source[f][0]].shape[self.source[f][1]] for f in expr.free_symbols})
+
+    def marks(self) -> list[list[Any]]:
+        """The trace's mark of each tensor input's dimensions (``pipeline.trace.DimMark``): False
+        for a static size, True for a symbol, a function rebuilding an expression of symbols."""
+        def mark(s: Any) -> Any:
+            if s is None:
+                return False
+            if s.is_Symbol:
+                return True
+            return lambda size_of, e=s: _evaluate(e, {f: size_of(*self.source[f]) for f in e.free_symbols})
+        return [[mark(s) for s in dims] for dims in self.dims]
 
     def stand_in_sizes(self, examples: Sequence[torch.Tensor]) -> list[list[int]]:
         """Sizes for the trace's stand-ins: each symbol gets a size of its own, unlike every other
@@ -99,7 +179,8 @@ class _Layout:
                 size += 1
             chosen[s] = size
             taken.add(size)
-        return [[chosen[s] if s is not None else int(examples[t].shape[d]) for d, s in enumerate(dims)]
+        return [[int(examples[t].shape[d]) if s is None else chosen[s] if s.is_Symbol
+                 else int(s.subs(chosen)) for d, s in enumerate(dims)]
                 for t, dims in enumerate(self.dims)]
 
 
@@ -108,6 +189,10 @@ class DynamicGraph:
 
     def __init__(self, compiled: Any, layout: _Layout, name: str) -> None:
         self.compiled, self.layout, self.name = compiled, layout, name
+
+    def accepts(self, args: Sequence[Any]) -> bool:
+        """Whether this call keeps the equalities of sizes the trace assumed (see ``_Layout._merge``)."""
+        return not self.layout.assumed or self.layout.accepts([args[i] for i in self.layout.tensors])
 
     def __call__(self, *args: Any) -> list[Any]:
         on_device = False
@@ -130,16 +215,17 @@ def _inference(example_inputs: Sequence[Any]) -> bool:
 
 
 def build(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: ResolvedOptions,
-          name: str) -> DynamicGraph:
+          name: str, merge: bool = False) -> DynamicGraph:
     """Trace and compile ``gm`` once with its symbolic sizes; raises :class:`NotDynamicGraph`
-    (or the trace's or lowering's error) when it cannot serve every size."""
+    (or the trace's or lowering's error) when it cannot serve every size. ``merge``: Dynamo's
+    symbols of equal size in ``example_inputs`` are one (``_Layout._merge``)."""
     if not _inference(example_inputs):
         raise NotDynamicGraph("the graph needs autograd (a training graph compiles per signature)")
-    layout = _Layout(gm, example_inputs)
+    layout = _Layout(gm, example_inputs, merge)
     examples = [example_inputs[i] for i in layout.tensors]
     sizes = layout.stand_in_sizes(examples)
     stand_ins = [torch.empty(size, dtype=t.dtype) for size, t in zip(sizes, examples)]
-    marks = [[s is not None for s in dims] for dims in layout.dims]
+    marks = layout.marks()
     positions = layout.tensors
     count = len(example_inputs)
 
@@ -147,9 +233,8 @@ def build(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Reso
         args: list[Any] = [None] * count
         for position, t in zip(positions, tensors):
             args[position] = t
-        for position, symbol in layout.ints.items():
-            t, d = layout.source[symbol]
-            args[position] = tensors[t].shape[d]
+        for position in layout.ints:
+            args[position] = layout.int_value(position, tensors)
         return gm(*args)
 
     # The weights stay resident in the runtime, as a static graph's do: bound once, their packing
@@ -196,7 +281,16 @@ def compile_once(gm: torch.fx.GraphModule, args: Sequence[Any], options: Resolve
     """The graph's one NEFF for all sizes, made on its first call (``args``) and checked against
     eager on it, with that call's results; None (logged at INFO) when it needs one per signature."""
     try:
-        graph = build(gm, args, options, f"{name}_dynamic")
+        try:
+            graph = build(gm, args, options, f"{name}_dynamic")
+        except NotDynamicGraph:
+            raise
+        except Exception as first:  # sizes Dynamo kept apart that the trace needs equal: one symbol
+            _log.debug("%s: a dynamic trace with every symbol apart failed: %s", name, first)
+            try:
+                graph = build(gm, args, options, f"{name}_dynamic", merge=True)
+            except NotDynamicGraph:
+                raise first from None
         got = graph(*args)
         if not _agrees(gm.forward(*[_host(a) for a in args]), got):  # forward: fx prints a failure
             raise NotDynamicGraph("the dynamic NEFF disagreed with eager on its first call")

@@ -104,21 +104,31 @@ class ShapeFunction:
 
     def __init__(self, inputs: Sequence[dict[str, Any]], outputs: Sequence[dict[str, Any]]) -> None:
         where: dict[str, tuple[int, int]] = {}
+        related: list[tuple[int, int, str]] = []  # input dimensions that are expressions (``s0 + 1``)
         for i, spec in enumerate(inputs):
             for j, d in enumerate(spec["shape"]):
                 if isinstance(d, str):
-                    if not d.isidentifier():
-                        raise ValueError(f"input dimension {d!r} is not a symbol")
-                    where.setdefault(d, (i, j))
+                    if d.isidentifier():
+                        where.setdefault(d, (i, j))
+                    else:
+                        related.append((i, j, d))
         dims = [list(spec["shape"]) for spec in outputs]
-        used = sorted(set().union(*(_checked(d, set(where)) for shape in dims for d in shape if isinstance(d, str))))
+        used = set().union(*(_checked(d, set(where)) for shape in dims for d in shape if isinstance(d, str)),
+                           *(_checked(d, set(where)) for _, _, d in related))
         lines = ["def shapes(t):"]
-        lines += [f"    {name} = t[{where[name][0]}].shape[{where[name][1]}]" for name in used]
+        lines += [f"    {name} = t[{where[name][0]}].shape[{where[name][1]}]" for name in sorted(used)]
+        # Sizes that break the relation the kernel was traced with are refused (None), never run.
+        lines += [f"    if t[{i}].shape[{j}] != ({d}):\n        return None" for i, j, d in related]
         shapes = ", ".join("(" + "".join(f"{d}, " for d in shape) + ")" for shape in dims)
         lines.append(f"    return ({shapes}{',' if len(dims) == 1 else ''})")
+        self._related = [f"dimension {j} of input {i} must be {d}" for i, j, d in related]
         namespace: dict[str, Any] = {"__builtins__": {}, **_FUNCTIONS}
         exec(compile("\n".join(lines), "<neuron kernel shapes>", "exec"), namespace)  # noqa: S102 - checked above
         self._shapes = namespace["shapes"]
 
     def __call__(self, tensors: Sequence[torch.Tensor]) -> tuple[tuple[int, ...], ...]:
-        return self._shapes(tensors)
+        result = self._shapes(tensors)
+        if result is None:
+            raise ValueError(f"input sizes {[tuple(t.shape) for t in tensors]} break the relation the kernel was "
+                             f"compiled for: {'; '.join(self._related)}")
+        return result

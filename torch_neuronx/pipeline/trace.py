@@ -118,18 +118,58 @@ def _distinct(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) for t in tensors]
 
 
-def _symbolic(tensors: Sequence[torch.Tensor], dynamic: Sequence[Sequence[bool]]) -> list[torch.Tensor]:
+#: A dimension of a dynamic trace's stand-in: False (static), True (a symbol of its own; equal
+#: sizes share one), or a function giving its size from other dimensions' symbols (``s + 1``:
+#: a key-value cache grown by one, whose relation to the cache's size the trace must keep).
+DimMark = bool | Callable[[Callable[[int, int], Any]], Any]
+
+
+def _symbolic(tensors: Sequence[torch.Tensor], dynamic: Sequence[Sequence[DimMark]]) -> list[torch.Tensor]:
     """Stand-ins for a dynamic trace: fake tensors of one new shape environment, contiguous, no
     memory shared (see :func:`_distinct`), with a symbol for each dimension ``dynamic`` marks
-    (equal sizes share one: the caller's key tells them apart) and the others static."""
+    True (equal sizes share one: the caller's key tells them apart), the others static, and a
+    dimension marked with a function sized by it, given ``size_of(tensor, dim)``: the symbolic
+    size of a True-marked dimension."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
     mode = FakeTensorMode(shape_env=ShapeEnv())
+    if all(isinstance(m, bool) for marks in dynamic for m in marks):
+        fakes = []
+        for t, marks in zip(tensors, dynamic):
+            context = StatelessSymbolicContext(
+                dynamic_sizes=[DimDynamic.DUCK if m else DimDynamic.STATIC for m in marks])
+            fakes.append(mode.from_tensor(torch.empty(t.shape, dtype=t.dtype), symbolic_context=context))
+        return fakes
+    return _symbolic_expressions(mode, tensors, dynamic)
+
+
+def _symbolic_expressions(mode: Any, tensors: Sequence[torch.Tensor],
+                          dynamic: Sequence[Sequence[DimMark]]) -> list[torch.Tensor]:
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    env = mode.shape_env
+    by_size: dict[int, Any] = {}
+
+    def symbol(size: int) -> Any:
+        if size not in by_size:
+            source = ConstantSource(f"neuron_size_{len(by_size)}")
+            expr = env.create_symbol(size, source=source, dynamic_dim=DimDynamic.DUCK)
+            by_size[size] = env.create_symintnode(expr, hint=size, source=source)
+        return by_size[size]
+
+    def size_of(t: int, d: int) -> Any:
+        if dynamic[t][d] is not True:
+            raise shapes.NotDynamic(f"a size expression reads dimension {d} of input {t}, which is not a symbol")
+        return symbol(int(tensors[t].shape[d]))
+
     fakes = []
     for t, marks in zip(tensors, dynamic):
-        context = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DUCK if m else DimDynamic.STATIC for m in marks])
-        fakes.append(mode.from_tensor(torch.empty(t.shape, dtype=t.dtype), symbolic_context=context))
+        sizes = [int(n) if m is False else symbol(int(n)) if m is True else m(size_of)
+                 for n, m in zip(t.shape, marks)]
+        with mode:
+            fakes.append(torch.empty(sizes, dtype=t.dtype))
     return fakes
 
 
@@ -159,7 +199,7 @@ def _check_dynamic_plan(plan: Plan) -> None:
 def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[torch.Tensor],
           options: ResolvedOptions | None = None, *, hlo_cache: bool = True,
           output_storage: bool = False,
-          dynamic: Sequence[Sequence[bool]] | None = None,
+          dynamic: Sequence[Sequence[DimMark]] | None = None,
           functionalize: bool = True, resident: Sequence[int] = ()) -> tuple[CompiledGraph, Trace, pytree.TreeSpec]:
     """Trace ``fn(tensors)`` for these tensors' shapes and dtypes, lower and compile it.
 
