@@ -19,3 +19,25 @@ def test_antialiased_resizing_forward_and_backward():
     for got_t, expected_t in zip(got, expected, strict=True):
         torch.testing.assert_close(got_t, expected_t, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(compiled_grads, eager_grads, rtol=1e-5, atol=1e-5)
+
+
+def test_plain_resizing_runs_on_the_eager_device_forward_and_backward():
+    """``F.interpolate`` (bilinear, bicubic, nearest; sizes or scale factors) on neuron tensors:
+    torch-mlir lowered neither the plain bilinear and bicubic kernels as the eager device traces
+    them nor the backwards, so each ran on the CPU with a fallback warning."""
+    import warnings
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 6)
+    for kw in (dict(scale_factor=2, mode="bilinear"), dict(size=(7, 9), mode="bilinear", align_corners=True),
+               dict(size=(3, 4), mode="bicubic"), dict(scale_factor=1.5, mode="bicubic", align_corners=True),
+               dict(scale_factor=2, mode="nearest"), dict(size=(4, 11), mode="nearest")):
+        expected = x.clone().requires_grad_()
+        F.interpolate(expected, **kw).square().sum().backward()
+        got = x.to("neuron").requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no fallback
+            out = F.interpolate(got, **kw)
+            out.square().sum().backward()
+        torch.testing.assert_close(out.cpu(), F.interpolate(x, **kw), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got.grad.cpu(), expected.grad, rtol=1e-4, atol=1e-4)

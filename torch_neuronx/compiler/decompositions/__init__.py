@@ -39,8 +39,8 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 - :mod:`.scans`: the cumulative ops as prefix scans, and ``logcumsumexp`` as a doubling scan
   of a stable ``logaddexp`` (torch-mlir's ``log(cumsum(exp(x)))`` overflows past 88.7 in float32).
 - :mod:`.rnn`: the fused LSTM and GRU cells that recurrent layers run on the device.
-- :mod:`.resampling`: antialiased bilinear and bicubic resizing, as two matmuls
-  with weights taken from torch's kernels at trace time.
+- :mod:`.resampling`: bilinear and bicubic resizing (antialiased or not) and the 2-d
+  backwards (nearest's too), as two matmuls with weights taken from torch's kernels at trace time.
 - :mod:`.linalg`: LU, Cholesky and triangular solves, and ``inv``, ``solve``,
   ``det``, ``slogdet`` on them, unrolled over the matrix size; eager's error checks
   become host checks of extra outputs.

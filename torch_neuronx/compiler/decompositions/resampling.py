@@ -1,8 +1,9 @@
-"""Antialiased bilinear and bicubic resizing (``F.interpolate(..., antialias=True)``) as two matmuls.
+"""Bilinear and bicubic resizing (antialiased or not) and their backwards as two matmuls.
 
 torch-mlir lowers neither ``aten._upsample_bilinear2d_aa`` nor
 ``aten._upsample_bicubic2d_aa`` (torchvision's ``Resize`` uses them by default on
-tensors) nor their backwards. Torch's kernels are separable: each output row is a
+tensors) nor their backwards, nor the plain ``upsample_bilinear2d`` / ``upsample_bicubic2d``
+as the eager device traces them, nor their backwards or nearest's. Torch's kernels are separable: each output row is a
 fixed weighted sum of input rows, then likewise for columns. The weights are taken
 from torch's own kernel at trace time, by resizing the identity (each basis vector's
 response is one column of the weight matrix), and enter the graph as constants
@@ -88,7 +89,26 @@ def _resize_backward(kernel: Callable) -> Callable:
 _BILINEAR, _BICUBIC = aten._upsample_bilinear2d_aa.default, aten._upsample_bicubic2d_aa.default
 _RESIZE_BILINEAR, _RESIZE_BICUBIC = _resize(_BILINEAR), _resize(_BICUBIC)
 
+def _nearest(x: torch.Tensor, output_size: Sequence[int], align_corners: bool, scales_h: float | None,
+             scales_w: float | None) -> torch.Tensor:
+    """``upsample_nearest2d`` in the other kernels' signature (nearest has no ``align_corners``)."""
+    return aten.upsample_nearest2d.default(x, output_size, scales_h, scales_w)
+
+
+def _nearest_backward(grad: torch.Tensor, output_size: Sequence[int], input_size: Sequence[int],
+                      scales_h: float | None = None, scales_w: float | None = None) -> torch.Tensor:
+    """The backward of ``aten.upsample_nearest2d``: ``W_h^T @ g @ W_w`` with its 0/1 weights."""
+    return _resize_backward(_nearest)(grad, output_size, input_size, False, scales_h, scales_w)
+
+
 DECOMPOSITIONS: dict = {
+    # The plain kernels too (``F.interpolate`` without antialiasing): torch-mlir lowers none of
+    # them as the eager device traces them (the scales an op argument), nor their backwards.
+    aten.upsample_bilinear2d.default: _resize(aten.upsample_bilinear2d.default),
+    aten.upsample_bicubic2d.default: _resize(aten.upsample_bicubic2d.default),
+    aten.upsample_bilinear2d_backward.default: _resize_backward(aten.upsample_bilinear2d.default),
+    aten.upsample_bicubic2d_backward.default: _resize_backward(aten.upsample_bicubic2d.default),
+    aten.upsample_nearest2d_backward.default: _nearest_backward,
     _BILINEAR: _RESIZE_BILINEAR,
     _BICUBIC: _RESIZE_BICUBIC,
     aten._upsample_bilinear2d_aa.vec: _resize_vec(_RESIZE_BILINEAR),
