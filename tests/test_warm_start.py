@@ -158,3 +158,32 @@ def test_plans_of_graphs_with_random_ops_draw_fresh_values(tmp_path):
         assert result["plans"] == plans
         assert [pytest.approx(e) for e in result["expected"]] == result["got"]
         assert result["got"][0] != result["got"][1]
+
+
+_STATE = """
+import sys, torch
+mode = sys.argv[1]
+if mode == "float64":
+    torch.set_default_dtype(torch.float64)
+x, w = torch.randn(4, 8, dtype=torch.float32), torch.randn(8, 3, dtype=torch.float32)
+f = torch.compile(lambda a, b: a @ b + torch.ones(3), backend="neuron")
+with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "autocast"):
+    out = f(x, w)
+    expected = x @ w + torch.ones(3)
+assert out.dtype == expected.dtype, (mode, out.dtype, expected.dtype)
+print(mode, out.dtype)
+"""
+
+
+def test_a_plan_made_under_another_default_dtype_or_autocast_is_not_served(tmp_path):
+    """The warm-start plan key held the graph's code and inputs, not the global state Dynamo
+    guards on in a process: after a float32 run, a process with float64 as the default dtype
+    (or under bfloat16 autocast) got the float32 plan's results, and the other way round."""
+    script = tmp_path / "state.py"
+    script.write_text(_STATE)
+    environment = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+                   "TORCH_NEURONX_HLO_CACHE_DIR": str(tmp_path / "hlo")}
+    for mode in ("plain", "float64", "autocast", "plain"):
+        out = subprocess.run([sys.executable, str(script), mode], env=environment, capture_output=True,
+                             text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
