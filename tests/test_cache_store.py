@@ -235,3 +235,19 @@ def test_hlo_cache_round_trip_and_corruption(dirs):
     pathlib.Path(path).write_bytes(data)
     assert cache.get("aten.add.Tensor(f32[?], f32[?])") is None
     assert not os.path.exists(path) and cache.stats.snapshot()["corrupt"] == 1
+
+
+def test_a_valid_neff_of_another_key_at_an_entrys_path_is_never_served(dirs, vmfb):
+    """A copy mishap on a shared mount (one entry's file over another's) left a valid NEFF whose
+    header names another key: it was served (another graph's results) and `verify` called it good."""
+    first, second = _key(graph_id="first"), _key(version="other", graph_id="second")
+    cache = store.neff_cache()
+    path = cache.put(first, Compiler(vmfb, first)())
+    other = cache.put(second, Compiler(vmfb, second)())
+    pathlib.Path(path).write_bytes(pathlib.Path(other).read_bytes())
+    report = maintenance.verify(str(dirs[0]))
+    assert not report.ok and "holds the NEFF of key" in report.bad[0][1]
+    fresh = store.NeffCache(str(dirs[0]), str(dirs[1]))
+    assert fresh.get(first) is None and not os.path.exists(path)  # removed, never served
+    assert fresh.stats.snapshot()["corrupt"] == 1
+    assert fresh.get(second) is not None

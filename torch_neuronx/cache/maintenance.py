@@ -52,7 +52,10 @@ def verify(root: str, *, repair: bool = False) -> VerifyReport:
         report.checked += 1
         try:
             inode = os.stat(entry.path).st_ino
-            neff.load(entry.path)
+            found = neff.load(entry.path)
+            if found.header.key != entry.digest:  # a valid NEFF of another entry, copied over this one
+                raise neff.NeffFormatError(f"it holds the NEFF of key {found.header.key[:16]}..., "
+                                           f"not {entry.digest[:16]}...")
         except FileNotFoundError:  # removed meanwhile by another process
             report.checked -= 1
             continue

@@ -134,6 +134,8 @@ class NeffCache:
         try:
             inode = os.stat(path).st_ino
             neff_obj = neff.load(path)
+            if neff_obj.header.key != key.digest:  # a valid NEFF of another entry, copied over this one
+                raise neff.NeffFormatError(f"it holds the NEFF of key {neff_obj.header.key[:16]}..., not this key")
         except (FileNotFoundError, NotADirectoryError):
             return None
         except neff.NeffFormatError as exc:
