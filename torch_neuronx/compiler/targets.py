@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import shutil
 from collections.abc import Sequence
 
@@ -91,6 +92,28 @@ def with_input_dialect(flags: Sequence[str], dialect: str) -> list[str]:
     if dialect == "stablehlo":
         return list(flags)
     return [_INPUT_FLAGS[dialect] if flag == _INPUT[0] else flag for flag in flags]
+
+
+# IREE 3.13 at O3 miscompiles some modules whose results are concatenations sharing operands
+# (the GRU cell's backward at batch 1: ``cat([dr, dz, dn])`` and ``cat([dr, dz, dn * r])``): a
+# result came back all zeros and another held its neighbour's values, silently. Fusing producers
+# with several uses is what goes wrong; such modules are compiled without it (measured: turning
+# it off everywhere cost a transformer block 8%, so only these modules pay).
+SHARED_CONCAT_FLAGS = ("--iree-dispatch-creation-fuse-multi-use=false",)
+_CONCATENATE = re.compile(r"stablehlo\.concatenate\"?\(?\s*((?:%[\w#.]+\s*,?\s*)+)")
+
+
+def module_flags(module: str, compiler: str) -> tuple[str, ...]:
+    """Flags a lowered module needs beyond its target's (part of its NEFF cache key)."""
+    if compiler != "iree" or module.count("stablehlo.concatenate") < 2:
+        return ()
+    seen: set[str] = set()
+    for match in _CONCATENATE.finditer(module):
+        operands = set(re.findall(r"%[\w#.]+", match.group(1)))
+        if operands & seen:
+            return SHARED_CONCAT_FLAGS
+        seen |= operands
+    return ()
 
 
 # IREE demotes f64 to f32 unless told otherwise. Graphs with float64 tensors get this flag so

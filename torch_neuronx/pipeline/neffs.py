@@ -11,7 +11,7 @@ from typing import Any
 
 from torch_neuronx import observe
 from torch_neuronx.cache import keys, store
-from torch_neuronx.compiler import driver
+from torch_neuronx.compiler import driver, targets
 from torch_neuronx.compiler.options import ResolvedOptions
 from torch_neuronx.format import neff
 
@@ -33,16 +33,19 @@ def get_neff(request: NeffRequest) -> neff.Neff:
     """The NEFF for ``request``: from the cache when present, else compiled and stored."""
     options, target = request.options, request.options.target
     version = driver.compiler_version(target)
+    extra = targets.module_flags(request.stablehlo, target.compiler)
+    compiler_config = options.compiler_config(keep_f64=request.keep_f64, dialect=request.dialect)
+    if extra:
+        compiler_config = {**compiler_config, "flags": [*compiler_config["flags"], *extra]}
     key = keys.cache_key(hlo=request.stablehlo, graph_repr=request.base_repr,
                          input_specs=request.signature["inputs"],
-                         compiler_config=options.compiler_config(keep_f64=request.keep_f64,
-                                                                 dialect=request.dialect),
+                         compiler_config=compiler_config,
                          compiler_version=version, graph_id=request.graph_name)
 
     def compile_fn() -> bytes:
         job = driver.CompileJob(stablehlo=request.stablehlo, target=target,
-                                flags=tuple(options.compiler_flags(keep_f64=request.keep_f64,
-                                                                   dialect=request.dialect)),
+                                flags=(*options.compiler_flags(keep_f64=request.keep_f64,
+                                                               dialect=request.dialect), *extra),
                                 key=key.digest, graph_name=request.graph_name,
                                 signature=request.signature, preserve=options.preserve_artifacts)
         with observe.stage("compiler.compile", graph=request.graph_name):
