@@ -226,6 +226,28 @@ def test_missing_compiler_is_a_clear_error(monkeypatch):
         _run(lambda t: t * 5 + 2, torch.randn(3))
 
 
+def test_another_compiler_binary_never_gets_the_package_compilers_neffs(monkeypatch, tmp_path):
+    """TORCH_NEURONX_IREE_COMPILE was not part of the NEFF key: NEFFs of the package's compiler
+    were served and the configured one never ran."""
+    from torch_neuronx.compiler import driver
+
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    monkeypatch.delenv("TORCH_NEURONX_IREE_COMPILE", raising=False)
+    target = CompileOptions().resolve().target
+    default = driver.compiler_version(target)
+    fn, x = (lambda t: t * 11 + 3), torch.randn(3)
+    _run(fn, x)
+    wrapper = tmp_path / "iree-compile"
+    wrapper.write_text(f'#!/bin/sh\nexec "{driver.iree_compile_path()}" "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("TORCH_NEURONX_IREE_COMPILE", str(wrapper))
+    assert driver.compiler_version(target) != default and str(wrapper) in driver.compiler_version(target)
+    before = driver.invocations
+    torch._dynamo.reset()
+    torch.testing.assert_close(_run(fn, x), fn(x))
+    assert driver.invocations == before + 1  # compiled by the configured binary, not served
+
+
 def test_compiler_rejection_keeps_no_cache_entry(monkeypatch, tmp_path):
     cache = tmp_path / "neff"
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(cache))

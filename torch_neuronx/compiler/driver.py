@@ -92,7 +92,25 @@ def _neuronx_cc_version() -> str:
 
 def compiler_version(target: Target) -> str:
     """The version string of the compiler that builds ``target`` (part of the cache key)."""
-    return _iree_version() if target.compiler == "iree" else _neuronx_cc_version()
+    if target.compiler != "iree":
+        return _neuronx_cc_version()
+    explicit = config.get("TORCH_NEURONX_IREE_COMPILE")
+    if explicit:  # another binary than the package's: NEFFs of the package's compiler must not be served
+        path = iree_compile_path()
+        status = os.stat(path)
+        return _binary_version(os.path.realpath(path), status.st_size, status.st_mtime_ns)
+    return _iree_version()
+
+
+@functools.cache
+def _binary_version(path: str, size: int, mtime_ns: int) -> str:
+    """What ``path --version`` says, with the binary's identity (rebuilt in place: another key)."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=120)
+        said = " ".join((out.stdout or out.stderr).split())
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        said = f"unknown ({type(exc).__name__})"
+    return f"iree-compile {path} {size} {mtime_ns} {said}"
 
 
 def work_dir(key: str) -> str:
