@@ -195,6 +195,9 @@ def test_eager_lowerings_persist_in_the_hlo_cache(tmp_path, hlo_cache):
     else:
         assert second["traces"] == 2 and second["hits"] == 0
         assert not (tmp_path / "hlo").exists() or not any((tmp_path / "hlo").rglob("*.hlo"))
+    if hlo_cache == "1":  # the NEFF cache off leaves the HLO cache on (its own variable, per the spec)
+        env["TORCH_NEURONX_NEFF_DISABLE_CACHE"] = "1"
+        assert run() == {**second, "traces": 0, "hits": 2}
 
 
 @pytest.mark.parametrize("only_unimplemented", ["0", "1"])
@@ -378,3 +381,17 @@ def test_tensor_constructors_read_zero_dim_neuron_tensors_as_cuda_does():
     assert nested.device.type == "neuron" and torch.equal(nested.cpu(), torch.tensor([[15.0], [5.0]]))
     with pytest.raises(ValueError, match="only one element tensors"):
         torch.tensor([x, x])
+
+
+def test_eager_kernels_under_keys_from_the_graph_not_the_hlo(monkeypatch, tmp_path):
+    """With TORCH_NEURONX_NEFF_KEY_FROM_HLO=0 an eager op's two NEFFs (writing into given output
+    storage, and plain) had one key: the second got the first's NEFF, failed ("expected 3 arguments
+    but passed 2") and the op fell back to the CPU with a warning."""
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_KEY_FROM_HLO", "0")
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    monkeypatch.setenv("TORCH_NEURONX_HLO_CACHE", "0")
+    x = torch.randn(13, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = torch.cat([x.to("neuron"), x.to("neuron") * 2], 1).cpu()
+    assert torch.equal(got, torch.cat([x, x * 2], 1))

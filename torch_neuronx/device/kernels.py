@@ -80,7 +80,8 @@ STATIC_ENTRY = "static"  # the HLO cache entry of such a key
 
 def hlo_cache_enabled() -> bool:
     """Whether eager lowerings (and per-shape marks) are read from and written to the HLO cache."""
-    return bool(config.get("TORCH_NEURONX_HLO_CACHE")) and not config.get("TORCH_NEURONX_NEFF_DISABLE_CACHE")
+    # Only its own variable: TORCH_NEURONX_NEFF_DISABLE_CACHE turns off the NEFF cache, not this one.
+    return bool(config.get("TORCH_NEURONX_HLO_CACHE"))
 
 
 def mark_static(key: tuple) -> None:

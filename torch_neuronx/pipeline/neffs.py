@@ -7,6 +7,7 @@ obtains a NEFF.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from torch_neuronx import observe
@@ -37,7 +38,12 @@ def get_neff(request: NeffRequest) -> neff.Neff:
     compiler_config = options.compiler_config(keep_f64=request.keep_f64, dialect=request.dialect)
     if extra:
         compiler_config = {**compiler_config, "flags": [*compiler_config["flags"], *extra]}
-    key = keys.cache_key(hlo=request.stablehlo, graph_repr=request.base_repr,
+    # The module's calling convention (output storage, resident parameters) is part of the key
+    # that TORCH_NEURONX_NEFF_KEY_FROM_HLO=0 selects, as the HLO holds it for the default key: an
+    # eager op's two NEFFs had one key, and the second call got the first's NEFF.
+    convention = {k: v for k, v in request.signature.items() if k not in ("inputs", "outputs")}
+    graph_repr = request.base_repr + (f"\n{json.dumps(convention, sort_keys=True)}" if convention else "")
+    key = keys.cache_key(hlo=request.stablehlo, graph_repr=graph_repr,
                          input_specs=request.signature["inputs"],
                          compiler_config=compiler_config,
                          compiler_version=version, graph_id=request.graph_name)
