@@ -352,3 +352,13 @@ def test_unusable_debug_and_lock_directories_still_compile_and_say_which_variabl
     assert run.returncode == 0 and "VALUE [10.0, 10.0, 10.0]" in run.stdout, run.stderr[-3000:]
     assert "TORCH_NEURONX_DEBUG_DIR=" in run.stderr and "using the default /tmp/neuron_backend" in run.stderr
     assert "NEFF compile locks (TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR): cannot take the compile lock" in run.stderr
+
+
+def test_cli_shows_a_refused_value_instead_of_dying_with_a_traceback():
+    """A strict variable's bad value (TORCH_NEURONX_ENABLE_STREAMS accepts only 0 and 1) made the
+    tool meant to show the configuration die with a bare InvalidVariableError traceback."""
+    env = {**os.environ, "TORCH_NEURONX_ENABLE_STREAMS": "yes"}
+    out = subprocess.run([sys.executable, "-m", "torch_neuronx.config"], env=env, capture_output=True, text=True)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.startswith("TORCH_NEURONX_ENABLE_STREAMS "))
+    assert "INVALID" in row and "only 0 and 1 are accepted" in row

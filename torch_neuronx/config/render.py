@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from torch_neuronx.config.parsers import InvalidVariableError
 from torch_neuronx.config.registry import Var, lookup, variables
 
 _HEADER = [
@@ -41,7 +42,11 @@ def render_table() -> str:
     """Every variable's effective value and where it came from, as plain text."""
     rows = [("VARIABLE", "VALUE", "SOURCE")]
     for entry in variables():
-        value, source = lookup(entry.name)
+        try:
+            value, source = lookup(entry.name)
+        except InvalidVariableError as exc:  # a strict variable's bad value: shown, not a traceback
+            rows.append((entry.name, "INVALID", str(exc)))
+            continue
         rows.append((entry.name, _fmt(value), source))
     width = [max(len(r[i]) for r in rows) for i in range(2)]
     return "\n".join(f"{a:<{width[0]}}  {b:<{width[1]}}  {c}" for a, b, c in rows)
@@ -84,5 +89,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the docs/environment.md reference instead")
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
-    print(render_markdown() if args.markdown else render_table(), end="" if args.markdown else "\n")
-    return 0
+    if args.markdown:
+        print(render_markdown(), end="")
+        return 0
+    table = render_table()
+    print(table)
+    return 1 if "  INVALID  " in table else 0  # a variable whose value is refused: shown, and a failure
