@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import os
@@ -395,3 +396,24 @@ def test_eager_kernels_under_keys_from_the_graph_not_the_hlo(monkeypatch, tmp_pa
         warnings.simplefilter("error")
         got = torch.cat([x.to("neuron"), x.to("neuron") * 2], 1).cpu()
     assert torch.equal(got, torch.cat([x, x * 2], 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_norm_in_eval_runs_compiled_forward_and_backward(dtype):
+    """A BatchNorm in ``eval()`` (every ResNet or MobileNet served on the device) ran on the CPU
+    at every call: torch-mlir could not lower ``native_batch_norm``'s empty saved statistics."""
+    torch.manual_seed(0)
+    bn = torch.nn.BatchNorm2d(8).eval().to(dtype)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1), bn.running_var.uniform_(0.5, 2), bn.weight.uniform_(), bn.bias.uniform_()
+    device = copy.deepcopy(bn).to("neuron")
+    x = torch.randn(2, 8, 4, 4, dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.inference_mode():
+            torch.testing.assert_close(device(x.to("neuron")).cpu(), bn(x), rtol=1e-5, atol=1e-5)
+        got = x.to("neuron").requires_grad_()
+        device(got).square().sum().backward()
+    expected = x.clone().requires_grad_()
+    bn(expected).square().sum().backward()
+    torch.testing.assert_close(got.grad.cpu(), expected.grad, rtol=1e-4, atol=1e-4)

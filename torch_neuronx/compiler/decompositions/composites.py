@@ -11,6 +11,7 @@
   eager device, with a warning).
 - ``addmm`` with ``beta=0``: the product alone; ``input`` is ignored, its NaNs and infinities
   included, as eager's kernel and torch's documentation say (lowered whole, 0 * NaN was NaN).
+- ``native_batch_norm`` in evaluation: the per-channel affine map of the running statistics.
 - ``grid_sampler_2d`` and ``grid_sampler_3d`` called directly (``F.grid_sample`` is rewritten
   before tracing, :mod:`.functional`): the same samplers, for the integer mode arguments.
 """
@@ -96,7 +97,28 @@ def full_like_uint8(x: torch.Tensor, fill_value: float | int | bool, *, dtype: t
 
 
 #: This module's decompositions, merged into the compile path's table.
+def native_batch_norm_inference(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
+                                running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
+                                training: bool, momentum: float, eps: float) -> tuple[torch.Tensor, ...]:
+    """``native_batch_norm`` in evaluation (running statistics): ``(x - mean) * invstd * w + b`` per
+    channel, and the empty saved statistics eval returns. Lowered whole, its empty results failed in
+    torch-mlir ("'tensor.cast' op ... tensor<0xf32> are cast incompatible"): a BatchNorm in
+    ``eval()`` on the eager device ran on the CPU at every call. Training keeps the op."""
+    if training or running_mean is None or running_var is None:
+        return NotImplemented
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    invstd = torch.rsqrt(running_var + eps)
+    out = (x - running_mean.view(shape)) * invstd.view(shape)
+    if weight is not None:
+        out = out * weight.view(shape)
+    if bias is not None:
+        out = out + bias.view(shape)
+    empty = x.new_zeros((0,))
+    return out, empty, empty.clone()
+
+
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
+    aten.native_batch_norm.default: native_batch_norm_inference,
     aten.angle.default: angle,
     aten.addbmm.default: addbmm,
     aten.addmm.default: addmm,
