@@ -92,3 +92,62 @@ def test_linear_algebra_of_empty_matrices_compiles():
     a, b = torch.randn(0, 0), torch.randn(2, 0, 0)
     for got, expected in zip(torch.compile(fn, backend="neuron")(a, b), fn(a, b), strict=True):
         torch.testing.assert_close(got, expected)
+
+
+def test_training_on_an_empty_batch_gives_zero_gradients_compiled_and_on_the_device():
+    """A convolution's weight gradient over an empty batch was a convolution with 0 channels (a
+    shape error); on the device, an empty gradient with the strides of an expanded tensor (0, 0)
+    was refused by the runtime ("Unsupported strided tensor") and fell back to the CPU."""
+    import warnings
+
+    import torch.nn.functional as F
+
+    w0, x0 = torch.randn(4, 3, 3, 3), torch.randn(0, 3, 5, 5)
+    compiled = torch.compile(lambda x, w: F.conv2d(x, w, padding=1), backend="neuron")
+    w = w0.clone().requires_grad_()
+    compiled(x0, w).sum().backward()
+    assert torch.equal(w.grad, torch.zeros_like(w0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        w = w0.to("neuron").requires_grad_()
+        F.conv2d(x0.to("neuron"), w, padding=1).sum().backward()
+        x = torch.randn(0, 5, device="neuron", requires_grad=True)
+        (x * 2).sum().backward()
+    assert torch.equal(w.grad.cpu(), torch.zeros_like(w0)) and x.grad.shape == (0, 5)
+
+
+def test_channels_last_backwards_on_the_device_allocate_without_a_kernel():
+    """``new_empty_strided`` (every channels-last backward) had a kernel that failed to lower and
+    ran on the CPU with a warning; it is an allocation."""
+    import copy
+    import warnings
+
+    torch.manual_seed(0)
+    for module in (torch.nn.MaxPool2d(3, 2, 1), torch.nn.Conv2d(3, 3, 3, bias=False)):
+        x = torch.randn(2, 3, 8, 8).to(memory_format=torch.channels_last)
+        expected = x.clone().requires_grad_()
+        module(expected).square().sum().backward()
+        device = copy.deepcopy(module).to("neuron")
+        got = x.to("neuron").requires_grad_()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            device(got).square().sum().backward()
+        torch.testing.assert_close(got.grad.cpu(), expected.grad, rtol=1e-5, atol=1e-5)
+        assert got.grad.stride() == expected.grad.stride()
+
+
+def test_scatters_with_no_indices_compile_to_their_operand():
+    """An embedding's backward over an empty batch (an adding scatter of no values) made IREE's
+    compiler die with SIGFPE; the scatter writes nothing, so it is its operand."""
+    import torch.nn.functional as F
+
+    w = torch.randn(5, 4, requires_grad=True)
+    torch.compile(lambda i, w: F.embedding(i, w), backend="neuron")(torch.zeros(0, 3, dtype=torch.long),
+                                                                     w).sum().backward()
+    assert torch.equal(w.grad, torch.zeros(5, 4))
+
+    def scatters(x, index, src):
+        return x.scatter_add(0, index, src), x.index_add(0, index[:, 0], src), x.index_put((index[:, 0],), src)
+    args = torch.randn(3, 2), torch.zeros(0, 2, dtype=torch.long), torch.randn(0, 2)
+    for got, expected in zip(torch.compile(scatters, backend="neuron")(*args), scatters(*args)):
+        assert torch.equal(got, expected)

@@ -157,6 +157,8 @@ def _aligned_contiguous(t: torch.Tensor) -> torch.Tensor:
         # A subclass's data_ptr is not its values' address: exporting it would read wild memory.
         raise NeuronRuntimeError(f"NEFF inputs must be plain CPU tensors, got {type(t).__name__} "
                                  f"on {t.device}")
+    if t.numel() == 0:  # any strides (an expanded empty tensor's are 0): IREE takes only dense ones
+        return torch.empty(t.shape, dtype=t.dtype)
     if t.is_contiguous() and t.data_ptr() % _ALIGNMENT == 0:
         return t
     out = torch.empty(t.shape, dtype=t.dtype)  # fresh allocations are 64-byte aligned
@@ -329,9 +331,11 @@ class Executable:
                 if entry is not None and entry[0]() is t and entry[1] == t.data_ptr():
                     args.push_ref(entry[2])
                     continue
-            elif type(t) is plain and t.is_contiguous() and t.data_ptr() % _ALIGNMENT == 0:
-                args.push_ref(from_capsule(_to_dlpack(t)))
-                continue
+            elif type(t) is plain and t.is_contiguous():
+                address = t.data_ptr()
+                if address and address % _ALIGNMENT == 0:  # an empty tensor (address 0) takes _view
+                    args.push_ref(from_capsule(_to_dlpack(t)))
+                    continue
             args.push_ref(self._view(t))
         return args
 

@@ -72,6 +72,8 @@ def _weight_gradient(grad: torch.Tensor, x: torch.Tensor, weight_shape: Sequence
     positions (cut to the kernel's size: the last positions may be past it).
     """
     n, c_in = x.shape[0], x.shape[1]
+    if n == 0:  # an empty batch: no term in the sums (the exchanged convolution would have 0 channels)
+        return x.new_zeros(list(weight_shape))
     c_out, spatial = grad.shape[1], list(x.shape[2:])
     images = x.reshape(n, groups, c_in // groups, *spatial).movedim(2, 0).movedim(2, 1)
     images = images.reshape(c_in // groups, groups * n, *spatial)

@@ -11,6 +11,8 @@ raised. torch gives them ordinary meanings, which this pass spells out:
   with an empty inner dimension) has a result fixed by its shapes alone: it is computed
   here, on empty host tensors, and becomes a constant;
 - an empty tensor among ``cat``'s inputs contributes nothing and is dropped;
+- a scatter with no indices or no values (``index_put``, ``scatter_add``, ``index_add`` ...) is
+  its operand;
 - ``as_strided`` of a 0-d tensor reads its storage as the one-element view's;
 - an op given a ``dim`` of a 0-d tensor (torch reads dims 0 and -1 of a scalar as its one
   element) runs on the tensor unsqueezed to shape ``[1]`` with dim 0, and its results are
@@ -167,6 +169,29 @@ def _view_back(gm: torch.fx.GraphModule, before: torch.fx.Node, new: torch.fx.No
     return call_before(gm, before, aten.view.default, new, list(traced.shape))
 
 
+#: Ops writing values at indices into (a copy of) their first argument: position of the index
+#: tensors, and of the values (None: a scalar value), in their arguments.
+_SCATTERS = {
+    aten.index_put.default: (1, 2), aten._unsafe_index_put.default: (1, 2),
+    aten.scatter.src: (2, 3), aten.scatter.value: (2, None), aten.scatter_add.default: (2, 3),
+    aten.scatter_reduce.two: (2, 3), aten.index_add.default: (2, 3), aten.index_copy.default: (2, 3),
+    aten.index_fill.int_Scalar: (2, None),
+}
+
+
+def _writes_nothing(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a scatter whose indices or values have no elements (an embedding's
+    backward over an empty batch: IREE's compiler died with SIGFPE on the empty scatter)."""
+    where = _SCATTERS.get(node.target)
+    if where is None or len(node.args) <= max(p for p in where if p is not None):
+        return False
+    indices, values = node.args[where[0]], node.args[where[1]] if where[1] is not None else None
+    indices = indices if isinstance(indices, list | tuple) else [indices]
+    if any(isinstance(i, torch.fx.Node) and _empty(example(i)) for i in indices):
+        return True
+    return isinstance(values, torch.fx.Node) and _empty(example(values))
+
+
 def degenerate_shapes_spelled_out(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Apply the rewrites of the module docstring to every op of ``gm``."""
     for node in list(gm.graph.nodes):
@@ -188,6 +213,10 @@ def degenerate_shapes_spelled_out(gm: torch.fx.GraphModule) -> torch.fx.GraphMod
         fixed = _fixed_by_shapes(node)
         if fixed is not None:
             node.replace_all_uses_with(_constant(gm, node, fixed))
+            gm.graph.erase_node(node)
+            continue
+        if _writes_nothing(node):  # a scatter with no indices or no values: its operand as it is
+            node.replace_all_uses_with(node.args[0])
             gm.graph.erase_node(node)
             continue
         if node.target is aten.cat.default and any(_empty(example(t)) for t in node.args[0]):
