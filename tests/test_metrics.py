@@ -139,6 +139,18 @@ def test_enabled_metrics_count_every_eager_op_and_launch(enabled):
     assert moves["transfer.device_to_host"]["bytes"] == 16 * 16 * 4
 
 
+def test_every_host_device_copy_is_a_transfer_row(enabled):
+    """``x.to("neuron")`` and ``cpu.copy_(neuron)`` (a copy dispatched with a host tensor as one
+    side) were not recorded: the transfers table had no host-to-device row at all."""
+    a = torch.randn(4, 4).to("neuron")  # 64 B in
+    b = torch.randn(8, 8).to("neuron")  # 256 B in
+    torch.empty(4, 4).copy_(a)  # 64 B out
+    a.cpu(), b.cpu()  # 64 + 256 B out
+    moves = {r["kind"]: r for r in metrics.table_rows("transfers")}
+    assert (moves["transfer.host_to_device"]["calls"], moves["transfer.host_to_device"]["bytes"]) == (2, 320)
+    assert (moves["transfer.device_to_host"]["calls"], moves["transfer.device_to_host"]["bytes"]) == (3, 384)
+
+
 def test_fallbacks_are_counted_per_op(enabled):
     a = torch.randn(6, device="neuron")
     square = torch.randn(2, 2, device="neuron")

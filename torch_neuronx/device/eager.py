@@ -180,7 +180,14 @@ def _copy_(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
 
 def _copy_on_host(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     dst, src = args[0], args[1]
-    _cpu(dst).copy_(_cpu(src), **kwargs)
+    to_device, from_device = isinstance(dst, NeuronTensor), isinstance(src, NeuronTensor)
+    if observe.state.active and to_device != from_device:  # a transfer (``x.to("neuron")``, ``.copy_``)
+        neuron = dst if to_device else src
+        with observe.span("transfer.host_to_device" if to_device else "transfer.device_to_host",
+                          dst.nbytes, device=neuron._index):
+            _cpu(dst).copy_(_cpu(src), **kwargs)
+    else:
+        _cpu(dst).copy_(_cpu(src), **kwargs)
     wrote(dst)
     return dst
 
@@ -239,6 +246,17 @@ def _set_storage(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         aten.set_.source_Storage_storage_offset, args, kwargs)
 
 
+def _new_empty_strided(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+    """``new_empty_strided``: uninitialized memory of the size and strides asked (no kernel: it
+    had one that failed to lower, and ran on the CPU at every channels-last backward)."""
+    source, size, stride = args[0], args[1], args[2]
+    dtype = kwargs.get("dtype") or source.dtype
+    device = torch.device(kwargs["device"]) if kwargs.get("device") is not None else source.device
+    if device.type != "neuron":
+        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+    return empty_on_device(size, stride, dtype, device)
+
+
 def _no_nested_fast_path(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
     """``torch._nested_tensor_from_mask_left_aligned`` on neuron tensors: False, so that
     ``nn.TransformerEncoder`` in eval with a padding mask takes its dense path (same values) instead
@@ -257,6 +275,7 @@ _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
     aten._nested_tensor_from_mask_left_aligned.default: _no_nested_fast_path,
     aten._nested_tensor_from_mask.default: _no_nested_tensors,
     aten.set_.source_Storage_storage_offset: _set_storage,
+    aten.new_empty_strided.default: _new_empty_strided,
     aten.arange.out: _host_factory_out(aten.arange.out),
     aten.arange.start_out: _host_factory_out(aten.arange.start_out),
     aten.eye.out: _host_factory_out(aten.eye.out),
