@@ -417,3 +417,20 @@ def test_lstm_captured_with_allow_rnn_compiles_and_trains_on_host_tensors(bidire
     for got, want in zip(grads, (p.grad for p in lstm.parameters())):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     assert torch._C._get_mkldnn_enabled()  # restored after tracing
+
+
+def test_a_cache_failure_is_reported_as_the_compile_stage_not_the_trace(monkeypatch):
+    """The NEFF cache's lock timeout or a disk error (EFBIG on a full quota: simulated here, no
+    disk can be filled in a test) was reported as "trace stage failed ... aot_autograd could not
+    trace the graph", sending users to the wrong place."""
+    import errno
+
+    from torch_neuronx.cache import store
+
+    def full(*args, **kwargs):
+        raise OSError(errno.EFBIG, "File too large")
+
+    monkeypatch.setattr(store.NeffCache, "get_or_compile", full)
+    with pytest.raises(Exception, match="compile stage failed") as info:
+        _run(lambda t: t * 13 - 4, torch.randn(3))
+    assert "File too large" in str(info.value) and "aot_autograd could not trace" not in str(info.value)

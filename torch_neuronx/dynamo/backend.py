@@ -118,8 +118,12 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         # cannot stay one (TensorifyScalarRestartAnalysis) makes it trace again with the float fixed.
         raise
     except Exception as exc:  # aot_autograd / decomposition failures: the trace stage
-        err = NeuronCompileError("trace", f"aot_autograd could not trace the graph: "
-                                 f"{type(exc).__name__}: {exc}", graph=model)
+        if isinstance(exc, TimeoutError | OSError):  # the NEFF cache's lock or disk, not the trace
+            err = NeuronCompileError("compile", f"getting the NEFF failed: {type(exc).__name__}: {exc}",
+                                     graph=model)
+        else:
+            err = NeuronCompileError("trace", f"aot_autograd could not trace the graph: "
+                                     f"{type(exc).__name__}: {exc}", graph=model)
         if not options.fallback:
             raise err from exc
         fallback.warn(err)
