@@ -401,3 +401,16 @@ def test_generate_with_a_kv_cache_stops_compiling_after_the_first_tokens(tmp_pat
     assert "matched" in run.stdout
     assert run.stderr.count("one NEFF serves every size") == 1, run.stderr[-3000:]
     assert "for input signature" not in run.stderr, run.stderr[-3000:]
+
+
+def test_the_dynamic_graph_has_its_graph_stats_row_and_count():
+    """The dynamic NEFF's graph had no graph_stats row and was not counted in compiled_graphs."""
+    import torch_neuronx
+
+    compiled = torch.compile(lambda x: (x * 2).relu() - 1, backend="neuron")
+    before = (len(torch_neuronx.get_dynamo_metrics()), observe.counter("compiled_graphs"))
+    for batch in (4, 6, 9):
+        compiled(torch.randn(batch, 8))
+    rows = torch_neuronx.get_dynamo_metrics()[before[0]:]
+    assert [r["graph_name"].split("_")[-2] for r in rows] == ["inference", "dynamic"]
+    assert observe.counter("compiled_graphs") - before[1] == 2

@@ -187,3 +187,30 @@ def test_a_plan_made_under_another_default_dtype_or_autocast_is_not_served(tmp_p
         out = subprocess.run([sys.executable, str(script), mode], env=environment, capture_output=True,
                              text=True, timeout=600)
         assert out.returncode == 0, out.stderr[-3000:]
+
+
+_ROW = """
+import json, torch, torch_neuronx
+from torch_neuronx import metrics
+torch.compile(lambda x: torch.sin(x) * 2 + 1, backend="neuron")(torch.randn(5))
+rows = torch_neuronx.get_dynamo_metrics()
+print(json.dumps({"nodes": [r["graph_node_count"] for r in rows], "plans": metrics.counter("warm_start_plans")}))
+"""
+
+
+def test_a_warm_start_reports_the_cold_compiles_node_count(tmp_path):
+    """graph_stats' graph_node_count of one graph was 57 cold (after the passes rewrote it) and 5 on
+    a warm start (Dynamo's graph): both are now the graph as the pipeline received it."""
+    script = tmp_path / "row.py"
+    script.write_text(_ROW)
+    environment = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(tmp_path / "neff"),
+                   "TORCH_NEURONX_HLO_CACHE_DIR": str(tmp_path / "hlo")}
+    results = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, str(script)], env=environment, capture_output=True, text=True,
+                             timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    cold, warm = results
+    assert warm["plans"] == 1 and cold["plans"] == 0
+    assert cold["nodes"] == warm["nodes"] and cold["nodes"][0] > 0

@@ -282,7 +282,7 @@ def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
     if plan is not None:
         _log.info("warm start of %s from plan %s", model, plan_key)
         precompile.record(gm, plan, opts)
-        with resolved.applied(), stats.compiling(gm, model, "inference"):
+        with resolved.applied(), stats.compiling(gm, model, "inference", node_count=plan.node_count):
             compiled = from_plan(plan, resolved, gm, name=f"{model}_inference")
         return precompile.NeuronCompiledFn(compiled.call_unboxed, plan, opts)
     return _aot_compile(gm, example_inputs, resolved, model, plan_key)

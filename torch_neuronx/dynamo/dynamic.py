@@ -30,7 +30,9 @@ from typing import Any
 import sympy
 import torch
 
+from torch_neuronx import observe
 from torch_neuronx.compiler.options import ResolvedOptions
+from torch_neuronx.dynamo import stats
 from torch_neuronx.dynamo.graph import resident_inputs
 from torch_neuronx.pipeline import trace as tracing
 from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
@@ -276,24 +278,32 @@ def _agrees(expected: Any, got: list[Any]) -> bool:
     return True
 
 
+def _build_either_way(gm: torch.fx.GraphModule, args: Sequence[Any], options: ResolvedOptions,
+                      name: str) -> DynamicGraph:
+    """:func:`build` with every symbol apart, else with Dynamo's symbols of equal size as one."""
+    try:
+        return build(gm, args, options, name)
+    except NotDynamicGraph:
+        raise
+    except Exception as first:  # sizes Dynamo kept apart that the trace needs equal: one symbol
+        _log.debug("%s: a dynamic trace with every symbol apart failed: %s", name, first)
+        try:
+            return build(gm, args, options, name, merge=True)
+        except NotDynamicGraph:
+            raise first from None
+
+
 def compile_once(gm: torch.fx.GraphModule, args: Sequence[Any], options: ResolvedOptions,
                  name: str) -> tuple[DynamicGraph, list[Any]] | None:
     """The graph's one NEFF for all sizes, made on its first call (``args``) and checked against
     eager on it, with that call's results; None (logged at INFO) when it needs one per signature."""
     try:
-        try:
-            graph = build(gm, args, options, f"{name}_dynamic")
-        except NotDynamicGraph:
-            raise
-        except Exception as first:  # sizes Dynamo kept apart that the trace needs equal: one symbol
-            _log.debug("%s: a dynamic trace with every symbol apart failed: %s", name, first)
-            try:
-                graph = build(gm, args, options, f"{name}_dynamic", merge=True)
-            except NotDynamicGraph:
-                raise first from None
-        got = graph(*args)
-        if not _agrees(gm.forward(*[_host(a) for a in args]), got):  # forward: fx prints a failure
-            raise NotDynamicGraph("the dynamic NEFF disagreed with eager on its first call")
+        with stats.compiling(gm, name, "dynamic"):  # its graph_stats row, when it serves
+            graph = _build_either_way(gm, args, options, f"{name}_dynamic")
+            got = graph(*args)
+            if not _agrees(gm.forward(*[_host(a) for a in args]), got):  # forward: fx prints a failure
+                raise NotDynamicGraph("the dynamic NEFF disagreed with eager on its first call")
+            observe.count("compiled_graphs")
     except Exception as exc:  # any failure keeps the per-signature route, which always works
         _log.info("%s: one NEFF per input signature (%s: %s)", name, type(exc).__name__,
                   str(exc).splitlines()[0] if str(exc) else "")

@@ -63,11 +63,13 @@ def _us(stages: dict[str, Any], *names: str) -> int:
 
 
 @contextlib.contextmanager
-def compiling(gm: torch.fx.GraphModule, model: str, kind: str) -> Iterator[None]:
+def compiling(gm: torch.fx.GraphModule, model: str, kind: str, node_count: int | None = None) -> Iterator[None]:
     """Around one graph's compilation: a progress line on a terminal, the stages' logs, and when the
     block ends normally its ``graph.compiled`` row (stage times measured inside it) and its count
-    in Dynamo's counters."""
+    in Dynamo's counters. ``graph_node_count`` is ``gm``'s as the block starts (the pipeline
+    rewrites it), or ``node_count`` (a warm start's, from the plan of the cold compile)."""
     name = graph_name(model, kind)
+    nodes = node_count or len(gm.graph.nodes)
     with progress.graph(name), observe.collecting(name) as stages:
         yield
     collectives = has_collectives(gm)
@@ -76,7 +78,7 @@ def compiling(gm: torch.fx.GraphModule, model: str, kind: str) -> Iterator[None]
         "graph_name": name,
         "model_name": model,
         "has_collectives": collectives,
-        "graph_node_count": len(gm.graph.nodes),
+        "graph_node_count": nodes,
         "timestamp": datetime.datetime.now().strftime("%Y%m%d_%H%M%S_%f"),
         "torch_neuronx_fx_passes_us": _us(stages, "pipeline.fx_passes"),
         "torch_neuronx_lower_us": _us(stages, "pipeline.lower"),

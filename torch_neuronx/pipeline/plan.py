@@ -51,6 +51,8 @@ class Plan:
     # The dialect of ``stablehlo``: "stablehlo", or "linalg" (linalg-on-tensors) for a kernel with
     # dynamic dimensions, whose input and output shapes then hold expressions (pipeline/shapes.py).
     dialect: str = "stablehlo"
+    # Nodes of the graph as the pipeline received it (the graph_stats row of a warm start reports it).
+    node_count: int = 0
 
 
 def tensor_spec(val: Any) -> dict[str, Any]:
@@ -156,6 +158,7 @@ def build_plan(gm: torch.fx.GraphModule, name: str, artifacts: GraphArtifacts, *
     for ``inputs_as_outputs``; ``resident``: input positions to keep resident in the runtime;
     ``dialect``: what to lower to, see :func:`~torch_neuronx.compiler.lower.lower`)."""
     artifacts.fx_graph(gm)
+    node_count = len(gm.graph.nodes)  # as received, before the passes rewrite it
     gm, template = _prepare(gm, name, inputs_as_outputs)
     artifacts.transformed_fx(gm)
     placeholders = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
@@ -171,4 +174,5 @@ def build_plan(gm: torch.fx.GraphModule, name: str, artifacts: GraphArtifacts, *
                 keep_f64=_has_float64(gm), copy_inputs=writes_its_inputs(lowered.stablehlo),
                 resident=list(resident), random_inputs=list(gm.meta.get("random_inputs", ())),
                 host_checks=list(gm.meta.get("host_checks", ())),
-                output_layouts=list(gm.meta.get("output_layouts", ())), dialect=dialect)
+                output_layouts=list(gm.meta.get("output_layouts", ())), dialect=dialect,
+                node_count=node_count)
