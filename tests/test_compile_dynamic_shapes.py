@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-import torch_neuronx  # noqa: F401
+import torch_neuronx
 from torch_neuronx import observe
 
 
@@ -405,8 +405,6 @@ def test_generate_with_a_kv_cache_stops_compiling_after_the_first_tokens(tmp_pat
 
 def test_the_dynamic_graph_has_its_graph_stats_row_and_count():
     """The dynamic NEFF's graph had no graph_stats row and was not counted in compiled_graphs."""
-    import torch_neuronx
-
     compiled = torch.compile(lambda x: (x * 2).relu() - 1, backend="neuron")
     before = (len(torch_neuronx.get_dynamo_metrics()), observe.counter("compiled_graphs"))
     for batch in (4, 6, 9):
