@@ -251,3 +251,18 @@ def test_a_valid_neff_of_another_key_at_an_entrys_path_is_never_served(dirs, vmf
     assert fresh.get(first) is None and not os.path.exists(path)  # removed, never served
     assert fresh.stats.snapshot()["corrupt"] == 1
     assert fresh.get(second) is not None
+
+
+def test_bytes_read_and_written_count_whole_files_and_hlo_stores_count_as_compiles(dirs, vmfb):
+    """A NEFF read back counted its payload only (11325 read for 15421 written), and the HLO
+    cache's ``compiles`` stayed 0 while it stored entries."""
+    key = _key(graph_id="counted")
+    writer = store.NeffCache(str(dirs[0]), str(dirs[1]))
+    path = writer.put(key, Compiler(vmfb, key)())
+    reader = store.NeffCache(str(dirs[0]), str(dirs[1]))
+    assert reader.get(key) is not None
+    assert reader.stats.snapshot()["bytes_read"] == writer.stats.snapshot()["bytes_written"] == os.path.getsize(path)
+    hlo = store.hlo_cache()
+    before = hlo.stats.snapshot()["compiles"]
+    hlo.put("counted-entry", "module {}")
+    assert hlo.stats.snapshot()["compiles"] == before + 1

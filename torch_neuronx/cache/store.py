@@ -132,7 +132,8 @@ class NeffCache:
         """The verified entry on disk; a corrupt one is removed and counted."""
         path = self.path(key)
         try:
-            inode = os.stat(path).st_ino
+            status = os.stat(path)
+            inode = status.st_ino
             neff_obj = neff.load(path)
             if neff_obj.header.key != key.digest:  # a valid NEFF of another entry, copied over this one
                 raise neff.NeffFormatError(f"it holds the NEFF of key {neff_obj.header.key[:16]}..., not this key")
@@ -147,6 +148,7 @@ class NeffCache:
         except OSError as exc:
             self._io_error("read", path, exc)
             return None
+        self.stats.incr("bytes_read", status.st_size)  # the whole file, as bytes_written counts it
         # Mark the use for `prune` (which evicts by access time) even on noatime mounts.
         with contextlib.suppress(OSError):
             os.utime(path, (time.time(), os.stat(path).st_mtime))
@@ -163,7 +165,6 @@ class NeffCache:
             return found
         found = self._load(key)
         if found is not None:
-            self.stats.incr("bytes_read", found.header.payload_length)
             self.stats.incr("hits_disk")
             self._memory_put(key.digest, found)
         return found
@@ -336,6 +337,7 @@ class HloCache:
             self._warn_io("write", path, exc)
             return None
         self.stats.incr("bytes_written", len(data))
+        self.stats.incr("compiles")  # an entry produced on a miss (a lowering) and stored
         return path
 
 
