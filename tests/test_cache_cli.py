@@ -180,3 +180,13 @@ def test_clear_removes_entries_and_records(root, built, tmp_path):
     assert list(root.rglob("*.neff")) == [] and list(root.rglob("*.json")) == []
     assert hlo.get("k") is None
     assert "is empty" in _cli("ls").stdout
+
+
+def test_explain_shows_the_flag_that_was_added():
+    """Both flag lists were cut at one length ("..."), hiding the flag that differed."""
+    from torch_neuronx.cache import explain
+
+    flags = [f"--iree-some-long-flag-number-{i}=value" for i in range(8)]
+    said = explain._change("flags", flags, [*flags, "--iree-opt-level=O1"])
+    assert said == "flags: removed [], added ['--iree-opt-level=O1']"
+    assert explain._change("target", "cpu", "cuda") == "target: was 'cpu', now 'cuda'"

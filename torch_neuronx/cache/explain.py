@@ -78,13 +78,23 @@ def _short(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def _change(field: str, old: Any, new: Any) -> str:
+    """How one compiler-config field changed: for lists (the flags), the items removed and added
+    (both lists cut at one length hid the flag that differed)."""
+    if isinstance(old, list) and isinstance(new, list):
+        removed, added = [x for x in old if x not in new], [x for x in new if x not in old]
+        if removed or added:
+            return f"{field}: removed {_short(removed)}, added {_short(added)}"
+        return f"{field}: same items, another order"
+    return f"{field}: was {_short(old)}, now {_short(new)}"
+
+
 def _describe(name: str, key: CacheKey, sidecar: dict[str, Any]) -> str:
     new = key.details.get(name)
     old = (sidecar.get("details") or {}).get(name)
     if name == "compiler_config" and isinstance(new, dict) and isinstance(old, dict):
         fields = sorted({*new, *old}, key=str)
-        changes = [f"{f}: was {_short(old.get(f))}, now {_short(new.get(f))}"
-                   for f in fields if new.get(f) != old.get(f)]
+        changes = [_change(f, old.get(f), new.get(f)) for f in fields if new.get(f) != old.get(f)]
         return f"compiler_config differs ({'; '.join(changes)})"
     if name in ("hlo", "graph"):
         was = (sidecar.get("components") or {}).get(name, "?")[:12]
