@@ -143,3 +143,26 @@ def test_uint8_fills_run_on_the_device_and_compile():
     fills = torch.compile(lambda a: (a.fill_(250) + 1, torch.zeros_like(a), torch.full_like(a, 255)), backend="neuron")
     got = fills(torch.zeros(2, dtype=torch.uint8))
     assert [t.tolist() for t in got] == [[251, 251], [0, 0], [255, 255]]
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64])
+def test_shifts_by_the_width_or_more_match_torchs_kernel(dtype):
+    """``x >> 31`` of int32 flipped signs (2**31 wrapped to INT_MIN as the divisor), ``x >> 32``
+    divided by zero, ``uint8 << 70`` gave 192: shifts past the width give the sign (right, signed)
+    or 0, as torch's CPU kernel does; eager and compiled, tensor and scalar shifts."""
+    import warnings
+
+    info, width = torch.iinfo(dtype), torch.iinfo(dtype).bits
+    a = torch.tensor([5, info.min, info.max, 0, 1, 3, -7 if dtype.is_signed else 200], dtype=dtype)
+    shifts = torch.tensor([s for s in (-1, 0, 1, width - 2, width - 1, width, width + 3, 2 * width + 6)
+                           if s >= 0 or dtype.is_signed], dtype=dtype)
+    a, shifts = a[:, None].expand(-1, len(shifts)).contiguous(), shifts[None, :].expand(len(a), -1).contiguous()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no CPU fallback
+        for fn in (lambda x, y: x >> y, lambda x, y: x << y):
+            expected = fn(a, shifts)
+            assert torch.equal(fn(a.to("neuron"), shifts.to("neuron")).cpu(), expected)
+            torch._dynamo.reset()
+            assert torch.equal(torch.compile(fn, backend="neuron", dynamic=False)(a, shifts), expected)
+            for shift in (width - 1, width + 5):
+                assert torch.equal(fn(a.to("neuron"), shift).cpu(), fn(a, shift))

@@ -96,7 +96,6 @@ def full_like_uint8(x: torch.Tensor, fill_value: float | int | bool, *, dtype: t
     return (x.to(torch.int16) * 0 + _uint8_fill(fill_value)).to(torch.uint8)
 
 
-#: This module's decompositions, merged into the compile path's table.
 def native_batch_norm_inference(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None,
                                 running_mean: torch.Tensor | None, running_var: torch.Tensor | None,
                                 training: bool, momentum: float, eps: float) -> tuple[torch.Tensor, ...]:
@@ -117,6 +116,7 @@ def native_batch_norm_inference(x: torch.Tensor, weight: torch.Tensor | None, bi
     return out, empty, empty.clone()
 
 
+#: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.native_batch_norm.default: native_batch_norm_inference,
     aten.angle.default: angle,
