@@ -100,7 +100,7 @@ def test_any_and_all_give_torchs_values_and_dtypes(inputs: str) -> None:
 _MASK = torch.tensor([[True, False, True], [False, False, True]])
 _INDEX = torch.tensor([[0, 0, 1], [0, 0, 1]])
 BOOL_OPS = {  # torch adds bools with saturation: True + True is True
-    "scatter_add": lambda t: torch.zeros(2, 3, dtype=torch.bool).scatter_add(0, _INDEX.to(t.device), t),
+    "scatter_add": lambda t: t.new_zeros(2, 3).scatter_add(0, _INDEX.to(t.device), t),
     "index_add": lambda t: t.index_add(0, torch.tensor([0, 0], device=t.device), t),
     "scatter_reduce_sum": lambda t: t.scatter_reduce(1, _INDEX.to(t.device), t.flip(0), "sum"),
     "index_put_accumulate": lambda t: t.index_put((torch.tensor([1, 1], device=t.device),), t, accumulate=True),

@@ -91,6 +91,8 @@ def test_copying_calls_agree_with_dlpack_calls(tmp_path, monkeypatch):
     assert any(h.signature.get("output_storage") for h in headers)
     for path in paths:
         module = neff.load(path)
+        if any(isinstance(d, str) for i in module.header.signature["inputs"] for d in i["shape"]):
+            continue  # a dynamic kernel (an earlier test of this process ran the op at another shape)
         inputs = _inputs(module.header)
         want = _run(executable.Executable(module, "local-sync"), module.header, inputs)
         with monkeypatch.context() as m:
