@@ -434,3 +434,19 @@ def test_a_cache_failure_is_reported_as_the_compile_stage_not_the_trace(monkeypa
     with pytest.raises(Exception, match="compile stage failed") as info:
         _run(lambda t: t * 13 - 4, torch.randn(3))
     assert "File too large" in str(info.value) and "aot_autograd could not trace" not in str(info.value)
+
+
+def test_indexing_with_a_0d_tensor_runs_as_inductor_runs_it():
+    """``x[torch.tensor(2)]`` reads the index's value while aot_autograd traces: Dynamo handles
+    that for inductor (the frame runs eagerly); the backend wrapped it as a trace-stage error."""
+    x = torch.arange(12.0).reshape(4, 3)
+    torch._dynamo.reset()
+    assert torch.equal(_run(lambda t, i: t[i], x, torch.tensor(2)), x[2])
+
+    def assign(t, i):
+        t[i] = 7.0
+        return t
+    torch._dynamo.reset()
+    expected = x.clone()
+    expected[1] = 7.0
+    assert torch.equal(_run(assign, x.clone(), torch.tensor(1)), expected)

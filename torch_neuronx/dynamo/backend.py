@@ -113,9 +113,11 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                 decompositions=decompositions.table(),
                 keep_inference_input_mutations=False,
             )
-    except (NeuronCompileError, torch._dynamo.exc.RestartAnalysis):
+    except (NeuronCompileError, torch._dynamo.exc.RestartAnalysis, *_DATA_DEPENDENT):
         # RestartAnalysis is Dynamo's own control flow: a Python float it made a graph input that
         # cannot stay one (TensorifyScalarRestartAnalysis) makes it trace again with the float fixed.
+        # A value read while tracing (``x[torch.tensor(2)]``) is Dynamo's to handle, as it does for
+        # inductor: it runs the frame eagerly (wrapped, it was a hard trace-stage error).
         raise
     except Exception as exc:  # aot_autograd / decomposition failures: the trace stage
         if isinstance(exc, TimeoutError | OSError):  # the NEFF cache's lock or disk, not the trace
@@ -268,6 +270,10 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     if positions:
         compiled = _placing_outputs(compiled, positions)
     return autocopy.copying_inputs(compiled, cpu_inputs, index) if cpu_inputs else compiled
+
+
+_DATA_DEPENDENT = (torch._subclasses.fake_tensor.DataDependentOutputException,
+                   torch._subclasses.fake_tensor.DynamicOutputShapeException)
 
 
 def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
