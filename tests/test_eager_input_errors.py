@@ -136,3 +136,16 @@ def test_a_cpu_operand_beside_neuron_tensors_is_torchs_device_error(fn):
     assert torch.equal(x.cpu(), torch.tensor([0.0, 7.0, 2.0]))
     x.copy_(torch.ones(3))
     assert torch.equal(x.cpu(), torch.ones(3))
+
+
+def test_clamping_integers_with_float_bounds_promotes_instead_of_raising():
+    """``uint8.clamp(-2.5, 4.5)`` computes in float (torch's type promotion); the overflow check of
+    scalars converted to the tensor's dtype raised "cannot be converted to type uint8_t"."""
+    x = torch.tensor([0, 3, 200], dtype=torch.uint8)
+    for fn in (lambda t: t.clamp(-2.5, 4.5), lambda t: torch.clamp_max(t, 300.5),
+               lambda t: torch.where(t > 1, t, -1.5)):
+        expected = fn(x)
+        got = fn(x.to("neuron")).cpu()
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.full((2,), 300, dtype=torch.int8, device="neuron")

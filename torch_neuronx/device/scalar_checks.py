@@ -43,6 +43,10 @@ def _resolve() -> dict[Any, tuple[int, tuple[int, ...], tuple[str, ...]]]:
 
 
 CHECKED = _resolve()
+#: Out-of-place ops whose result takes the promoted type of tensor and scalar: ``uint8.clamp(-2.5,
+#: 4.5)`` computes in float, with nothing to check (it raised the overflow error).
+_PROMOTING = frozenset((aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default,
+                        aten.where.ScalarOther, aten.where.ScalarSelf))
 
 
 def _safe(value: Any, dtype: torch.dtype) -> bool:
@@ -64,8 +68,10 @@ def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     target = args[where] if where < len(args) else kwargs.get(func._schema.arguments[where].name)
     if not isinstance(target, torch.Tensor):
         return
-    dtype = target.dtype
     for position, name in zip(positions, names):
         value = args[position] if position < len(args) else kwargs.get(name)
-        if isinstance(value, int | float) and not _safe(value, dtype):
+        if not isinstance(value, int | float):
+            continue
+        dtype = torch.result_type(target, value) if func in _PROMOTING else target.dtype
+        if not _safe(value, dtype):
             torch.empty(2, dtype=dtype).fill_(value)  # torch's checked conversion (one value skips it)
