@@ -30,14 +30,15 @@ _ACCEPTING = frozenset((
 
 def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """Raise torch's error when ``func`` has a host tensor operand CUDA would refuse."""
+    if _accepts_host_tensors(func):
+        return
     if kwargs or any(isinstance(a, list | tuple) for a in args):
         leaves = pytree.tree_leaves((list(args), kwargs))
     else:
         leaves = args
     for leaf in leaves:
         if (isinstance(leaf, torch.Tensor) and not isinstance(leaf, NeuronTensor) and leaf.dim() > 0
-                and leaf.device.type == "cpu"
-                and not _accepts_host_tensors(func)):
+                and leaf.device.type == "cpu"):
             device = next((t.device for t in leaves if isinstance(t, NeuronTensor)), "neuron")
             raise RuntimeError(
                 f"Expected all tensors to be on the same device, but found at least two devices, {device} "

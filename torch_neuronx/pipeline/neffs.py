@@ -50,8 +50,7 @@ def get_neff(request: NeffRequest) -> neff.Neff:
 
     def compile_fn() -> bytes:
         job = driver.CompileJob(stablehlo=request.stablehlo, target=target,
-                                flags=(*options.compiler_flags(keep_f64=request.keep_f64,
-                                                               dialect=request.dialect), *extra),
+                                flags=tuple(compiler_config["flags"]),  # the key's flags, extra ones included
                                 key=key.digest, graph_name=request.graph_name,
                                 signature=request.signature, preserve=options.preserve_artifacts)
         with observe.stage("compiler.compile", graph=request.graph_name):
