@@ -149,6 +149,18 @@ def test_embedding_with_scale_grad_by_freq_and_masked_scatter_backward():
     _check(fn, _leaf(10, 4), _leaf(3, 4), _leaf(4, 3))
 
 
+@pytest.mark.parametrize(("self_shape", "mask_shape"), [((4,), (2, 4)), ((2, 1), (1, 3)), ((2, 3), (3,))])
+def test_masked_scatter_whose_self_or_mask_broadcasts(self_shape, mask_shape):
+    """A ``self`` that broadcasts up to the mask's shape failed to lower; the result takes the common shape."""
+    torch.manual_seed(1)
+    mask = torch.rand(mask_shape) > 0.4
+
+    def fn(x, source):
+        return x.masked_scatter(mask, source) * 2
+
+    _check(fn, _leaf(*self_shape), _leaf(12))
+
+
 def test_float_floor_division_remainder_and_fmod_match_eager_on_special_values():
     inf, nan = float("inf"), float("nan")
     values = torch.tensor([inf, -inf, nan, 0.0, -0.0, 1.0, -1.0, 5.3, -5.3, 7.0, -7.0, 0.3, 2.5, 1e6])

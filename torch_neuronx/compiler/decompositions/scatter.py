@@ -287,6 +287,18 @@ def masked_scatter_backward(grad: torch.Tensor, mask: torch.Tensor, sizes: list[
     return _write(numel, slots.clamp(min=0), keep, grad.reshape(-1), zero).view(sizes)
 
 
+def masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
+    """``aten.masked_scatter`` whose ``self`` or mask broadcasts: both expanded to the common shape first.
+
+    torch-mlir's lowering assumes the mask broadcasts to ``self``'s shape; a ``self`` that
+    broadcasts up to the mask's shape failed to lower.
+    """
+    shape = torch.broadcast_shapes(x.shape, mask.shape)
+    if tuple(x.shape) == tuple(shape) and tuple(mask.shape) == tuple(shape):
+        return NotImplemented
+    return aten.masked_scatter.default(x.expand(shape).contiguous(), mask.expand(shape).contiguous(), source)
+
+
 def embedding_renorm(weight: torch.Tensor, indices: torch.Tensor, max_norm: float,
                      norm_type: float) -> torch.Tensor:
     """``aten.embedding_renorm`` (``nn.Embedding(max_norm=...)``): the looked-up rows whose norm
@@ -356,6 +368,7 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten._embedding_bag_dense_backward.default: embedding_bag_dense_backward,
     aten._embedding_bag_per_sample_weights_backward.default: embedding_bag_per_sample_weights_backward,
     aten.embedding.default: embedding,
+    aten.masked_scatter.default: masked_scatter,
     aten.masked_scatter_backward.default: masked_scatter_backward,
     aten.embedding_renorm.default: embedding_renorm,
     aten.histc.default: histc,
