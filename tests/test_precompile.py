@@ -10,7 +10,7 @@ import sys
 import pytest
 
 SCRIPT = """
-import json, torch
+import json, os, torch
 from torch._dynamo.utils import counters
 from torch_neuronx import metrics
 from torch_neuronx.compiler import driver
@@ -18,8 +18,10 @@ from torch_neuronx.compiler import driver
 def f(x, w):
     return torch.relu(x @ w) * 2
 
-x, w = torch.randn(4, 8), torch.randn(8, 3)
-out = torch.compile(f, backend="neuron")(x, w)
+compiled = torch.compile(f, backend="neuron")
+for rows in os.environ.get("ROWS", "4").split(","):
+    x, w = torch.randn(int(rows), 8), torch.randn(8, 3)
+    out = compiled(x, w)
 print(json.dumps({"err": (out - f(x, w)).abs().max().item(), "restores": metrics.counter("precompile_restores"),
                   "dynamo_hits": counters["dynamo_cache"]["dynamo_cache_hit"], "invocations": driver.invocations}))
 """
@@ -46,6 +48,16 @@ def test_second_process_installs_the_backend_result_without_tracing(tmp_path, va
     assert second["restores"] == 1  # our artifact was deserialized, the frame was not traced
     assert second["invocations"] == 0
     assert second["err"] < 1e-5
+
+
+def test_a_restored_frame_recompiles_for_a_new_shape(tmp_path):
+    """The recompile of a restored frame took the global name the restored guards had installed
+    ('__builtins_dict___0' already exists in scope): a new shape failed in every later process."""
+    run(tmp_path, TORCH_CACHING_PRECOMPILE="1")
+    second = run(tmp_path, TORCH_CACHING_PRECOMPILE="1", ROWS="4,6")
+    assert second["restores"] == 1 and second["err"] < 1e-5
+    third = run(tmp_path, TORCH_CACHING_PRECOMPILE="1", ROWS="6,4,5")
+    assert third["err"] < 1e-5
 
 
 def test_entries_are_split_per_rank(tmp_path):

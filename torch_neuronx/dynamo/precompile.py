@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import itertools
 import json
 import logging
 import os
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -48,7 +50,30 @@ class NeuronPrecompileArtifact(BackendCacheArtifact[Any]):
 
     def after_deserialization(self) -> Any:
         observe.count("precompile_restores")
+        _separate_global_names()
         return restore(self.content)
+
+
+_names_separated = False
+
+
+def _separate_global_names() -> None:
+    """Start this process's Dynamo global names where a restored frame's cannot be.
+
+    A restored frame installs the globals its guards read under the names its saving
+    process gave them (``__builtins_dict___0``: a counter, no uuid). A recompile of that
+    frame here (a new shape) counts from 0 too, takes the same name and Dynamo stops
+    with "Name '__builtins_dict___0' already exists in scope". Moving this process's
+    counter to a random 48-bit offset keeps the names apart.
+    """
+    global _names_separated
+    if _names_separated:
+        return
+    _names_separated = True
+    from torch._dynamo import bytecode_transformation
+
+    start = max(next(bytecode_transformation._unique_id_counter), secrets.randbits(48))
+    bytecode_transformation._unique_id_counter = itertools.count(start)
 
 
 def option_fields(options: CompileOptions) -> dict[str, Any]:
