@@ -149,3 +149,30 @@ def test_clamping_integers_with_float_bounds_promotes_instead_of_raising():
         assert got.dtype == expected.dtype and torch.equal(got, expected)
     with pytest.raises(RuntimeError, match="overflow"):
         torch.full((2,), 300, dtype=torch.int8, device="neuron")
+
+
+_SHAPE_ERRORS = {
+    "reflect pad wider than the input": lambda x: torch.nn.functional.pad(x[:, :3], (5, 5), mode="reflect"),
+    "reflect pad of an empty dim": lambda x: torch.nn.functional.pad(x[:, :0].unsqueeze(0), (1, 1), mode="reflect"),
+    "replicate pad of an empty dim": lambda x: torch.nn.functional.pad(x[:0].unsqueeze(0), (1, 1), mode="replicate"),
+    "reflect pad 2d past the input": lambda x: torch.nn.functional.pad(x[None, None], (1, 1, 4, 4), mode="reflect"),
+    "index_reduce sum": lambda x: x.index_reduce(0, torch.tensor([0, 1], device=x.device), x[:2], "sum"),
+    "abs of bool": lambda x: torch.abs(x > 0),
+    "max_pool window past the input": lambda x: torch.nn.functional.max_pool2d(x[None, None], 5),
+    "matmul of mismatched sizes": lambda x: x @ x[:2],
+    "cat of mismatched sizes": lambda x: torch.cat([x, x[:, :2]]),
+    "unfold past the size": lambda x: x.unfold(1, 6, 1),
+}
+
+
+@pytest.mark.parametrize("name", list(_SHAPE_ERRORS))
+def test_calls_torch_rejects_for_their_shapes_raise_torchs_error(name):
+    """The kernel is traced through the compile path's decompositions, which replaced the op before
+    its meta kernel could check the call: a reflection pad wider than its input read clamped
+    positions and returned a value where the CPU raises."""
+    fn, x = _SHAPE_ERRORS[name], torch.randn(4, 4)
+    expected = _cpu_error(fn, x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch's error at the call, not a fallback to the CPU
+        with pytest.raises(type(expected), match=re.escape(str(expected).splitlines()[0][:40])):
+            fn(x.to("neuron"))

@@ -50,6 +50,7 @@ from torch_neuronx.device import (
     random,
     scalar_checks,
     scalars,
+    shape_checks,
 )
 from torch_neuronx.device.queued import on_host
 from torch_neuronx.process import checked_device_index
@@ -355,9 +356,14 @@ def _functional_variant(func: Any) -> Any | None:
 
 
 def _fallback(func: Any, args: Sequence[Any], kwargs: dict[str, Any], reason: str) -> Any:
-    """``func`` on the CPU over the neuron tensors' memory (a synchronization), results placed on the device."""
+    """``func`` on the CPU over the neuron tensors' memory (a synchronization), results placed on the device.
+
+    Warned about once it ran: a call the CPU rejects raises torch's error and nothing else (a kernel
+    whose trace failed because the call is invalid is no missing kernel).
+    """
+    out = _synchronized(args, kwargs, _run_on_cpu, func, args, kwargs)
     _warn_fallback(func, reason)
-    return _synchronized(args, kwargs, _run_on_cpu, func, args, kwargs)
+    return out
 
 
 def _warn_fallback(func: Any, reason: str) -> None:
@@ -391,6 +397,7 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
         return plan(args, kwargs)
     given = args, kwargs  # what a fallback runs on
     placement.check(func, args, kwargs)
+    shape_checks.check(func, args, kwargs)
     if func in masks.INDEX_PUTS and masks.has_mask(args):  # x[mask] = values
         return _run_compiled(func, masks.expanded(args), kwargs)
     args, kwargs = scalars.as_inputs(func, args, kwargs)

@@ -163,13 +163,22 @@ def gcd(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``aten.gcd`` by Euclid's algorithm, unrolled for the worst case of the dtype (consecutive
     Fibonacci numbers: 47 steps for 32 bits, 93 for 64); finished pairs keep their value."""
     a, b = torch.broadcast_tensors(a, b)
-    a, b = a.abs(), b.abs()
+    if a.is_signed():
+        a, b = a.abs(), b.abs()
     steps = {1: 13, 2: 25, 4: 47}.get(a.element_size(), 93)
     for _ in range(steps):
         nonzero = b != 0
         remainder = a - aten.div.Tensor_mode(a, torch.where(nonzero, b, torch.ones_like(b)), rounding_mode="trunc") * b
         a, b = torch.where(nonzero, b, a), torch.where(nonzero, remainder, b)
     return a
+
+
+def abs_unsigned(x: torch.Tensor) -> torch.Tensor:
+    """``aten.abs`` of unsigned integers: the values themselves (torch-mlir could not
+    lower the abs of an unsigned type)."""
+    if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool or x.is_signed():
+        return NotImplemented
+    return x.clone()
 
 
 def lcm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -382,6 +391,7 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.fmod.Tensor: fmod,
     aten.fmod.Scalar: fmod_scalar,
     aten.gcd.default: gcd,
+    aten.abs.default: abs_unsigned,
     aten.add.Tensor: add_bool,
     aten.clamp.default: clamp,
     aten.lcm.default: lcm,

@@ -81,7 +81,15 @@ def one_hot(x: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
     return (checked.unsqueeze(-1) == classes).to(torch.int64)
 
 
+def gather_scalar(x: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: bool = False) -> torch.Tensor:
+    """``aten.gather`` from a 0-d tensor (torch-mlir cannot lower it): a gather from its one element."""
+    if x.dim():
+        return NotImplemented
+    return x.reshape(1).gather(0, index.reshape(-1)).reshape(index.shape)
+
+
 DECOMPOSITIONS = {
+    aten.gather.default: gather_scalar,
     aten.put.default: put,
     aten.index_add.default: index_add,
     aten.index_copy.default: index_copy,

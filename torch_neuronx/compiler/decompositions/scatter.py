@@ -138,6 +138,9 @@ def scatter_legacy_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, src: t
 def index_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, reduce: str,
                  *, include_self: bool = True) -> torch.Tensor:
     """``aten.index_reduce``: ``scatter_reduce`` with ``index`` spread over ``source``'s other dims."""
+    if reduce not in ("prod", "mean", "amax", "amin"):  # scatter_reduce takes "sum"; index_reduce does not
+        raise RuntimeError("index_reduce(): Expected reduce to be one of prod, mean, amax or amin "
+                           f"but got {reduce}.")
     if x.dim() == 0:
         return scatter_reduce(x, 0, index.view(1), source.view(1), reduce, include_self=include_self)
     dim = dim % x.dim()

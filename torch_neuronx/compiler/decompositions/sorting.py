@@ -285,7 +285,7 @@ def searchsorted(sorted_sequence: torch.Tensor, values, *, out_int32: bool = Fal
                  side: str | None = None, sorter: torch.Tensor | None = None) -> torch.Tensor:
     """``aten.searchsorted`` as a count of the sequence's elements before each value."""
     if not isinstance(values, torch.Tensor):
-        values = torch.tensor(values, dtype=sorted_sequence.dtype, device=sorted_sequence.device)
+        values = torch.full((), values, dtype=sorted_sequence.dtype, device=sorted_sequence.device)
     right = side == "right" if side is not None else right
     seq = sorted_sequence if sorter is None else sorted_sequence.gather(-1, sorter)
     seq = seq if seq.dim() == 1 else seq.unsqueeze(-2)  # [N] or [..., 1, N] against [..., M, 1]

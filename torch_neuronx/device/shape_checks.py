@@ -1,0 +1,87 @@
+"""Torch's argument checks for an eager op, run once per signature on meta tensors.
+
+An op's kernel is traced with the compile path's decompositions, which replace the op
+before its meta kernel could check the call: ``F.pad(x, (5, 5), mode="reflect")`` of a
+3-wide row, or a reflection pad of an empty dimension, traced into gathers that read
+clamped positions and returned a tensor where the CPU raises. :func:`check` runs the op
+on meta tensors first, once per signature (``launch.signature``); a meta error is torch's
+error for the call when the CPU kernel agrees (run on zero-filled host tensors of the same
+metadata: a meta kernel stricter than the CPU's must not reject a call that works).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from torch_neuronx.device import launch
+from torch_neuronx.runtime.tensor import NeuronTensor
+
+__all__ = ["check"]
+
+_LIMIT = 1 << 14
+_passed: dict[tuple, bool] = {}
+#: What a meta run that cannot judge the call raises: no meta kernel, a size that depends on values.
+_UNJUDGED = (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputShapeException,
+             torch._subclasses.fake_tensor.DataDependentOutputException)
+
+
+def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    """Raise torch's error when ``func`` rejects a call of this signature (see the module docstring)."""
+    sig = launch.signature(func, args, kwargs)
+    if sig is not None and sig in _passed:
+        return
+    if _meta_error(func, args, kwargs):
+        error = _cpu_error(func, args, kwargs)
+        if error is not None:
+            raise error
+    if sig is not None:
+        if len(_passed) >= _LIMIT:
+            _passed.clear()
+        _passed[sig] = True
+
+
+def _meta(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+    return value
+
+
+def _zeros(value: Any) -> Any:
+    if isinstance(value, NeuronTensor):
+        return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype).zero_()
+    return value
+
+
+def _meta_error(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether ``func``'s meta kernel raises for this call (False: accepted, or cannot judge)."""
+    if _unjudged(func):
+        return False
+    meta_args, meta_kwargs = pytree.tree_map(_meta, (list(args), kwargs))
+    try:
+        func(*meta_args, **meta_kwargs)
+    except _UNJUDGED:
+        return False
+    except (RuntimeError, IndexError, ValueError, TypeError):
+        return True
+    return False
+
+
+@functools.cache
+def _unjudged(func: Any) -> bool:
+    """Ops whose meta run says nothing: random draws (checked where they are drawn)."""
+    return torch.Tag.nondeterministic_seeded in func.tags
+
+
+def _cpu_error(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> BaseException | None:
+    """The error torch's CPU kernel raises for this call's metadata (zero-filled operands), or None."""
+    host_args, host_kwargs = pytree.tree_map(_zeros, (list(args), kwargs))
+    try:
+        func(*host_args, **host_kwargs)
+    except Exception as exc:  # noqa: BLE001 - the CPU's rejection, raised as the op's error
+        return exc
+    return None
