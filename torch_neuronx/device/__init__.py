@@ -76,7 +76,7 @@ def _register_kernels() -> None:
     import torch
 
     from torch_neuronx import observe
-    from torch_neuronx.device import eager
+    from torch_neuronx.device import eager, recurrent
     from torch_neuronx.device.queued import on_host
     from torch_neuronx.runtime.tensor import NeuronTensor
 
@@ -110,6 +110,7 @@ def _register_kernels() -> None:
     _library.impl("empty_strided", torch._disable_dynamo(empty_strided), "PrivateUse1")
     _library.impl("_copy_from", torch._disable_dynamo(copy_from), "PrivateUse1")
     _library.impl("one_hot", torch._disable_dynamo(_one_hot), "AutogradPrivateUse1")
+    recurrent.register(_library)
     _library.impl("_local_scalar_dense", torch._disable_dynamo(_local_scalar_dense), "PrivateUse1")
     _fallback_library = torch.library.Library("_", "IMPL")  # a fallback lives in the global namespace
     _fallback_library.fallback(torch._disable_dynamo(_factory_fallback), "PrivateUse1")

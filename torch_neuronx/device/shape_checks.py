@@ -32,7 +32,7 @@ _UNJUDGED = (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputSha
 
 def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """Raise torch's error when ``func`` rejects a call of this signature (see the module docstring)."""
-    sig = launch.signature(func, args, kwargs)
+    sig = _signature(func, args, kwargs)
     if sig is not None and sig in _passed:
         return
     if _meta_error(func, args, kwargs):
@@ -43,6 +43,26 @@ def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         if len(_passed) >= _LIMIT:
             _passed.clear()
         _passed[sig] = True
+
+
+def _signature(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple | None:
+    """The call's plan key (``launch.signature``), or one that also describes lists of tensors (a
+    recurrent layer's weights); None when an argument cannot be described."""
+    sig = launch.signature(func, args, kwargs)
+    if sig is not None:
+        return sig
+    leaves, spec = pytree.tree_flatten((list(args), kwargs))
+    parts: list[Any] = [func, spec]
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            parts.append((leaf.shape, leaf.stride(), leaf.dtype, leaf.device))
+        elif type(leaf) is float:
+            parts.append(float)
+        elif isinstance(leaf, int | bool | str | type(None) | torch.dtype | torch.device):
+            parts.append((type(leaf), leaf))
+        else:
+            return None
+    return tuple(parts)
 
 
 def _meta(value: Any) -> Any:

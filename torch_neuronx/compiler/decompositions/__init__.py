@@ -26,6 +26,8 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 - :mod:`.pooling`: 3-d pooling, adaptive and 2-d max pooling (NaN and torch's indices
   kept); and :mod:`.max_pool_backward`: max pooling's backwards without a scatter (IREE's
   serial scatter dispatch put its fused producers on the stack).
+- :mod:`.recurrent_layers`: whole LSTM/GRU/RNN layer stacks as one op each way (the eager
+  device's route for ``nn.LSTM`` and its kin), traced through torch's decompositions.
 - :mod:`.indexing`: ``index_add``, ``index_copy`` and ``index_fill`` with the index range
   checks of their eager kernels (torch's decompositions would change them), and ``put``.
 - :mod:`.copies`: the ``*_copy`` view ops and ``new_empty_strided`` (torch's decompositions,
@@ -89,6 +91,7 @@ from torch_neuronx.compiler.decompositions import (
     polynomials,
     pooling,
     precision,
+    recurrent_layers,
     resampling,
     rnn,
     sampling,
@@ -125,7 +128,7 @@ def _table(with_fma: bool) -> dict:
             **spectral.DECOMPOSITIONS, **scatter.DECOMPOSITIONS, **foreach.DECOMPOSITIONS,
             **sampling.DECOMPOSITIONS, **convolution.DECOMPOSITIONS, **resampling.DECOMPOSITIONS,
             **scans.DECOMPOSITIONS,
-            **rnn.DECOMPOSITIONS, **indexing.DECOMPOSITIONS, **copies.DECOMPOSITIONS,
+            **rnn.DECOMPOSITIONS, **recurrent_layers.DECOMPOSITIONS, **indexing.DECOMPOSITIONS, **copies.DECOMPOSITIONS,
             **composites.DECOMPOSITIONS,
             **linalg.DECOMPOSITIONS,
             **segments.DECOMPOSITIONS, **histograms.DECOMPOSITIONS, **losses.DECOMPOSITIONS,
