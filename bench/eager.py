@@ -192,6 +192,29 @@ print(json.dumps({{"seconds": time.perf_counter() - start,
 """
 
 
+def recurrent_training(steps: int) -> dict[str, float]:
+    """Steady-state training step (ms, median) of a 2-layer LSTM + Linear with Adam, CPU and neuron."""
+    results = {}
+    for device in ("cpu", "neuron"):
+        torch.manual_seed(0)
+        lstm = torch.nn.LSTM(32, 64, num_layers=2, batch_first=True).to(device)
+        head = torch.nn.Linear(64, 10).to(device)
+        opt = torch.optim.Adam([*lstm.parameters(), *head.parameters()], lr=1e-3)
+        x, y = torch.randn(8, 20, 32).to(device), torch.randint(0, 10, (8,)).to(device)
+        times = []
+        for _ in range(steps + 3):  # the first calls compile (and the first takes the composite)
+            start = time.perf_counter()
+            out, _ = lstm(x)
+            loss = torch.nn.functional.cross_entropy(head(out[:, -1]), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            loss.item()
+            times.append(time.perf_counter() - start)
+        results[device] = statistics.median(times[3:]) * 1e3
+    return results
+
+
 def varying_shapes(steps: int) -> dict[str, dict]:
     """A training run with a new batch size and sequence length every step, dynamic-shape kernels
     against one kernel per shape, each in a fresh process with cold caches."""
@@ -274,6 +297,9 @@ def main(argv: list[str] | None = None) -> None:
     warm = train["neuron warm"]
     print(f"| MLP step, steady state, ms | {cpu['steady'] * 1e3:.2f} | {warm['steady'] * 1e3:.2f} | "
           f"{warm['steady'] / cpu['steady']:.1f} |")
+    rnn = recurrent_training(5 if args.quick else 15)
+    print(f"| LSTM 2x64 (8x20x32) + Linear, Adam step, steady state, ms | {rnn['cpu']:.2f} | {rnn['neuron']:.2f} | "
+          f"{rnn['neuron'] / rnn['cpu']:.1f} |")
     print("\n| one kernel per op family | kernel per shape | dynamic kernels | dynamic / per shape |\n"
           "| --- | --- | --- | --- |")
     steps = 6 if args.quick else 12

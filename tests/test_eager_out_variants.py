@@ -76,6 +76,54 @@ def test_resize_keeps_the_leading_values_in_new_device_memory(size):
     assert torch.equal(t.cpu().reshape(-1)[:keep], torch.arange(3.0)[:keep])
 
 
+def _same_size(d):
+    x = torch.arange(6.0).to(d)
+    y = x.view(2, 3)
+    x.resize_(3, 2)
+    x.add_(1)
+    return y, x
+
+
+def _shrink(d):
+    x = torch.arange(6.0).to(d)
+    y = x[1:4]
+    x.resize_(2)
+    x.add_(1)
+    return y, x
+
+
+def _grow(d):
+    x = torch.arange(6.0).to(d)
+    y = x[1:4]
+    x.resize_(8)
+    x[:6].add_(1)
+    y.mul_(10)
+    return y, x[:6]
+
+
+def _view_past_its_end(d):
+    x = torch.arange(6.0).to(d)
+    v = x[4:]
+    v.resize_(4)
+    v[:2].fill_(-1)
+    return x, v[:2], torch.tensor(v.storage_offset())
+
+
+def _transposed(d):
+    x = torch.arange(6.0).to(d).view(2, 3).t()
+    x.resize_(3, 2)
+    return x, torch.tensor(x.stride())
+
+
+@pytest.mark.parametrize("case", [_same_size, _shrink, _grow, _view_past_its_end, _transposed])
+def test_resize_keeps_sharing_memory_with_views_as_on_the_cpu(case):
+    """resize_ gave the tensor new memory even when its storage was large enough: views stopped
+    seeing its writes (a view of 6 elements resized to 3x2 kept the old values)."""
+    for got, expected in zip(case("neuron"), case("cpu"), strict=True):
+        assert got.shape == expected.shape
+        torch.testing.assert_close(got.cpu(), expected)
+
+
 @pytest.mark.parametrize("make", [
     lambda d: torch.tril_indices(4, 3, device=d),
     lambda d: torch.triu_indices(3, 3, 1, device=d),

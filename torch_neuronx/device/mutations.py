@@ -13,6 +13,7 @@ returns the neuron tensors it wrote, as torch's ``out=`` ops return their ``out`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,18 +42,32 @@ def _set_wrapper_shape(t: NeuronTensor, size: Sequence[int], stride: Sequence[in
 
 
 def resize(t: NeuronTensor, size: Sequence[int]) -> NeuronTensor:
-    """``t.resize_(size)`` on the device: new device memory of the new size holding the old
-    values that fit (as ``resize_`` keeps a storage's leading elements), when the shape changes.
-    The caller synchronizes first (the old memory is read on the host)."""
+    """``t.resize_(size)`` on the device, as torch resizes: ``t`` becomes the contiguous tensor of
+    ``size`` at its storage offset in the same memory, which grows first when too small (the
+    storage's resize: every tensor over it follows, as views of a CUDA storage do). Views of
+    ``t`` keep seeing its writes. The caller synchronizes first (growing copies on the host)."""
     size = [int(s) for s in size]
     if list(t.shape) == size:
         return t
-    data, allocation = allocate(size, None, t.dtype, t._index)
-    keep = min(data.numel(), t._data.numel())
-    if keep:
-        data.view(-1)[:keep].copy_(t._data.reshape(-1)[:keep])
-    rebind(t, data, allocation)
-    _set_wrapper_shape(t, size, data.stride())
+    allocation = t._allocation
+    stride = _contiguous_strides(size)
+    if allocation is None:  # a tensor without device memory of its own: new memory
+        data, allocation = allocate(size, None, t.dtype, t._index)
+        keep = min(data.numel(), t._data.numel())
+        if keep:
+            data.view(-1)[:keep].copy_(t._data.reshape(-1)[:keep])
+        rebind(t, data, allocation)
+        _set_wrapper_shape(t, size, data.stride())
+        return t
+    from torch_neuronx.runtime import storage
+
+    offset = t.storage_offset()
+    numel = math.prod(size)
+    needed = (offset + numel) * t.dtype.itemsize if numel else 0
+    if needed > allocation.nbytes:
+        storage.resize(allocation, needed)
+    rebind(t, storage.view_of(allocation, t.dtype, offset, size, stride), allocation)
+    _set_wrapper_shape(t, size, stride, offset)
     return t
 
 
