@@ -262,6 +262,26 @@ def test_a_forked_child_runs_eager_ops_after_the_parent_queued_some():
     assert y.tolist() == [0.0, 2.0, 4.0, 6.0]
 
 
+def test_a_script_that_ends_with_work_queued_exits_cleanly(tmp_path):
+    """The interpreter's finalization tore down a stream worker inside the runtime's native code:
+    the process aborted ("terminate called after throwing an instance of ''", exit 134). The
+    queued work now runs first."""
+    script = tmp_path / "ends_queued.py"
+    script.write_text(textwrap.dedent("""
+        import torch
+        a = torch.randn(512, 512, device="neuron")
+        side = torch.neuron.Stream()
+        with torch.neuron.stream(side):
+            for _ in range(6):
+                q = a @ a
+        for _ in range(6):
+            r = a @ a
+    """))
+    for _ in range(2):
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and "terminate" not in done.stderr, done.stderr[-2000:]
+
+
 def _double_in_child() -> list[float]:
     return (torch.arange(4.0).to("neuron") * 2).tolist()
 

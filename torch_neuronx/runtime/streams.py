@@ -20,6 +20,7 @@ An exception raised by work on a worker thread is logged and re-raised, as
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import itertools
@@ -41,6 +42,7 @@ _IDLE_EXIT_S = 5.0  # an idle worker thread exits; the next submit starts a new 
 _NAP_S = 0.0005  # a worker out of work checks again this often ...
 _NAP_FOR_S = 0.02  # ... for this long, then sleeps until woken
 _WAKE_BATCH = 32  # queued tasks that wake a napping worker at once
+_EXIT_WAIT_S = 600.0  # at interpreter exit, how long the queued work may still run
 
 
 class StreamError(NeuronRuntimeError):
@@ -112,6 +114,7 @@ class _Queue:
         self._sleeping = False  # the worker sleeps until woken (or until it exits)
         self._waiting = 0  # threads waiting for completions
         self._inline = False  # an issuing thread runs a small task itself (run_inline)
+        self._stopping = False  # the interpreter exits: an idle worker ends at once
 
     def submit(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> int:
         if self.blocking:
@@ -184,7 +187,7 @@ class _Queue:
             idle_since = time.monotonic()
             while not tasks or self._inline:
                 idle = time.monotonic() - idle_since
-                if idle >= _IDLE_EXIT_S and not tasks:
+                if (idle >= _IDLE_EXIT_S or self._stopping) and not tasks:
                     self._worker = None
                     return None
                 if idle < _NAP_FOR_S:
@@ -215,6 +218,15 @@ class _Queue:
                 self.completed += 1
                 if self._waiting:
                     self._done_cond.notify_all()
+
+    def stop(self, timeout: float) -> None:
+        """End the worker once it is idle and wait up to ``timeout`` s for its thread (interpreter exit)."""
+        with self._lock:
+            self._stopping = True
+            self._work_cond.notify()
+            worker = self._worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout)
 
     def reset_after_fork(self) -> None:
         """In a forked child: no worker thread came along, so start without one (work the parent
@@ -563,6 +575,26 @@ def synchronize(device: Any = None) -> None:
         Stream._wrap(queue).synchronize()
 
 
+def _finish_at_exit() -> None:
+    """Let every stream run the work queued on it and end its worker before the interpreter exits.
+
+    A script that ends with work still queued (``q = a @ a`` as its last line) had its worker
+    thread torn down by the interpreter's finalization inside the runtime's native code, and
+    the process aborted ("terminate called after throwing an instance of ''"). CUDA finishes
+    queued work at exit too.
+    """
+    with _registry_lock:
+        queues = [queue for device in _queues.values() for queue in device]
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    for queue in queues:
+        if not queue.wait(queue.submitted, max(0.0, deadline - time.monotonic())):
+            _log.warning("neuron:%d stream %d still had work queued at exit after %.0f s", queue.device,
+                         queue.id, _EXIT_WAIT_S)
+    for queue in queues:
+        queue.stop(max(0.1, deadline - time.monotonic()))
+
+
+atexit.register(_finish_at_exit)
 memory.set_current_stream_resolver(lambda index: current_stream(index).id)
 
 
