@@ -282,7 +282,8 @@ def found_by_new_users(rank: int) -> None:
     for a zero PREMUL_SUM factor); scatter into a non-contiguous view (gloo wrote it as if it
     were contiguous); all_to_all_single with one side's splits only, on the padding path
     (NEURON_USE_NKI_ALLTOALLV=0 in this run: its output was never written); an empty
-    reduce_scatter off the default stream; recv from any source."""
+    reduce_scatter off the default stream; recv from any source; reduce_scatter_tensor into a
+    non-contiguous output (an internal view error); AVG of bools (all False)."""
     size = dist.get_world_size()
     mine = torch.tensor([1.0, 2.0, 3.0, 4.0], device="neuron") * (rank + 1)
     for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist._make_nccl_premul_sum(0.0)):
@@ -319,6 +320,22 @@ def found_by_new_users(rank: int) -> None:
         source = dist.recv(got)
         if source != 1 or got.tolist() != [7.0, 7.0]:
             raise RuntimeError(f"recv from any source: {source}, {got.tolist()}")
+    big = torch.zeros(2, 3, device="neuron")  # reduce_scatter_tensor into a transposed view
+    dist.reduce_scatter_tensor(big.t(), torch.ones(size * 3, 2, device="neuron"))
+    if big.tolist() != [[float(size)] * 3] * 2:
+        raise RuntimeError(f"reduce_scatter_tensor into a transposed view gave {big.tolist()}")
+    flags = torch.tensor([True, rank == 0, False, True], device="neuron")
+    try:  # an average of booleans: refused on every rank, as gloo refuses it (it came back all False)
+        dist.all_reduce(flags, op=dist.ReduceOp.AVG)
+    except ValueError as exc:
+        if "bool" not in str(exc):
+            raise
+    else:
+        raise RuntimeError(f"all_reduce AVG of bools gave {flags.tolist()}")
+    t = torch.ones(3, device="neuron")
+    dist.all_reduce(t)  # the group still works
+    if t.tolist() != [float(size)] * 3:
+        raise RuntimeError(f"all_reduce after a refused call gave {t.tolist()}")
 
 
 def main() -> None:

@@ -180,7 +180,8 @@ def reduce_scatter_base(pg: dist.ProcessGroup, output: torch.Tensor, input: torc
         return
     rows = input.reshape(size, n)
     step = n if not split else max(1, _chunk_bytes() // input.element_size())
-    flat_out = output.view(-1) if output.is_contiguous() else None
+    # a non-contiguous output gets this rank's slices in a contiguous copy, written back at the end
+    flat_out = output.view(-1) if output.is_contiguous() else torch.empty(n, dtype=output.dtype)
     # the transport reduces in place: a copy of the input, whole, or one chunk's rows at a time
     # in a buffer reused by every chunk (one chunk live, its pages touched once)
     whole = step >= n
@@ -196,10 +197,9 @@ def reduce_scatter_base(pg: dist.ProcessGroup, output: torch.Tensor, input: torc
         _before(chunk, op, factor)
         _wait(pg.allreduce([chunk.view(-1)], wire))
         _after(chunk, op, size)
-        if flat_out is not None:
-            flat_out[start:start + count].copy_(chunk[rank])
-        else:
-            output.view(-1)[start:start + count] = chunk[rank]
+        flat_out[start:start + count].copy_(chunk[rank])
+    if not output.is_contiguous():
+        output.copy_(flat_out.view(output.shape))
 
 
 def reduce_scatter(pg: dist.ProcessGroup, output: torch.Tensor, inputs: Sequence[torch.Tensor],

@@ -162,6 +162,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         validate.dtypes("all_reduce", tensors)
         validate.contiguous("all_reduce", tensors)
+        validate.reduce_op("all_reduce", op, tensors)
         plain = [_plain(t) for t in tensors]
         return self._issue("all_reduce", tensors, list(tensors), lambda: algorithms.all_reduce(
             self._transport, plain, op, self.size(), self.options.bucket_bytes),
@@ -170,6 +171,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> NeuronWork:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         validate.contiguous("all_reduce_coalesced", tensors)
+        validate.reduce_op("all_reduce_coalesced", op, tensors)
         plain = [_plain(t) for t in tensors]
         return self._issue("all_reduce_coalesced", tensors, list(tensors), lambda: algorithms.all_reduce(
             self._transport, plain, op, self.size(), self.options.bucket_bytes), Agreement(None, _numels(tensors)))
@@ -177,6 +179,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> NeuronWork:
         validate.root("reduce", opts.rootRank, self.size())
         validate.contiguous("reduce", tensors)
+        validate.reduce_op("reduce", opts.reduceOp, tensors)
         plain = _plain(tensors[0])
         return self._issue("reduce", tensors, list(tensors), lambda: algorithms.reduce(
             self._transport, plain, opts.rootRank, opts.reduceOp, self.size()),
@@ -249,6 +252,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> NeuronWork:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         validate.scatter_base("reduce_scatter_tensor", output, input, self.size())
+        validate.reduce_op("reduce_scatter_tensor", op, [input])
         split = self._split_scatter([output, input])
         out, inp = _plain(output), _plain(input)
         return self._issue("reduce_scatter", [input, output], [output],
@@ -262,6 +266,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         for output, input in zip(outputs, inputs, strict=True):
             validate.scatter_base("reduce_scatter_tensor_coalesced", output, input, self.size())
+        validate.reduce_op("reduce_scatter_tensor_coalesced", op, inputs)
         split = self._split_scatter(outputs)
         pairs = [(_plain(o), _plain(i)) for o, i in zip(outputs, inputs)]
 
@@ -277,6 +282,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
                        opts: Any = None) -> NeuronWork:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         validate.scatter_lists("reduce_scatter", outputs, input_lists, self.size())
+        validate.reduce_op("reduce_scatter", op, outputs)
         split = self._split_scatter(outputs)
         pairs = [(_plain(o), [_plain(t) for t in ins]) for o, ins in zip(outputs, input_lists)]
 

@@ -45,6 +45,16 @@ def contiguous(kind: str, tensors: Sequence[torch.Tensor]) -> None:
             raise _fail(kind, f"a non-contiguous tensor of shape {tuple(t.shape)} (call .contiguous() first)")
 
 
+def reduce_op(kind: str, op: Any, tensors: Sequence[torch.Tensor]) -> None:
+    """Averages and pre-multiplied sums of booleans have no boolean result: refused, as gloo refuses
+    them ("result type Float can't be cast to ... Bool"); the average came back all False."""
+    code = op.op if hasattr(op, "op") else torch.distributed.ReduceOp.RedOpType(int(op))
+    if code in (torch.distributed.ReduceOp.AVG, torch.distributed.ReduceOp.PREMUL_SUM) \
+            and any(t.dtype == torch.bool for t in tensors):
+        raise _fail(kind, f"{code.name} of bool tensors has no bool result; convert them to an integer "
+                          "or floating dtype first")
+
+
 def root(kind: str, rank: int, size: int) -> None:
     """A root or peer rank within the group."""
     if not 0 <= rank < size:
