@@ -28,6 +28,32 @@ def test_an_integer_division_by_zero_raises_torchs_error(name):
         op(a.to("neuron"), b.to("neuron")).cpu()
 
 
+@pytest.mark.parametrize(("name", "divisor", "dtype"), [
+    *((name, divisor, torch.int64) for name in (*OPS, "floor_divide_", "floor rounding", "rfloordiv")
+      for divisor in (0, -3)),
+    ("floor_divide", 0, torch.uint8), ("remainder", 3, torch.uint8)])
+def test_integer_division_by_a_python_number(name, divisor, dtype):
+    """A Python 0 divisor stays a literal in the kernel (``a // 0``, ``a % 0``, ``5 // t``): its
+    divisions returned garbage on the eager device and compiled ([7, -8, 9] // 0 was [-1, -2, -1])."""
+    ops = {**{k: (lambda op: lambda a: op(a, divisor))(v) for k, v in OPS.items()},
+           "floor_divide_": lambda a: a.clone().floor_divide_(divisor),
+           "floor rounding": lambda a: torch.div(a, divisor, rounding_mode="floor"),
+           "rfloordiv": lambda a: 5 // (a * 0 + divisor)}
+    op = ops[name]
+    a = torch.tensor([7, 8, 9] if dtype == torch.uint8 else [7, -8, 9], dtype=dtype)
+    if divisor == 0:
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            op(a)
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            op(a.to("neuron")).cpu()
+        with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+            torch.compile(op, backend="neuron")(a)
+    else:
+        torch.testing.assert_close(op(a.to("neuron")).cpu(), op(a))
+        torch.testing.assert_close(torch.compile(op, backend="neuron")(a), op(a))
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("name", list(OPS))
 def test_valid_integer_divisions_match_torch(name):
     op = OPS[name]

@@ -62,6 +62,8 @@ def div_mode(a, b, *, rounding_mode: str | None = None):
     """
     if rounding_mode != "floor":
         return NotImplemented
+    if not isinstance(a, torch.Tensor):  # ``5 // t``
+        a = promoted_scalar(a, b)
     b = promoted_scalar(b, a)
     if not (a.is_floating_point() or b.is_floating_point()):
         return _floor_divide_integers(*_promoted(a, b))
