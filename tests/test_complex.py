@@ -266,3 +266,31 @@ def test_compiled_with_decompose_off_falls_back_to_eager(monkeypatch):
                             options={"model_name": "complex_fallback"})(a, b)
     torch.testing.assert_close(out, (a * b).abs())
     assert any(issubclass(w.category, RuntimeWarning) and "falling back" in str(w.message) for w in record)
+
+
+def test_complex_abs_keeps_huge_and_tiny_moduli_eager_and_compiled():
+    """sqrt(re**2 + im**2) overflowed from |z| ~ 1.8e19 (inf) and underflowed below 1e-19 (0)."""
+    z = torch.tensor([1e30 + 1e30j, 1e-30 + 1e-30j, 3e20 + 4e20j, 3 + 4j, 0j, complex("inf") + 1j,
+                      complex(1, float("-inf")), complex("nan")], dtype=torch.complex64)
+    torch.testing.assert_close(z.to("neuron").abs().cpu(), z.abs(), equal_nan=True)
+    torch.testing.assert_close(torch.compile(torch.abs, backend="neuron")(z), z.abs(), equal_nan=True)
+
+
+def test_complex_cumsum_of_a_0d_tensor_is_its_value():
+    """Split into its real pair, a 0-d complex's cumsum summed its real part into its imaginary part."""
+    x = torch.tensor(1 + 2j)
+    assert torch.equal(torch.cumsum(x.to("neuron"), 0).cpu(), x)
+
+
+def test_cpu_fallbacks_of_complex_composites_conjugate():
+    """A CPU fallback runs below the Python key, where torch had the Conjugate key off: linalg_pinv's
+    own ``vh.mH`` was multiplied unconjugated (a pseudo-inverse 1.8 off), lstsq's residuals negative."""
+    torch.manual_seed(0)
+    a, b = torch.randn(4, 3, dtype=torch.complex64), torch.randn(4, 3, dtype=torch.complex64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (they run on the CPU)
+        torch.testing.assert_close(torch.linalg.pinv(a.to("neuron")).cpu(), torch.linalg.pinv(a))
+        got = torch.linalg.lstsq(a.to("neuron"), b.to("neuron"), driver="gelsd")
+    want = torch.linalg.lstsq(a, b, driver="gelsd")
+    torch.testing.assert_close(got.solution.cpu(), want.solution)
+    torch.testing.assert_close(got.residuals.cpu(), want.residuals)

@@ -115,6 +115,28 @@ def _transposed(d):
     return x, torch.tensor(x.stride())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("out_shape", [(6, 6), (0,)])
+def test_kron_writes_its_out_through_an_unsafe_view(dtype, out_shape):
+    """kron(..., out=) writes ``out`` through ``_unsafe_view``, which the device ran as a computation
+    (a copy): a correctly sized ``out`` was never written."""
+    a, b = torch.randn(2, 3).to(dtype), torch.randn(3, 2).to(dtype)
+    out = torch.full(out_shape, 7.0, dtype=dtype).to("neuron")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        assert torch.kron(a.to("neuron"), b.to("neuron"), out=out) is out
+    torch.testing.assert_close(out.cpu(), torch.kron(a, b))
+
+
+def test_an_in_place_op_whose_functional_form_orders_its_arguments_otherwise():
+    """polygamma_(self, n) was run as polygamma(n, self): a cast error of torch's."""
+    x = torch.rand(4) + 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = x.to("neuron").polygamma_(1)
+    torch.testing.assert_close(got.cpu(), x.clone().polygamma_(1))
+
+
 @pytest.mark.parametrize("case", [_same_size, _shrink, _grow, _view_past_its_end, _transposed])
 def test_resize_keeps_sharing_memory_with_views_as_on_the_cpu(case):
     """resize_ gave the tensor new memory even when its storage was large enough: views stopped

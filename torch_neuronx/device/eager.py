@@ -297,7 +297,9 @@ _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
 
 
 def _is_view(func: Any) -> bool:
-    return func.is_view or func in (aten.alias.default, aten.detach.default)
+    """Ops whose result shares its input's memory: views, and ``_unsafe_view``, a view torch's schema
+    does not mark (``kron(..., out=out)`` writes ``out`` through one: a copy left ``out`` unwritten)."""
+    return func.is_view or func in (aten.alias.default, aten.detach.default, aten._unsafe_view.default)
 
 
 def _mutated(func: Any) -> list[int]:
@@ -352,6 +354,8 @@ def _functional_variant(func: Any) -> Any | None:
         candidate = getattr(packet, overload)
         if _argument_types(candidate) == wanted:
             return candidate
+    if same_name is not None and [a[0] for a in _argument_types(same_name)] != [a[0] for a in wanted]:
+        return None  # its arguments in another order (``polygamma_(self, n)``, ``polygamma(n, self)``)
     return same_name
 
 
@@ -382,7 +386,8 @@ _HOST_RESULTS = {aten._pack_padded_sequence.default: frozenset({1})}
 
 
 def _run_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
+    with math_bits.host_dispatch():
+        out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
     place = _on_device(_first_neuron((args, kwargs))._index)
     kept = _HOST_RESULTS.get(func)
     if kept is not None:
@@ -662,7 +667,8 @@ def run_without_functional_form(func: Any, args: Sequence[Any], kwargs: dict[str
 def _run_writing_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """An op writing into its arguments (``out=``), on the CPU: the neuron tensors it writes are
     resized and filled (:mod:`.mutations`), its other results placed on the device."""
-    out = mutations.run_writing_on_cpu(func, args, kwargs, _written(func, args, kwargs))
+    with math_bits.host_dispatch():
+        out = mutations.run_writing_on_cpu(func, args, kwargs, _written(func, args, kwargs))
     return pytree.tree_map(_on_device(_first_neuron((args, kwargs))._index), out)
 
 

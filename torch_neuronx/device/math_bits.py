@@ -25,7 +25,7 @@ import torch.utils._pytree as pytree
 
 from torch_neuronx.runtime.tensor import NeuronTensor
 
-__all__ = ["passes_bits", "resolved"]
+__all__ = ["host_dispatch", "passes_bits", "resolved"]
 
 _KEYS = (torch._C.DispatchKey.Conjugate, torch._C.DispatchKey.Negative)
 # Ops torch lets through with the bits set that read no values (metadata, allocation), or that
@@ -68,3 +68,16 @@ def resolved(args: Sequence[Any], kwargs: dict[str, Any], resolve: Callable[[Neu
         return pytree.tree_map(lambda t: resolve(t) if _has_bits(t) else t, value)
 
     return plain(tuple(args)), {k: v if k in keep else plain(v) for k, v in kwargs.items()}
+
+
+def host_dispatch() -> torch._C._ForceDispatchKeyGuard:
+    """The Conjugate and Negative keys back on for host ops run from ``__torch_dispatch__``.
+
+    A CPU fallback runs below the Python key, where torch excludes the math-bit keys: a composite
+    CPU op that makes a conjugate view itself (``linalg_pinv``'s ``vh.mH @ ...``) then multiplied
+    the raw memory, unconjugated (a complex pseudo-inverse 1.8 off).
+    """
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in _KEYS:
+        exclude = exclude.remove(key)
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)

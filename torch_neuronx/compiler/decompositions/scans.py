@@ -45,6 +45,16 @@ def cumprod(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torc
     return scan((x,), dim % x.dim(), lambda a, b: (a[0] * b[0],))[0]
 
 
+def cumsum_scalar(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``aten.cumsum`` of a 0-d tensor: its value (a complex one, split into its real pair, summed
+    its real part into its imaginary part along the pair's dimension)."""
+    if x.dim():
+        return NotImplemented
+    if dtype is None and not (x.is_floating_point() or x.is_complex()):
+        dtype = torch.int64
+    return (x if dtype is None else x.to(dtype)).clone()
+
+
 def _cumulative_extreme(x: torch.Tensor, dim: int, later_wins: Callable) -> tuple[torch.Tensor, torch.Tensor]:
     if x.dim() == 0:
         return x.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
@@ -109,6 +119,7 @@ def logcumsumexp(x: torch.Tensor, dim: int) -> torch.Tensor:
 #: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.cumprod.default: cumprod,
+    aten.cumsum.default: cumsum_scalar,
     aten.cummax.default: cummax,
     aten.cummin.default: cummin,
     aten.logcumsumexp.default: logcumsumexp,

@@ -205,8 +205,17 @@ class Emitter:
                 self.div(self.sub(self.mul(ai, br), self.mul(ar, bi)), den))
 
     def abs(self, a: Cx) -> Node:
+        """The modulus without overflow or underflow (hypot's way): the larger part's magnitude
+        times sqrt(1 + ratio**2); sqrt(re**2 + im**2) was inf from |z| ~ 1.8e19 and 0 below 1e-19."""
         re, im = self.parts(a)
-        return self(aten.sqrt.default, self.add(self.mul(re, re), self.mul(im, im)))
+        if is_num(re) or is_num(im):
+            return self(aten.sqrt.default, self.add(self.mul(re, re), self.mul(im, im)))
+        x, y = self(aten.abs.default, re), self(aten.abs.default, im)
+        big, small = self(aten.maximum.default, x, y), self(aten.minimum.default, x, y)
+        ratio = self(aten.div.Tensor, small, self(aten.where.ScalarSelf, self(aten.eq.Scalar, big, 0), 1.0, big))
+        size = self.mul(big, self(aten.sqrt.default, self(aten.add.Scalar, self.mul(ratio, ratio), 1)))
+        infinite = self(aten.logical_or.default, self(aten.isinf.default, re), self(aten.isinf.default, im))
+        return self(aten.where.ScalarSelf, infinite, float("inf"), size)
 
     def angle(self, a: Cx) -> Node:
         re, im = self.parts(a)
