@@ -336,6 +336,11 @@ class NeuronTensor(torch.Tensor):
         traced output's offset. Dynamo's guards compare this metadata, so a call with an
         input at another offset compiles again rather than rebuilding that view wrongly.
         """
+        if self._allocation is not None and self._allocation.writer is not None:
+            # aot_autograd's runtime hands compiled graphs the inner tensors it gets here: the
+            # queued op that writes them must have run (a backward read autograd's zero tangent
+            # before its fill ran: gradients 2.8 off on every other call).
+            wait_for_host((self,))
         return ["_data"], (self._index, self.storage_offset())
 
     @staticmethod
