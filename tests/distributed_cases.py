@@ -338,11 +338,24 @@ def found_by_new_users(rank: int) -> None:
         raise RuntimeError(f"all_reduce after a refused call gave {t.tolist()}")
 
 
+def device_id_bound(rank: int) -> None:
+    """init_process_group(device_id=neuron:0) (main() passes it for this case) failed: "No backend
+    type associated with device type neuron"."""
+    t = torch.ones(3, device="neuron")
+    dist.all_reduce(t)
+    sub = dist.new_group(list(range(dist.get_world_size())))
+    dist.all_reduce(t, group=sub)
+    if t.tolist() != [float(dist.get_world_size() ** 2)] * 3:
+        raise RuntimeError(f"all_reduce in a device-bound group gave {t.tolist()}")
+
+
 def main() -> None:
     import faulthandler
     faulthandler.dump_traceback_later(200, exit=True)
     case = sys.argv[1]
-    dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=float(os.environ.get("PG_TIMEOUT", "10"))))
+    bound = {"device_id": torch.device("neuron", 0)} if case == "device_id_bound" else {}
+    dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=float(os.environ.get("PG_TIMEOUT", "10"))),
+                            **bound)
     rank = dist.get_rank()
     try:
         globals()[case](rank)

@@ -120,6 +120,12 @@ def test_defects_found_by_new_users_stay_fixed():
     assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
 
 
+def test_a_group_bound_to_a_device():
+    proc = torchrun("distributed_cases.py", "device_id_bound", timeout=240)
+    outcomes = _outcomes(proc)
+    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+
+
 def test_ranks_that_close_their_groups_in_opposite_orders_exit_at_once():
     proc = torchrun("distributed_cases.py", "groups_closed_in_opposite_orders", timeout=240)
     outcomes = _outcomes(proc)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import logging
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -26,6 +27,8 @@ from torch_neuronx.distributed.options import Options
 from torch_neuronx.distributed.work import CollectiveQueue, NeuronWork, Task, issue, never_compiled
 from torch_neuronx.runtime import streams
 from torch_neuronx.runtime.tensor import NeuronTensor
+
+_log = logging.getLogger("torch_neuronx.distributed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +69,16 @@ def _flatten(values: Any) -> list[torch.Tensor]:
 
 
 @never_compiled
+class _Unsplittable:
+    """What ``ProcessGroupNeuron._get_backend`` answers for ``neuron``: nothing to split or connect
+    eagerly (falsy, as torch tests the split source)."""
+
+    supports_splitting = False
+
+    def __bool__(self) -> bool:
+        return False
+
+
 class ProcessGroupNeuron(dist.ProcessGroup):
     """TorchNeuron's ``neuron`` process group: collectives on neuron (and CPU) tensors over gloo."""
 
@@ -109,6 +122,25 @@ class ProcessGroupNeuron(dist.ProcessGroup):
     def transport(self) -> dist.ProcessGroup:
         """The gloo process group that moves the bytes."""
         return self._transport
+
+    def _get_backend(self, device: Any) -> Any:
+        """The backend c10d asks for a device: for ``neuron``, one that cannot be split (torch asks
+        it when ``init_process_group(device_id=neuron:i)`` binds the group to a device, and failed
+        with "No backend type associated with device type neuron"); the collectives stay this
+        group's."""
+        if torch.device(device).type == "neuron":
+            return _Unsplittable()
+        return super()._get_backend(device)
+
+    def shutdown(self) -> None:
+        """``destroy_process_group``: the agreement connections say goodbye and their threads end,
+        and the transports close, so that a later ``init_process_group`` starts afresh."""
+        self._agreements.close()
+        for group in (self._transport, self._agreements._transport):
+            try:
+                group.shutdown()
+            except Exception as exc:  # noqa: BLE001 - a closed group must not fail the teardown
+                _log.debug("shutting down a gloo group: %s", exc)
 
     # -- issuing ------------------------------------------------------------------------------
 
