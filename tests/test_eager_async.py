@@ -179,6 +179,7 @@ def test_launch_blocking_raises_at_the_op_and_stack_traces_name_the_users_line(t
     script.write_text(textwrap.dedent(_CHILD))
     blocking = _child(script, {"NEURON_LAUNCH_BLOCKING": "1"})
     assert "RETURNED" not in blocking and "RAISED QueuedOpError" in blocking, blocking
+    assert "NEURON_LAUNCH_BLOCKING=1 to raise" not in blocking  # it is set: no advice to set it
     queued = _child(script, {"TORCH_NEURONX_ENABLE_STACK_TRACE": "1"})
     assert "RETURNED" in queued and "injected device fault" in queued, queued
     assert "users_training_step" in queued and "THE FAILING LINE" in queued, queued

@@ -73,6 +73,8 @@ def issuing_stack() -> list[tuple[str, int, str]]:
 def describe_stack(stack: Sequence[tuple[str, int, str]] | None) -> str:
     """The issuing stack as text for an error message (a hint when it was not recorded)."""
     if not stack:
+        if config.get("NEURON_LAUNCH_BLOCKING"):  # (it raised where it was issued: the caller's traceback)
+            return "\n(set TORCH_NEURONX_ENABLE_STACK_TRACE=1 to see the line that issued it)"
         return ("\n(set TORCH_NEURONX_ENABLE_STACK_TRACE=1 to see the line that issued it, or "
                 "NEURON_LAUNCH_BLOCKING=1 to raise it there)")
     summary = traceback.StackSummary.from_list(
