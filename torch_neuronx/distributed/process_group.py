@@ -68,7 +68,6 @@ def _flatten(values: Any) -> list[torch.Tensor]:
     return out
 
 
-@never_compiled
 class _Unsplittable:
     """What ``ProcessGroupNeuron._get_backend`` answers for ``neuron``: nothing to split or connect
     eagerly (falsy, as torch tests the split source)."""
@@ -79,6 +78,7 @@ class _Unsplittable:
         return False
 
 
+@never_compiled
 class ProcessGroupNeuron(dist.ProcessGroup):
     """TorchNeuron's ``neuron`` process group: collectives on neuron (and CPU) tensors over gloo."""
 
