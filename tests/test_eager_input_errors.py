@@ -176,3 +176,21 @@ def test_calls_torch_rejects_for_their_shapes_raise_torchs_error(name):
         warnings.simplefilter("error")  # torch's error at the call, not a fallback to the CPU
         with pytest.raises(type(expected), match=re.escape(str(expected).splitlines()[0][:40])):
             fn(x.to("neuron"))
+
+
+_WITH_KERNELS = {
+    "uint8 abs": lambda d: torch.tensor([0, 5, 250], dtype=torch.uint8, device=d).abs(),
+    "uint8 gcd": lambda d: torch.gcd(torch.tensor([0, 5, 250], dtype=torch.uint8, device=d),
+                                     torch.tensor([3, 10, 25], dtype=torch.uint8, device=d)),
+    "gather of a 0-d tensor": lambda d: torch.gather(torch.tensor(3.0, device=d), 0, torch.tensor(0, device=d)),
+    "searchsorted of a scalar": lambda d: torch.searchsorted(torch.tensor([1.0, 2.0, 3.0], device=d), 2.5),
+}
+
+
+@pytest.mark.parametrize("name", list(_WITH_KERNELS))
+def test_ops_that_fell_back_to_the_cpu_run_on_the_device(name):
+    fn = _WITH_KERNELS[name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "runs on the CPU" warning
+        got = fn("neuron")
+    assert torch.equal(got.cpu(), fn("cpu"))
