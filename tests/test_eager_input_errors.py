@@ -194,3 +194,29 @@ def test_ops_that_fell_back_to_the_cpu_run_on_the_device(name):
         warnings.simplefilter("error")  # no "runs on the CPU" warning
         got = fn("neuron")
     assert torch.equal(got.cpu(), fn("cpu"))
+
+
+_OUT_OVERLAPS = {
+    "neg into a shifted window": lambda x: torch.neg(x[:4], out=x[2:6]),
+    "add into a shifted window": lambda x: torch.add(x[:4], 1, out=x[2:6]),
+    "mul into a shifted window": lambda x: torch.mul(x[:4], x[1:5], out=x[2:6]),
+    "into an expanded out": lambda x: torch.add(x[:4], 1, out=x[:1].expand(4)),
+    "into itself (allowed)": lambda x: torch.exp(x[:4], out=x[:4]),
+    "into a disjoint window (allowed)": lambda x: torch.add(x[:4], 1, out=x[4:8]),
+}
+
+
+@pytest.mark.parametrize("name", list(_OUT_OVERLAPS))
+def test_out_variants_refuse_an_out_partly_overlapping_an_input(name):
+    """A pointwise op's ``out`` partly overlapping its input computed a value where the CPU raises."""
+    fn = _OUT_OVERLAPS[name]
+    x = torch.arange(8.0)
+    try:
+        fn(x)
+    except RuntimeError as expected:
+        with pytest.raises(RuntimeError, match=re.escape(str(expected)[:40])):
+            fn(torch.arange(8.0).to("neuron"))
+    else:
+        y = torch.arange(8.0).to("neuron")
+        fn(y)
+        torch.testing.assert_close(y.cpu(), x)

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from torch_neuronx.device import overlap
 from torch_neuronx.runtime.tensor import NeuronTensor
 
 __all__ = ["functional_twin", "run"]
@@ -61,6 +62,9 @@ def run(func: Any, twin: Any, args: Sequence[Any], kwargs: dict[str, Any],
     rest = {k: v for k, v in kwargs.items() if k != "out"}
     if not isinstance(out, NeuronTensor) or out._allocation is None:
         return fallback(func, args, kwargs)
+    if torch.Tag.pointwise in twin.tags:  # torch's TensorIterator checks (``torch.neg(x[:4], out=x[2:])``)
+        overlap.refuse_internal_overlap(out)
+        overlap.refuse_partial_overlap(out, (*args, *rest.values()))
     result = functional(twin, args, rest)
     if not isinstance(result, NeuronTensor) or result._index != out._index or result.shape != out.shape \
             or not torch.can_cast(result.dtype, out.dtype):
