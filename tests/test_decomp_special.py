@@ -175,6 +175,18 @@ def test_half_precision_and_integer_inputs_compute_in_float32():
         _assert_matches(got, expected, str(expected.dtype), None)
 
 
+def test_lgamma_at_the_largest_negative_poles_is_inf():
+    """Every float32 past 2**23 is an integer, a pole of Gamma: +inf as eager, also where the
+    reflection's lgamma(1 - x) overflows (-3e38 gave NaN, inf - inf)."""
+    for dtype in (torch.float32, torch.float64):
+        x = torch.tensor([-3e38, -3.4e38, -1e30, -2.5e7, -1.0], dtype=torch.float64)
+        if dtype == torch.float64:
+            x = torch.cat([x, torch.tensor([-1.7e308, -1e300])])
+        x = x.to(dtype)
+        got = torch.compile(torch.lgamma, backend="neuron")(x)
+        assert torch.equal(got, torch.lgamma(x)), (dtype, got)
+
+
 def test_the_compile_path_traces_with_these_decompositions():
     """No other table entry (ours or torch's) shadows them."""
     from torch_neuronx.compiler.decompositions import special, table

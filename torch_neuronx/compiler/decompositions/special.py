@@ -133,7 +133,9 @@ def lgamma(x: torch.Tensor) -> torch.Tensor:
     distance = (x - torch.round(x)).abs()  # exact, in [0, 1/2]
     reflected = -torch.log(_sin_pi(distance)) + _LOG_PI - result
     result = torch.where(negative, reflected, result)
-    return torch.where(x.abs() == _INF, _INF, result)
+    # Poles: their reflection is inf - inf where lgamma(1 - x) overflows (x = -3e38).
+    pole = negative & (distance == 0)
+    return torch.where((x.abs() == _INF) | pole, _INF, result)
 
 
 @elementwise
