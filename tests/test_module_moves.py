@@ -51,3 +51,55 @@ def test_other_refusals_of_a_swap_stay_torchs():
     with pytest.raises(RuntimeError, match="use_count"):
         torch.utils.swap_tensors(a, b)
     del held
+
+
+def _lazy_model() -> nn.Module:
+    return nn.Sequential(nn.LazyConv2d(3, 3), nn.LazyBatchNorm2d(), nn.Flatten(), nn.LazyLinear(4))
+
+
+@pytest.mark.parametrize("how", ["moved", "built_there", "moved_twice", "deep_copied"])
+def test_lazy_modules_materialize_on_neuron(how):
+    """A lazy module built on ``neuron`` or moved there before its first call stays lazy, as on
+    CUDA: its first call materializes its parameters and buffers on ``neuron`` with the shapes of
+    that call (a move made them plain 0-element tensors, and creating one there raised torch's
+    internal ``_make_subclass`` error). It then trains and loads a state dict as any module."""
+    import copy
+
+    x = torch.randn(2, 2, 6, 6)
+    reference = _lazy_model()
+    reference(x)
+    if how == "built_there":
+        with torch.device("neuron"):
+            model = _lazy_model()
+    else:
+        model = _lazy_model().to("neuron")
+        if how == "moved_twice":
+            model = model.to("neuron")
+        elif how == "deep_copied":
+            model = copy.deepcopy(model)
+    assert all(isinstance(p, nn.parameter.UninitializedParameter) and p.device.type == "neuron"
+               for p in model.parameters())
+    assert isinstance(model[1].running_mean, nn.parameter.UninitializedBuffer)
+    model(x.to("neuron"))  # materializes
+    assert [p.shape for p in model.parameters()] == [p.shape for p in reference.parameters()]
+    assert all(isinstance(p, nn.Parameter) and not isinstance(p, nn.parameter.UninitializedParameter)
+               and p.device.type == "neuron" for p in model.parameters())
+    assert model[1].running_mean.shape == (3,) and model[1].running_mean.device.type == "neuron"
+    model.load_state_dict(reference.state_dict())
+    out = model(x.to("neuron"))
+    torch.testing.assert_close(out.cpu(), reference(x), atol=1e-5, rtol=1e-5)
+    out.square().sum().backward()
+    assert model[3].weight.grad.shape == (4, 48) and model[3].weight.grad.device.type == "neuron"
+
+
+def test_uninitialized_placeholders_elsewhere_stay_torchs():
+    """The placeholders' constructors are torch's off ``neuron`` (CPU, meta, default arguments)."""
+    p = nn.parameter.UninitializedParameter()
+    b = nn.parameter.UninitializedBuffer(persistent=False, device="meta")
+    assert type(p) is nn.parameter.UninitializedParameter and p.device.type == "cpu"
+    assert type(b) is nn.parameter.UninitializedBuffer and b.device.type == "meta" and b.persistent is False
+    q = nn.parameter.UninitializedParameter(requires_grad=False, device="neuron", dtype=torch.float16)
+    assert isinstance(q, nn.parameter.UninitializedParameter) and not q.requires_grad
+    q.materialize((2, 3))
+    assert q.shape == (2, 3) and q.dtype == torch.float16 and q.device.type == "neuron"
+    assert isinstance(q, nn.Parameter) and not isinstance(q, nn.parameter.UninitializedParameter)

@@ -37,7 +37,7 @@ def register() -> bool:
 
     _setup_privateuseone_for_python_backend("neuron", module, NeuronHooks(), NeuronDeviceGuard())
     _register_kernels()
-    from torch_neuronx.device import accelerator, autocast, backward_errors, eager, pinned, swap
+    from torch_neuronx.device import accelerator, autocast, backward_errors, eager, lazy, pinned, swap
     from torch_neuronx.runtime import hops, tensor
 
     hops.install()
@@ -48,6 +48,7 @@ def register() -> bool:
     pinned.install()
     backward_errors.install()
     swap.install()
+    lazy.install()
     _register_serialization()
     _registered = True
     return True

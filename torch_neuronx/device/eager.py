@@ -40,6 +40,7 @@ from torch_neuronx.device import (
     host_kernels,
     kernels,
     launch,
+    lazy,
     masks,
     math_bits,
     mutations,
@@ -190,6 +191,8 @@ def _copy_on_host(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     else:
         _cpu(dst).copy_(_cpu(src), **kwargs)
     wrote(dst)
+    if to_device and not from_device:
+        lazy.mark_moved(src, dst)  # a lazy module's placeholder stays one (``.to("neuron")``)
     return dst
 
 
