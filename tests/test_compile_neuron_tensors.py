@@ -321,3 +321,25 @@ def test_empty_tensors_in_and_out_of_a_graph():
     for a, b in ((0, 2), (3, 0), (0, 0)):
         out = joined(torch.ones(a, device="neuron"), torch.ones(b, device="neuron"))
         assert out.tolist() == [2.0] * (a + b)
+
+
+def test_a_forward_that_mutates_a_parameter_trains_compiled():
+    """``nn.Embedding(max_norm=...)`` renormalizes the rows it looks up in place: the compiled
+    backward takes that mutated weight's gradient as a plain-tensor tangent, which the neuron
+    tangent is coerced to (it raised aot_autograd's "guessed its metadata incorrectly")."""
+    ids = torch.tensor([[0, 2, 4, 0], [9, 1, 0, 3]])
+    torch.manual_seed(0)
+    reference = nn.Embedding(10, 5, max_norm=0.5)
+    model = copy.deepcopy(reference).to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (reference, model)]
+    for _ in range(2):
+        expected, got = reference(ids), compiled(ids.to("neuron"))
+        torch.testing.assert_close(got.cpu(), expected)
+        expected.pow(2).sum().backward()
+        got.pow(2).sum().backward()
+        torch.testing.assert_close(model.weight.grad.cpu(), reference.weight.grad)
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+    torch.testing.assert_close(model.weight.detach().cpu(), reference.weight.detach())

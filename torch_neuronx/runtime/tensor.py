@@ -343,6 +343,27 @@ class NeuronTensor(torch.Tensor):
             wait_for_host((self,))
         return ["_data"], (self._index, self.storage_offset())
 
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: type | None = None
+                                            ) -> torch.Tensor | None:
+        """This tangent as the compiled backward was traced to take it (aot_autograd asks).
+
+        A tangent traced as a plain tensor (the gradient of an input the forward mutated:
+        ``nn.Embedding(max_norm=...)`` renormalizes its weight in place) is handed over as the
+        inner tensor, as every neuron input of a compiled graph is. A neuron tangent traced at
+        another storage offset is handed over as a contiguous copy when that offset was 0.
+        """
+        if expected_type is torch.Tensor:
+            self.__tensor_flatten__()  # waits for its queued writer, as for every input
+            return self._data
+        if expected_type not in (None, NeuronTensor) or not isinstance(expected_metadata, tuple):
+            return None
+        index, offset = expected_metadata
+        if index != self._index:
+            return None
+        if offset == self.storage_offset():
+            return self
+        return self.clone(memory_format=torch.contiguous_format) if offset == 0 else None
+
     @staticmethod
     def __tensor_unflatten__(inner: dict[str, torch.Tensor], meta: tuple[int, int], outer_size: Any,
                              outer_stride: Any) -> NeuronTensor:
