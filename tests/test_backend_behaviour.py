@@ -274,6 +274,27 @@ def test_compile_only_context_compiles_and_never_executes(tmp_path, monkeypatch)
     assert len(glob.glob(str(tmp_path / "neff" / "**" / "*.neff"), recursive=True)) == 1
 
 
+@pytest.mark.parametrize("before", [None, "0"])
+def test_compile_only_context_sets_the_variable_as_the_specification_says(monkeypatch, before):
+    """Inside ``compile_only()`` the environment says TORCH_NEURONX_COMPILE_ONLY=1 (a child process
+    sees it too); the previous value comes back after the outermost block, not after an inner one."""
+    import subprocess
+    import sys
+
+    if before is None:
+        monkeypatch.delenv("TORCH_NEURONX_COMPILE_ONLY", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_NEURONX_COMPILE_ONLY", before)
+    with compile_only():
+        with compile_only():
+            assert os.environ["TORCH_NEURONX_COMPILE_ONLY"] == "1"
+        assert os.environ["TORCH_NEURONX_COMPILE_ONLY"] == "1"
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.environ['TORCH_NEURONX_COMPILE_ONLY'])"],
+                               capture_output=True, text=True, timeout=60)
+        assert child.stdout.strip() == "1"
+    assert os.environ.get("TORCH_NEURONX_COMPILE_ONLY") == before
+
+
 def test_compile_only_environment_variable(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_NEURONX_COMPILE_ONLY", "1")
     monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))

@@ -242,6 +242,12 @@ def test_explicit_export_per_rank_and_unknown_names_reported_at_import(tmp_path)
     assert "grpah_stats" in proc.stderr and "valid tables: graph_stats, eager_ops" in proc.stderr
     assert os.listdir(tmp_path / "now") == ["metric_table_graph_stats_rank3.csv"]
     assert os.listdir(tmp_path / "metrics") == ["metric_table_graph_stats_rank3.csv"]  # and at exit
+    # Readable as the other artifacts: the umask's mode (the test runs under 022 or stricter).
+    umask = os.umask(0)
+    os.umask(umask)
+    for directory in ("now", "metrics"):
+        mode = os.stat(tmp_path / directory / "metric_table_graph_stats_rank3.csv").st_mode & 0o777
+        assert mode == 0o666 & ~umask, oct(mode)
 
 
 def test_no_table_no_files_and_no_listener(tmp_path):

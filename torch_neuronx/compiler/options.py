@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shlex
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -179,6 +181,31 @@ def compile_only() -> Iterator[None]:
     with zeros, on the device of the inputs (so ``device="meta"`` inputs compile graphs
     too large for this host without allocating anything); the NEFFs land in the cache
     as usual.
+
+    As the specification says, the block also sets ``TORCH_NEURONX_COMPILE_ONLY=1`` in the
+    environment (for the whole process and the processes it starts, as any variable), and
+    restores the previous value when the last such block in the process ends.
     """
-    with config.override(TORCH_NEURONX_COMPILE_ONLY=True):
-        yield
+    global _environment_holders, _environment_before
+    with _environment_lock:
+        if _environment_holders == 0:
+            _environment_before = os.environ.get(_COMPILE_ONLY)
+            os.environ[_COMPILE_ONLY] = "1"
+        _environment_holders += 1
+    try:
+        with config.override(TORCH_NEURONX_COMPILE_ONLY=True):
+            yield
+    finally:
+        with _environment_lock:
+            _environment_holders -= 1
+            if _environment_holders == 0:
+                if _environment_before is None:
+                    os.environ.pop(_COMPILE_ONLY, None)
+                else:
+                    os.environ[_COMPILE_ONLY] = _environment_before
+
+
+_COMPILE_ONLY = "TORCH_NEURONX_COMPILE_ONLY"
+_environment_lock = threading.Lock()
+_environment_holders = 0  # compile_only() blocks open in this process
+_environment_before: str | None = None  # the variable's value before the first of them

@@ -10,19 +10,18 @@ when ``torch_neuronx`` is imported (:func:`configure`), not after a whole run.
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import dataclasses
 import io
 import logging
 import os
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from torch_neuronx import config, observe, process
+from torch_neuronx.cache import atomic
 from torch_neuronx.config import directories
 from torch_neuronx.metrics.collector import collector
 from torch_neuronx.observe import samples
@@ -185,16 +184,8 @@ def export(names: Sequence[str] | None = None, directory: str | None = None) -> 
     paths = []
     for name in enabled() if names is None else names:
         path = csv_path(name, directory)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(path) or ".")
-        try:
-            with os.fdopen(fd, "w", newline="") as f:
-                f.write(to_csv(name))
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        # Readable as every other artifact (the umask's mode, not mkstemp's 0600), never torn.
+        atomic.write_atomic(os.path.abspath(path), to_csv(name).encode(), durable=False)
         paths.append(path)
     return paths
 
