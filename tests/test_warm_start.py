@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 SCRIPT = """
 import json, sys, torch
@@ -214,3 +215,22 @@ def test_a_warm_start_reports_the_cold_compiles_node_count(tmp_path):
     cold, warm = results
     assert warm["plans"] == 1 and cold["plans"] == 0
     assert cold["nodes"] == warm["nodes"] and cold["nodes"][0] > 0
+
+
+def test_a_lowering_made_under_another_default_dtype_is_not_served(tmp_path, monkeypatch):
+    """The lowering (HLO) cache key held the graph's code, not the default dtype its trace reads:
+    after a float32 call, Dynamo's recompile under float64 got the float32 lowering back
+    (``x.sum() + torch.full((4,), 0.1)`` was float32 3.0999999, not float64 3.1)."""
+    monkeypatch.setenv("TORCH_NEURONX_NEFF_CACHE_DIR", str(tmp_path / "neff"))
+    monkeypatch.setenv("TORCH_NEURONX_HLO_CACHE_DIR", str(tmp_path / "hlo"))
+    f = torch.compile(lambda x: x.sum() + torch.full((4,), 0.1), backend="neuron")
+    x = torch.ones(3)
+    assert f(x).dtype == torch.float32
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        out, expected = f(x), x.sum() + torch.full((4,), 0.1)
+    finally:
+        torch.set_default_dtype(before)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, expected)

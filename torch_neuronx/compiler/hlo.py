@@ -63,10 +63,30 @@ def _placeholder_spec(node: torch.fx.Node) -> str:
     return f"{node.name}:{val!r}"
 
 
+def global_state() -> str:
+    """The process state that changes what a graph's code computes, which Dynamo guards on within
+    a process but its graph's code does not show: the default dtype (``torch.ones(3)`` in a
+    graph), autocast (``x @ w`` in bfloat16), deterministic algorithms, float32 matmul precision.
+    A lowering or plan made under other state was served: a float32 result where float64 or
+    bfloat16 was due."""
+    autocast = []
+    for device in ("cpu", "neuron", "cuda"):
+        try:
+            enabled = torch.is_autocast_enabled(device)
+        except RuntimeError:  # a device type this torch does not know
+            continue
+        autocast.append(f"{device}:{enabled}:{torch.get_autocast_dtype(device) if enabled else ''}")
+    return (f"default_dtype={torch.get_default_dtype()} autocast={','.join(autocast)} "
+            f"cache={torch.is_autocast_cache_enabled()} deterministic={torch.are_deterministic_algorithms_enabled()} "
+            f"matmul={torch.get_float32_matmul_precision()}")
+
+
 def graph_key(gm: torch.fx.GraphModule) -> str:
-    """A digest of everything that determines ``gm``'s lowering."""
+    """A digest of everything that determines ``gm``'s lowering (the process state included: the
+    lowering traces the graph again, where ``torch.full((4,), 0.1)`` takes the default dtype)."""
     h = hashlib.sha256()
     h.update(lowering_versions().encode())
+    h.update(global_state().encode())
     h.update(gm.code.encode())
     for node in gm.graph.nodes:
         if node.op == "placeholder":

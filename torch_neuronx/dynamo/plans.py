@@ -53,27 +53,10 @@ def dynamo_key(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options:
     h.update(f"plan {PLAN_VERSION} {hlo.graph_key(gm)}".encode())
     h.update(json.dumps(options.compiler_config(), sort_keys=True).encode())
     h.update(f"complex_decompose={options.complex_decompose}".encode())
-    h.update(_global_state().encode())
+    h.update(hlo.global_state().encode())
     for a in example_inputs:
         h.update(_tensor_spec(a).encode())
     return "plan-" + h.hexdigest()
-
-
-def _global_state() -> str:
-    """The process state that changes what a graph's code computes, which Dynamo guards on within
-    a process but its graph's code does not show: the default dtype (``torch.ones(3)`` in a
-    graph), autocast (``x @ w`` in bfloat16), deterministic algorithms, float32 matmul precision.
-    A plan made under other state was served: a float32 result where float64 or bfloat16 was due."""
-    autocast = []
-    for device in ("cpu", "neuron", "cuda"):
-        try:
-            enabled = torch.is_autocast_enabled(device)
-        except RuntimeError:  # a device type this torch does not know
-            continue
-        autocast.append(f"{device}:{enabled}:{torch.get_autocast_dtype(device) if enabled else ''}")
-    return (f"default_dtype={torch.get_default_dtype()} autocast={','.join(autocast)} "
-            f"cache={torch.is_autocast_cache_enabled()} deterministic={torch.are_deterministic_algorithms_enabled()} "
-            f"matmul={torch.get_float32_matmul_precision()}")
 
 
 def plain_inference(example_inputs: Sequence[Any], graph_inputs: Sequence[Any]) -> bool:
