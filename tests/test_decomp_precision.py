@@ -197,3 +197,29 @@ def test_narrow_arithmetic_with_a_scalar_uses_the_scalars_own_value(dtype):
         assert e.dtype == w.dtype == c.dtype
         torch.testing.assert_close(e.cpu(), w, rtol=0, atol=0, equal_nan=True, msg=f"eager result {index}")
         torch.testing.assert_close(c, w, rtol=0, atol=0, equal_nan=True, msg=f"compiled result {index}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_group_norm_of_a_narrow_input_with_float32_parameters(dtype):
+    """What autocast gives a GroupNorm (a UNet's, a diffusion model's): a narrow input with float32
+    weight and bias. torch's kernel computes in float32 and returns the output (and the input's
+    gradient) in the input's dtype, the parameters' gradients in float32; lowered as it was, the
+    mix failed in torch-mlir. Compiled and on the eager device, forward and backward."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 8, 4, 4).to(dtype), torch.randn(8), torch.randn(8)
+    grad = torch.randn(2, 8, 4, 4).to(dtype)
+
+    def run(fn, device):
+        leaves = [t.detach().clone().to(device).requires_grad_() for t in (x, w, b)]
+        out = fn(*leaves)
+        out.backward(grad.to(device))
+        return [out.detach().cpu()] + [t.grad.cpu() for t in leaves]
+
+    def f(x, w, b):
+        return F.group_norm(x, 2, w, b)
+
+    expected = run(f, "cpu")
+    for got in (run(torch.compile(f, backend="neuron"), "cpu"), run(f, "neuron")):
+        for g, e in zip(got, expected):
+            assert g.dtype == e.dtype
+            torch.testing.assert_close(g.float(), e.float(), atol=2e-2, rtol=2e-2)

@@ -137,8 +137,38 @@ def in_float32(op: Any, previous: Callable | None, when: Callable[[tuple, dict],
     return decomposition
 
 
+#: Group norm forward and backward, with the positions of their results in the input's dtype.
+_GROUP_NORMS = {aten.native_group_norm.default: (0,), aten.native_group_norm_backward.default: (0,)}
+
+
+def _mixed_group_norm(op: Any, decomposition: Callable) -> Callable:
+    """``decomposition`` of a group norm op, which also takes a narrow input with float32 weight
+    and bias (what autocast hands it: torch's kernel computes in float32, its mean and rstd and the
+    weight's gradients float32, the output and input gradient in the input's dtype). Lowered as
+    it is, that mix failed in torch-mlir ("expects operand and result to have compatible element
+    type")."""
+
+    @functools.wraps(decomposition)
+    def mixed(*args: Any, **kwargs: Any) -> Any:
+        floating = {leaf.dtype for leaf in pytree.tree_leaves((args, kwargs))
+                    if isinstance(leaf, torch.Tensor) and leaf.is_floating_point()}
+        narrow = floating - {torch.float32}
+        if len(narrow) != 1 or torch.float32 not in floating or not narrow <= set(NARROW):
+            return decomposition(*args, **kwargs)
+        (dtype,) = narrow
+        wide_args, wide_kwargs = pytree.tree_map(
+            lambda t: t.float() if isinstance(t, torch.Tensor) and t.dtype == dtype else t, (args, kwargs))
+        results = decomposition(*wide_args, **wide_kwargs)
+        if results is NotImplemented:
+            results = op(*wide_args, **wide_kwargs)
+        return tuple(r.to(dtype) if i in _GROUP_NORMS[op] and r is not None else r for i, r in enumerate(results))
+
+    return mixed
+
+
 def wrapped(table: dict) -> dict:
     """``table`` with each op of :data:`OPS` (and :data:`DOT_SHAPED`'s dot products) computing
-    narrow inputs in float32."""
-    return {**table, **{op: in_float32(op, table.get(op)) for op in OPS},
-            **{op: in_float32(op, table.get(op), _is_dot) for op in DOT_SHAPED}}
+    narrow inputs in float32, and group norms taking a narrow input with float32 parameters."""
+    table = {**table, **{op: in_float32(op, table.get(op)) for op in OPS},
+             **{op: in_float32(op, table.get(op), _is_dot) for op in DOT_SHAPED}}
+    return {**table, **{op: _mixed_group_norm(op, table[op]) for op in _GROUP_NORMS}}
