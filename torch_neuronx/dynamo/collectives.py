@@ -1,17 +1,22 @@
-"""Graphs with collectives: the compute between collectives compiled, the collectives on the transport.
+"""Graphs with collectives or custom ops: the compute between them compiled, they run as they are.
 
 A graph from ``torch.compile`` that calls functional collectives
 (``_c10d_functional.all_reduce`` + ``wait_tensor``, tensor-parallel layers, DTensor) cannot
-become one NEFF: the exchange is the process group's (gloo here). :func:`compile_split` cuts
-the graph with ``torch.fx.passes.split_module`` so that each collective (and each wait) is a
-partition of its own, compiles every compute partition through the pipeline like any graph,
-and leaves the collective partitions to run as they are: on neuron tensors they reach the eager
-device's collective handling, which calls the group's ``neuron`` process group, in program order.
+become one NEFF: the exchange is the process group's (gloo here). Nor can one calling a user's
+``torch.library`` custom op (``@torch.library.custom_op``, a ``Library("ns", "DEF")`` op, or a
+mutating one, which aot_autograd wraps in ``auto_functionalized``): its implementation is the
+user's Python or C++ (inductor calls it as an opaque kernel; torch-mlir failed on it).
+:func:`compile_split` cuts the graph with ``torch.fx.passes.split_module`` so that each such op
+is a partition of its own, compiles every compute partition through the pipeline like any
+graph, and leaves the opaque partitions to run as they are, in program order: a collective on
+neuron tensors reaches the eager device's collective handling, which calls the group's
+``neuron`` process group; a custom op runs its own implementation.
 """
 
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -26,20 +31,43 @@ from torch_neuronx.pipeline.graph import build_graph
 from torch_neuronx.runtime import streams
 from torch_neuronx.runtime.tensor import NeuronTensor
 
-present = stats.has_collectives  # whether a graph calls a collective
+#: Namespaces of the ops the compile path lowers (``neuron``: its own checks and layer ops).
+_LOWERED_NAMESPACES = frozenset({"aten", "prims", "neuron"})
+_FUNCTIONALIZED = (torch.ops.higher_order.auto_functionalized, torch.ops.higher_order.auto_functionalized_v2)
+
+
+def is_custom_op(node: torch.fx.Node) -> bool:
+    """Whether ``node`` calls an op the compile path cannot lower: a user's ``torch.library`` op
+    (or a mutating one, functionalized), any op outside the namespaces it lowers."""
+    if node.op != "call_function" or stats.is_collective(node):
+        return False
+    if node.target in _FUNCTIONALIZED:
+        return True
+    return isinstance(node.target, torch._ops.OpOverload) and node.target.namespace not in _LOWERED_NAMESPACES
+
+
+def _opaque(node: torch.fx.Node) -> bool:
+    return stats.is_collective(node) or is_custom_op(node)
+
+
+def present(gm: torch.fx.GraphModule) -> bool:
+    """Whether ``gm`` calls a collective or a custom op (compiled in partitions around them)."""
+    return any(_opaque(n) for n in gm.graph.nodes)
 
 
 def _partitions(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, int]:
-    """Node order cut into runs: each collective alone, the compute between them together."""
+    """Node order cut into runs: each collective and custom op alone, the compute between them together."""
     ids: dict[torch.fx.Node, int] = {}
     current, in_compute = 0, True
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output", "get_attr"):
             continue
-        if stats.is_collective(node):
+        if _opaque(node):
             current += 1
             ids[node] = current
             in_compute = False
+        elif node.target is operator.getitem and _opaque(node.args[0]):  # auto_functionalized's results
+            ids[node] = ids[node.args[0]]
         else:
             if not in_compute:
                 current += 1
@@ -101,10 +129,11 @@ def compile_split(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str)
     """``gm`` with its compute partitions compiled: a boxed callable (aot_autograd's convention)."""
     ids = _partitions(gm)
     split = split_module(gm, None, lambda node: ids[node], keep_original_order=True)
-    collective_ids = {ids[n] for n in gm.graph.nodes if stats.is_collective(n)}
+    opaque_ids = {ids[n] for n in gm.graph.nodes if _opaque(n)}
+    on_default_stream = stats.has_collectives(gm)
     for child_name, child in list(split.named_children()):
         index = int(child_name.rsplit("_", 1)[-1])
-        if index in collective_ids or not _computes(child):
+        if index in opaque_ids or not _computes(child):
             continue
         single = _as_tuple_output(child)
         part_name = f"{name}_part{index}"
@@ -115,7 +144,7 @@ def compile_split(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str)
     def run(args: list[Any]) -> Any:
         values: Sequence[Any] = list(args)
         args.clear()
-        with _on_default_stream(values):
+        with _on_default_stream(values) if on_default_stream else contextlib.nullcontext():
             out = split(*values)
         return list(out) if isinstance(out, tuple | list) else [out]
 

@@ -78,7 +78,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         target = copy.deepcopy(gm) if options.fallback else gm
         try:
             with stats.compiling(gm, model, kind):
-                if collectives.present(target):  # compute compiled, collectives on the transport
+                if collectives.present(target):  # compute compiled; collectives, custom ops as they are
                     split = collectives.compile_split(target, options, name)
                     observe.count("compiled_graphs")
                     return split
