@@ -81,3 +81,20 @@ def test_compiled_multinomial_checks_its_weights_as_eager_does(weights, message)
     with pytest.raises(RuntimeError, match=message):
         compiled(probs)
     assert compiled(torch.tensor([[0.0, 1.0, 0.0]])).item() == 1
+
+
+def test_normal_of_tensors_draws_fresh_values_with_the_given_moments():
+    """``torch.normal(mean, std)`` with a tensor mean, std or both (the reparameterization of a VAE,
+    a diffusion step's noise) compiles, draws anew per call, and broadcasts as eager."""
+    def f(mean, std):
+        return torch.normal(mean, 2.0), torch.normal(mean, std), torch.normal(1.0, std), torch.normal(mean[:1], std)
+
+    mean = torch.linspace(-3, 3, 4).repeat_interleave(20000).reshape(4, 20000)
+    std = torch.full((4, 20000), 0.5)
+    compiled = torch.compile(f, backend="neuron")
+    first, second = compiled(mean, std), compiled(mean, std)
+    for got, expected in zip(first, f(mean, std)):
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        torch.testing.assert_close(got.mean(1), expected.mean(1), atol=0.05, rtol=0)
+        torch.testing.assert_close(got.std(1), expected.std(1), atol=0.05, rtol=0)
+    assert not any(torch.equal(a, b) for a, b in zip(first, second))

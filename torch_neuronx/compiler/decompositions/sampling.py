@@ -4,7 +4,7 @@ The ``random_ops_to_inputs`` pass turns ``rand``, ``randn``, ``randint`` and the
 ``*_like`` forms into NEFF inputs drawn from torch's generator at every call. The other
 samplers are written here in those draws, so they too give fresh values per call
 (torch-mlir lowered ``bernoulli`` with one baked-in state: stochastic depth and
-``dropout2d`` kept one mask forever) or compile at all (``normal_``, ``uniform_``,
+``dropout2d`` kept one mask forever) or compile at all (``normal_``, ``torch.normal`` of tensors, ``uniform_``,
 ``exponential_``, ``multinomial``). The distributions are torch's; the streams are not
 (an explicit ``generator=`` is not honored: draws use torch's default generator).
 """
@@ -33,6 +33,17 @@ def bernoulli(x: torch.Tensor, p: float | torch.Tensor | None = None, *, generat
 def normal_functional(x: torch.Tensor, mean: float = 0.0, std: float = 1.0, *, generator=None) -> torch.Tensor:
     """``aten.normal_functional`` (``Tensor.normal_``)."""
     return torch.randn_like(x) * std + mean
+
+
+def normal_tensors(mean: torch.Tensor | float, std: torch.Tensor | float = 1.0, *, generator=None) -> torch.Tensor:
+    """``torch.normal`` with a tensor mean, std or both (``normal.Tensor_float``, ``float_Tensor``,
+    ``Tensor_Tensor``; reparameterized noise in VAEs and diffusion models): a standard normal draw
+    of the broadcast shape, scaled by ``std`` and shifted by ``mean``, as torch's kernel does."""
+    tensors = [t for t in (mean, std) if isinstance(t, torch.Tensor)]
+    shape = torch.broadcast_shapes(*(t.shape for t in tensors))
+    like = tensors[0]
+    draw = torch.randn(shape, dtype=like.dtype, device=like.device)
+    return draw * std + mean
 
 
 def uniform(x: torch.Tensor, low: float = 0.0, high: float = 1.0, *, generator=None) -> torch.Tensor:
@@ -84,6 +95,9 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.bernoulli.p: bernoulli,
     aten.bernoulli.Tensor: bernoulli,
     aten.normal_functional.default: normal_functional,
+    aten.normal.Tensor_float: normal_tensors,
+    aten.normal.float_Tensor: normal_tensors,
+    aten.normal.Tensor_Tensor: normal_tensors,
     aten.uniform.default: uniform,
     aten.exponential.default: exponential,
     aten.multinomial.default: multinomial,
