@@ -47,6 +47,23 @@ def test_a_serving_loop_over_eight_batch_sizes_compiles_once(caplog):
     assert any("one NEFF serves every size" in r.getMessage() for r in caplog.records)
 
 
+def test_a_convolutional_model_gets_one_dynamic_neff_below_and_above_batch_16():
+    """torch's fake convolution guards on ``batch < 16`` while it picks a CPU backend: the trace
+    was refused as dynamic and every batch size compiled a NEFF. Now the dynamic NEFF serves every
+    size below 16 and Dynamo's own recompile at 16 every size from there."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4), torch.nn.ReLU(),
+                                torch.nn.MaxPool2d(2), torch.nn.Flatten(), torch.nn.Linear(64, 4)).eval()
+    compiled = torch.compile(model, backend="neuron")
+    with torch.no_grad():
+        compiled(torch.randn(3, 3, 8, 8))  # static, as Dynamo's first compile always is
+        before = _compiles()
+        for batch in (2, 5, 7, 9, 16, 20, 33):
+            x = torch.randn(batch, 3, 8, 8)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    assert _compiles() - before == 2
+
+
 def test_the_dynamic_neff_keeps_weights_resident_and_sees_their_updates():
     """Its weights are bound once, as a static graph's are (their matmul packing hoisted out of
     the calls: weights passed as arguments cost 1.22-1.30x the static NEFF per call, resident

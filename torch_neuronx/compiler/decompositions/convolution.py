@@ -30,6 +30,8 @@ from collections.abc import Sequence
 
 import torch
 
+from torch_neuronx.compiler.decompositions.general import calls_itself
+
 aten = torch.ops.aten
 
 
@@ -48,12 +50,28 @@ def _transposed(x: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], pa
     return full
 
 
+def _shape_env(x: torch.Tensor) -> object | None:
+    """The shape environment of a symbolically traced ``x``; None for concrete sizes."""
+    for size in x.shape:
+        if isinstance(size, torch.SymInt):
+            return size.node.shape_env
+    return None
+
+
+@calls_itself
 def convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
                 padding: Sequence[int], dilation: Sequence[int], transposed: bool,
                 output_padding: Sequence[int], groups: int):
-    """``aten.convolution``: ours only for transposed ones with differing output paddings."""
+    """``aten.convolution``: ours for transposed ones with differing output paddings; with symbolic
+    sizes, torch's without the guards its fake kernel adds while choosing a CPU backend (``batch <
+    16``: a dynamic-shape trace of any convolutional model was refused, one NEFF per batch size)."""
     if not transposed or len(set(output_padding)) <= 1:
-        return NotImplemented
+        env = _shape_env(x)
+        if env is None:
+            return NotImplemented
+        with env.suppress_guards():  # the backend choice decides nothing the lowering uses
+            return aten.convolution.default(x, weight, bias, list(stride), list(padding), list(dilation),
+                                            transposed, list(output_padding), groups)
     sizes = [(x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + dilation[i] * (weight.shape[2 + i] - 1)
              + output_padding[i] + 1 for i in range(len(stride))]
     out = _transposed(x, weight, stride, padding, dilation, sizes, groups)
