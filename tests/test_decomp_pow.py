@@ -54,3 +54,29 @@ def test_pow_follows_c_at_special_values(name: str) -> None:
     eager = fn(BASES.to("neuron"), EXPONENTS.to("neuron")).cpu()
     assert _same(compiled, expected), (compiled, expected)
     assert _same(eager, expected), (eager, expected)
+
+
+_EXPONENTS = [-3, -2, -1, 0, 1, 2, 3, 7, 31, 32, 33, 62, 63, 64, 65, 100, 1000]
+_BASES = [-3, -2, -1, 0, 1, 2, 3, 5, 10, 255, -128, 123456789]
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int8, torch.uint8])
+def test_integer_powers_wrap_as_torchs(dtype):
+    """Integer powers wrap as torch's square-and-multiply does (``2 ** 64`` is 0 in int64, ``3 **
+    64`` 8733086111712066817), negative exponents give 1, +-1 or 0: IREE's looped over too few
+    of the exponent's bits (``2 ** 64`` was 1, ``2 ** 100`` 2**36). Compiled and on the eager
+    device, a Python base, a tensor base with a tensor exponent, and a Python exponent."""
+    exponents = torch.tensor(_EXPONENTS).clamp(min=0 if dtype == torch.uint8 else -3).to(dtype)
+    bases = torch.tensor(_BASES).to(dtype)[:, None]
+
+    def f(b, e):
+        return 3 ** e, (-2) ** e, b ** e, b ** 100, b ** 7
+
+    expected = f(bases, exponents)
+    torch._dynamo.reset()
+    results = [torch.compile(f, backend="neuron")(bases, exponents)]
+    if dtype == torch.int64:  # the eager device shares the decomposition: one dtype suffices
+        results.append(f(bases.to("neuron"), exponents.to("neuron")))
+    for got in results:
+        for g, e in zip(got, expected):
+            assert g.dtype == e.dtype and torch.equal(g.cpu(), e), (dtype, g.cpu(), e)

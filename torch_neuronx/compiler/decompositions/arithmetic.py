@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch
 
+from torch_neuronx.compiler.decompositions import integer_powers
 from torch_neuronx.compiler.decompositions.general import calls_itself
 
 aten = torch.ops.aten
@@ -120,7 +121,7 @@ def shift_left(a, b):
     the CPU's shift does; a shift past the width (or negative) gives 0, as torch's kernel does
     (``2**b`` wrapped: ``uint8 << 70`` gave 192)."""
     a, b, width, _, dtype = _shift_operands(a, b)
-    power = torch.pow(_as_tensor(2, a), torch.clamp(b, 0, width - 1))
+    power = integer_powers.two_to_the(torch.clamp(b, 0, width - 1), width - 1)
     # Zeros computed from ``a``, not a literal (see _shift_operands).
     return torch.where((b >= 0) & (b < width), a * power, a * 0).to(dtype)
 
@@ -132,7 +133,7 @@ def shift_right(a, b):
     INT_MIN (``x >> 31`` flipped signs) and ``2**32`` to 0 (a division by zero)."""
     a, b, width, signed, dtype = _shift_operands(a, b)
     largest = width - 2 if signed else width - 1  # the largest power of two the type holds
-    quotient = aten.div.Tensor_mode(a, torch.pow(_as_tensor(2, a), torch.clamp(b, 0, largest)),
+    quotient = aten.div.Tensor_mode(a, integer_powers.two_to_the(torch.clamp(b, 0, largest), largest),
                                     rounding_mode="floor")
     past = torch.where(a < 0, a * 0 - 1, a * 0) if signed else a * 0
     return torch.where((b >= 0) & (b <= largest), quotient, past).to(dtype)
@@ -263,6 +264,8 @@ def pow_tensor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor):
         return NotImplemented
     dtype = torch.result_type(a, b)
+    if integer_powers.is_integer(dtype):
+        return integer_powers.power(a.to(dtype), b.to(dtype))
     if not dtype.is_floating_point:
         return NotImplemented
     a, b = torch.broadcast_tensors(a.to(dtype), b.to(dtype))
@@ -282,6 +285,8 @@ def pow_scalar(a, b: torch.Tensor) -> torch.Tensor:
     """``aten.pow`` of a Python number raised to a tensor: a positive base lowers as it is; zero
     (``0.0 ** 0`` was NaN), NaN, infinite and negative bases (``(-2.0) ** x`` gave zeros) follow C."""
     dtype = torch.result_type(a, b)
+    if integer_powers.is_integer(dtype) and isinstance(a, int):
+        return integer_powers.power_of_base(a, b.to(dtype))
     if not dtype.is_floating_point or isinstance(a, complex) or (a > 0 and a not in (1, math.inf)):
         return NotImplemented
     b = b.to(dtype)
@@ -324,6 +329,8 @@ def pow_tensor_scalar(a: torch.Tensor, b) -> torch.Tensor:
     if isinstance(b, complex) or not isinstance(a, torch.Tensor):
         return NotImplemented
     dtype = torch.result_type(a, b)
+    if integer_powers.is_integer(dtype) and isinstance(b, int) and integer_powers.wrapped(b, dtype) > 3:
+        return integer_powers.power_of_number(a.to(dtype), integer_powers.wrapped(b, dtype))
     if not dtype.is_floating_point or b in _POW_AS_IS:
         return NotImplemented
     if math.isfinite(b):
