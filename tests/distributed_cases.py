@@ -20,6 +20,35 @@ def peer_dies(rank: int) -> None:
     t.cpu()
 
 
+def peer_dies_in_ddp_training(rank: int) -> None:
+    """A peer gone during DDP training: the survivor's backward raised nothing and DDP's reducer
+    read the failed collective's future as gradients: a segfault (its future now fails in C++)."""
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 4).to("neuron"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        if rank == 1 and step == 2:
+            os._exit(0)
+        optimizer.zero_grad()
+        model(torch.randn(6, 8, device="neuron")).square().sum().backward()
+        optimizer.step()
+        torch.neuron.synchronize()
+
+
+def state_dict_broadcast_from_rank0(rank: int) -> None:
+    """FSDP2's ``set_model_state_dict(..., broadcast_from_rank0=True)`` moves the state to the group's
+    first device type: an IndexError on the neuron group's empty list before."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(rank)  # each rank starts from other weights
+    model = fully_shard(torch.nn.Linear(4, 6).to("neuron"))
+    full = {"weight": torch.arange(24.0).reshape(6, 4), "bias": torch.arange(6.0)} if rank == 0 else {}
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    got = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}
+    if not (torch.equal(got["weight"], torch.arange(24.0).reshape(6, 4)) and torch.equal(got["bias"], torch.arange(6.0))):
+        raise RuntimeError(f"rank {rank} restored {got}")
+
+
 def peer_never_arrives(rank: int) -> None:
     if rank == 1:
         time.sleep(12)  # alive, but never calls the collective

@@ -91,6 +91,7 @@ def _outcomes(proc: subprocess.CompletedProcess) -> dict[int, str]:
     ("mismatched_gather", {1: "output of 8 elements for 2 inputs of 5", 0: "CollectiveError"}),
     ("peer_dies", {0: "by peer"}),  # gloo: "Connection closed by peer" or "... reset by peer"
     ("peer_never_arrives", {0: "did not complete within 5 s"}),
+    ("peer_dies_in_ddp_training", {0: "all_reduce on process group"}),
 ])
 def test_failures_are_errors_on_every_rank_never_hangs_or_aborts(case, expect):
     proc = torchrun("distributed_cases.py", case, PG_TIMEOUT="5", timeout=240)
@@ -116,6 +117,12 @@ def test_defects_found_by_new_users_stay_fixed():
     """Non-root reduce buffers kept, strided scatter outputs, one-sided all_to_all splits on the
     padding path, an empty reduce_scatter off the default stream, recv from any source."""
     proc = torchrun("distributed_cases.py", "found_by_new_users", timeout=240, NEURON_USE_NKI_ALLTOALLV="0")
+    outcomes = _outcomes(proc)
+    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+
+
+def test_fsdp_state_dict_broadcast_from_rank0():
+    proc = torchrun("distributed_cases.py", "state_dict_broadcast_from_rank0", timeout=240)
     outcomes = _outcomes(proc)
     assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
 

@@ -119,6 +119,14 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         return self._desc
 
     @property
+    def _device_types(self) -> list[torch.device]:
+        """The devices whose tensors this group moves (c10d's list of its backends' devices,
+        empty for a group written in Python): FSDP's ``set_model_state_dict(...,
+        broadcast_from_rank0=True)`` moves the state to the first of them and failed with an
+        IndexError on the empty list."""
+        return [torch.device("neuron"), torch.device("cpu")]
+
+    @property
     def transport(self) -> dist.ProcessGroup:
         """The gloo process group that moves the bytes."""
         return self._transport

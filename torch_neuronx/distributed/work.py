@@ -38,11 +38,16 @@ class CollectiveError(RuntimeError):
     and by the next synchronization of the streams that consume its outputs."""
 
 
+def _value(future: torch.futures.Future) -> Any:
+    """The value of a completed future (raising its error: see :attr:`Task.future`)."""
+    return future.value()
+
+
 class Task:
     """One collective: what it waits for, what it runs, and how it ended."""
 
     __slots__ = ("kind", "fn", "ready", "outputs", "nbytes", "future", "done", "error", "group", "timeout_s",
-                 "check", "after", "order", "_ending", "reported", "consumers")
+                 "check", "after", "order", "_ending", "reported", "consumers", "_source")
 
     def __init__(self, kind: str, fn: Callable[[], Any], ready: Sequence[streams.Event], outputs: list[Any],
                  nbytes: int, group: str, timeout_s: float, check: agreements.Check | None = None) -> None:
@@ -51,7 +56,12 @@ class Task:
         self.check = check  # the ranks' agreement check, posted when the collective was issued
         self.after: Task | None = None  # a collective issued before it, running on a stream's worker
         self.order = 0  # its place in its group's program order (set when the queue admits it)
-        self.future: torch.futures.Future = torch.futures.Future()
+        # What Work.get_future() returns completes from the one set here through a callback that
+        # reads its value: an error then fails it in C++, where DDP's reducer reads it (a Python
+        # set_exception completes a future successfully with the exception as its value, which the
+        # reducer took for its gradients: a segfault when a peer died during backward).
+        self._source: torch.futures.Future = torch.futures.Future()
+        self.future: torch.futures.Future = self._source.then(_value)
         self.done = threading.Event()
         self.error: BaseException | None = None
         self._ending = False
@@ -134,9 +144,9 @@ class Task:
                 f"{self.describe()} failed: {type(exc).__name__}: {exc}")
             if exc is not self.error:
                 self.error.__cause__ = exc
-            self.future.set_exception(self.error)
+            self._source.set_exception(self.error)
         else:
-            self.future.set_result(self.outputs)
+            self._source.set_result(self.outputs)
         self.fn = None  # the collective's closure (and its tensors' memory) goes now
         self.done.set()
 
