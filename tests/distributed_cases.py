@@ -45,7 +45,8 @@ def state_dict_broadcast_from_rank0(rank: int) -> None:
     full = {"weight": torch.arange(24.0).reshape(6, 4), "bias": torch.arange(6.0)} if rank == 0 else {}
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     got = {k: v.full_tensor().cpu() for k, v in model.state_dict().items()}
-    if not (torch.equal(got["weight"], torch.arange(24.0).reshape(6, 4)) and torch.equal(got["bias"], torch.arange(6.0))):
+    expected = {"weight": torch.arange(24.0).reshape(6, 4), "bias": torch.arange(6.0)}
+    if not all(torch.equal(got[k], v) for k, v in expected.items()):
         raise RuntimeError(f"rank {rank} restored {got}")
 
 
