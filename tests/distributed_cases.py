@@ -50,6 +50,36 @@ def state_dict_broadcast_from_rank0(rank: int) -> None:
         raise RuntimeError(f"rank {rank} restored {got}")
 
 
+def ddp_powersgd_hook(rank: int) -> None:
+    """PowerSGD's comm hook waits inside an all_reduce's ``then`` for the next all_reduce: completed
+    on the thread that runs the collectives, that wait hung DDP at its first compressed step."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 16), torch.nn.ReLU(),
+        torch.nn.Linear(16, 4)).to("neuron"))
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2,
+                                        min_compression_rate=0.5, use_error_feedback=True, warm_start=True,
+                                        random_seed=0)
+    model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    for step in range(4):  # host data moved in: queued work on the stream, the collectives on its worker
+        g = torch.Generator().manual_seed(100 + step * 10 + rank)
+        x, y = torch.randn(8, 8, generator=g), torch.randn(8, 4, generator=g)
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x.to("neuron")), y.to("neuron"))
+        loss.backward()
+        losses.append(loss.detach())
+        optimizer.step()
+    total = torch.stack([p.detach().sum() for p in model.parameters()]).sum().reshape(1)
+    gathered = [torch.zeros(1, device="neuron") for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, total)
+    if len({g.item() for g in gathered}) != 1:
+        raise RuntimeError(f"the ranks' parameters differ after PowerSGD steps: {[g.item() for g in gathered]}")
+
+
 def peer_never_arrives(rank: int) -> None:
     if rank == 1:
         time.sleep(12)  # alive, but never calls the collective

@@ -121,6 +121,12 @@ def test_defects_found_by_new_users_stay_fixed():
     assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
 
 
+def test_ddp_with_the_powersgd_comm_hook():
+    proc = torchrun("distributed_cases.py", "ddp_powersgd_hook", timeout=240)
+    outcomes = _outcomes(proc)
+    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+
+
 def test_fsdp_state_dict_broadcast_from_rank0():
     proc = torchrun("distributed_cases.py", "state_dict_broadcast_from_rank0", timeout=240)
     outcomes = _outcomes(proc)

@@ -144,9 +144,9 @@ class Task:
                 f"{self.describe()} failed: {type(exc).__name__}: {exc}")
             if exc is not self.error:
                 self.error.__cause__ = exc
-            self._source.set_exception(self.error)
+            _completions.put(self._source.set_exception, self.error)
         else:
-            self._source.set_result(self.outputs)
+            _completions.put(self._source.set_result, self.outputs)
         self.fn = None  # the collective's closure (and its tensors' memory) goes now
         self.done.set()
 
@@ -157,6 +157,55 @@ class Task:
                                   "(a peer that never arrived, or work it waits for that never finished)")
         if self.error is not None:
             raise self.error
+
+
+class _Completions:
+    """Collectives' futures completed off the threads that run collectives.
+
+    A future runs its callbacks where it completes, and a user's callback may wait for another
+    collective (PowerSGD's comm hook waits inside the ``then`` of an all_reduce for the next one):
+    completed on a stream's worker or the group's FIFO thread, that wait held the very thread the
+    next collective needed, and DDP hung. Daemon workers complete them; one more starts whenever
+    every worker is busy (a callback waiting), up to :data:`_MAX_COMPLETION_WORKERS`.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._items: collections.deque[tuple[Callable[[Any], None], Any]] = collections.deque()
+        self._idle = self._workers = 0
+
+    def put(self, complete: Callable[[Any], None], value: Any) -> None:
+        with self._cond:
+            self._items.append((complete, value))
+            if self._idle == 0 and self._workers < _MAX_COMPLETION_WORKERS:
+                self._workers += 1
+                threading.Thread(target=self._work, daemon=True, name="neuron collective futures").start()
+            else:
+                self._cond.notify()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                self._idle += 1
+                found = self._cond.wait_for(lambda: bool(self._items), _IDLE_EXIT_S)
+                self._idle -= 1
+                if not found:
+                    self._workers -= 1
+                    return
+                complete, value = self._items.popleft()
+            try:
+                complete(value)
+            except BaseException:  # a callback's error belongs to the future it chained; never stop here
+                _log.exception("completing a collective's future failed")
+
+    def reset_after_fork(self) -> None:
+        self._cond = threading.Condition()
+        self._items.clear()
+        self._idle = self._workers = 0
+
+
+_MAX_COMPLETION_WORKERS = 16
+_completions = _Completions()
 
 
 class _Fifo:
@@ -335,6 +384,7 @@ class CollectiveQueue:
 
     def reset_after_fork(self) -> None:
         """In a forked child: no worker came along, and the parent's collectives are not the child's."""
+        _completions.reset_after_fork()
         self._run.reset_after_fork()
         self._pending.reset_after_fork()
         self._in_fifo, self._direct = 0, None
