@@ -226,3 +226,33 @@ def test_host_factories_are_made_on_the_stream_without_a_fallback(make):
         _on_device_memory(got)
     torch.testing.assert_close(got.cpu(), make("cpu"))
     torch.testing.assert_close(got.add(1).cpu(), make("cpu") + 1)  # later ops see its shape and values
+
+
+_SHARED_VIEW_WRITES = [
+    lambda u, d: u.__setitem__(torch.tensor([0], device=d), 9.0),
+    lambda u, d: u.index_fill_(1, torch.tensor([1], device=d), 5.0),
+    lambda u, d: u.masked_fill_(torch.tensor([[True, True], [False, False], [False, False]], device=d), 9.0),
+    lambda u, d: u.index_put_((torch.tensor([0], device=d),), torch.tensor(1.0, device=d), accumulate=True),
+    lambda u, d: u.index_copy_(0, torch.tensor([0], device=d), torch.tensor([[7.0, 8.0]], device=d)),
+]
+
+
+@pytest.mark.parametrize("view", ["unfold", "expand"])
+@pytest.mark.parametrize("write", range(len(_SHARED_VIEW_WRITES)))
+def test_writes_into_views_whose_elements_share_memory_follow_the_cpu(view, write, recwarn):
+    """A write into an unfolded or expanded view sets every view of an element it writes, as the
+    CPU's kernel does (the copy of a functional result lost updates: ``u[idx] = 9.`` on
+    ``unfold(0, 2, 1)`` left x[1] at 1; writes through an expanded view raised)."""
+    results = []
+    for device in ("cpu", "neuron"):
+        x = torch.arange(4.0, device=device)
+        u = x.unfold(0, 2, 1) if view == "unfold" else x[:2].expand(3, 2)
+        try:
+            _SHARED_VIEW_WRITES[write](u, device)
+        except RuntimeError as exc:  # what the CPU refuses (index_copy_ into an expanded view)
+            results.append(str(exc))
+        else:
+            results.append(x.cpu().tolist())
+    assert results[1] == results[0], results
+    with pytest.raises(RuntimeError, match="single memory location"):  # what the CPU refuses stays refused
+        torch.arange(4.0, device="neuron").expand(3, 4).add_(1)

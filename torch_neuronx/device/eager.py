@@ -618,9 +618,15 @@ def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
 
 def _run_in_place(func: Any, functional: Any, args: Sequence[Any], kwargs: dict[str, Any],
                   target: NeuronTensor) -> Any:
-    """An in-place op as its functional variant on ``args``, the result copied into ``target``."""
-    if func not in _OVERLAP_ALLOWED:
-        overlap.refuse_internal_overlap(target)
+    """An in-place op as its functional variant on ``args``, the result copied into ``target``.
+
+    A target whose elements share memory (an expanded or unfolded view) is written by torch's CPU
+    kernel over the device memory, as on the CPU: torch refuses some such writes and defines others
+    by its order of writes (``x.unfold(0, 2, 1)[idx] = 9.`` sets both views of an element; the copy
+    of a functional result lost one of them)."""
+    if func not in _OVERLAP_ALLOWED and overlap.shares_memory_within(target._data):
+        _warn_fallback(func, "a write into a view whose elements share memory")
+        return _synchronized(args, kwargs, _run_in_place_on_cpu, func, args, kwargs, target)
     if torch.Tag.pointwise in func.tags:
         overlap.refuse_partial_overlap(target, (*args[1:], *kwargs.values()))
     result = _run_compiled(functional, args, kwargs)
@@ -635,6 +641,18 @@ def _run_in_place(func: Any, functional: Any, args: Sequence[Any], kwargs: dict[
             _queue_copy(target, result, str(func))
     else:
         on_host(target._index, [target], _write_back, target, result)
+    return None if func in _no_result else target
+
+
+def _run_in_place_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any], target: NeuronTensor) -> Any:
+    """An in-place op by torch's CPU kernel on the host views of its neuron tensors (the device
+    memory itself: a view sharing memory keeps its layout), as a synchronization."""
+    def host(value: Any) -> Any:
+        return _cpu(value) if isinstance(value, NeuronTensor) else value
+
+    with math_bits.host_dispatch():
+        func(*pytree.tree_map(host, tuple(args)), **pytree.tree_map(host, kwargs))
+    wrote(target)
     return None if func in _no_result else target
 
 

@@ -16,7 +16,7 @@ import torch
 
 from torch_neuronx.runtime.tensor import _span_bytes
 
-__all__ = ["refuse_internal_overlap", "refuse_partial_overlap"]
+__all__ = ["refuse_internal_overlap", "refuse_partial_overlap", "shares_memory_within"]
 
 _PARTIAL = ("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
             "single memory location. Please clone() the tensor before performing the operation.")
@@ -27,6 +27,24 @@ def refuse_internal_overlap(target: torch.Tensor) -> None:
     if torch._debug_has_internal_overlap(target._data) == 1:
         raise RuntimeError("unsupported operation: more than one element of the written-to tensor refers to a "
                            "single memory location. Please clone() the tensor before performing the operation.")
+
+
+def shares_memory_within(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` share one memory location (an expanded view, ``unfold`` with a
+    step below its size, an overlapping ``as_strided``). Exact: a layout whose every stride passes
+    the reach of the smaller ones cannot overlap; any other is checked element by element (rare)."""
+    dims = sorted((stride, size) for size, stride in zip(t.shape, t.stride()) if size > 1)
+    reach = 0
+    for stride, size in dims:
+        if stride <= reach:
+            break
+        reach += (size - 1) * stride
+    else:
+        return False
+    offsets = torch.zeros((), dtype=torch.int64)
+    for size, stride in zip(t.shape, t.stride()):
+        offsets = (offsets.unsqueeze(-1) + torch.arange(size, dtype=torch.int64) * stride)
+    return int(torch.unique(offsets.reshape(-1)).numel()) < t.numel()
 
 
 def _dense_span(t: torch.Tensor) -> tuple[int, int] | None:
