@@ -233,3 +233,20 @@ def test_boolean_mask_assignment_forward_and_backward():
         return y + accumulated + z
 
     _check(fn, _leaf(6, 5))
+
+
+def test_masked_scatter_with_a_short_source_raises_as_eager():
+    """A source with fewer elements than set mask elements: eager raises; compiled and on the
+    eager device the last element was repeated. A source long enough still gives eager's values."""
+    x, mask = torch.zeros(3, 4), torch.ones(3, 4, dtype=torch.bool)
+
+    def f(x, mask, source):
+        return x.masked_scatter(mask, source)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="neuron")
+    for run in (compiled, lambda *a: f(*(t.to("neuron") for t in a)).cpu()):
+        with pytest.raises(RuntimeError, match="Number of elements of source < number of ones in mask"):
+            run(x, mask, torch.arange(5.0))
+        long_enough = torch.arange(14.0)
+        assert torch.equal(run(x, mask, long_enough), f(x, mask, long_enough))

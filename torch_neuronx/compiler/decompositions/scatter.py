@@ -18,6 +18,8 @@ from collections.abc import Callable
 
 import torch
 
+from torch_neuronx.compiler.decompositions.general import calls_itself
+from torch_neuronx.compiler.decompositions.indexing import BOUNDS
 from torch_neuronx.compiler.decompositions.scans import scan
 
 aten = torch.ops.aten
@@ -290,16 +292,18 @@ def masked_scatter_backward(grad: torch.Tensor, mask: torch.Tensor, sizes: list[
     return _write(numel, slots.clamp(min=0), keep, grad.reshape(-1), zero).view(sizes)
 
 
+@calls_itself
 def masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-    """``aten.masked_scatter`` whose ``self`` or mask broadcasts: both expanded to the common shape first.
-
-    torch-mlir's lowering assumes the mask broadcasts to ``self``'s shape; a ``self`` that
-    broadcasts up to the mask's shape failed to lower.
-    """
+    """``aten.masked_scatter`` with torch's check that ``source`` has an element for every set mask
+    element (a host check: a short source repeated its last element where eager raises), and with
+    ``self`` and mask expanded to their common shape (torch-mlir's lowering assumes the mask
+    broadcasts to ``self``'s shape; a ``self`` that broadcasts up to the mask's failed to lower)."""
     shape = torch.broadcast_shapes(x.shape, mask.shape)
-    if tuple(x.shape) == tuple(shape) and tuple(mask.shape) == tuple(shape):
-        return NotImplemented
-    return aten.masked_scatter.default(x.expand(shape).contiguous(), mask.expand(shape).contiguous(), source)
+    x, mask = x.expand(shape).contiguous(), mask.expand(shape).contiguous()
+    if mask.numel():
+        short = (mask.sum() > source.numel()).to(torch.int64).reshape(1)
+        mask = mask & (BOUNDS(short, 1, False, "masked_scatter", "masked_scatter") == 0)  # always 0: kept
+    return aten.masked_scatter.default(x, mask, source)
 
 
 def embedding_renorm(weight: torch.Tensor, indices: torch.Tensor, max_norm: float,

@@ -211,6 +211,8 @@ def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:
     if check["message"] == "multinomial":  # codes of sampling.py's checks, not indices
         raise IndexOutOfRangeError("probability tensor contains either `inf`, `nan` or element < 0" if high == 2
                                    else "invalid multinomial distribution (sum of probabilities <= 0)")
+    if check["message"] == "masked_scatter":  # a code of scatter.py's check, not an index
+        raise IndexOutOfRangeError("Number of elements of source < number of ones in mask (masked_scatter on neuron)")
     if check["message"] == "in_self":
         message = "index out of range in self"
     else:
