@@ -116,3 +116,15 @@ def test_accumulations_and_clamps_of_bools_saturate_as_torchs(name: str) -> None
     torch._dynamo.reset()
     for got in (torch.compile(fn, backend="neuron", dynamic=False)(_MASK), fn(_MASK.to("neuron")).cpu()):
         assert got.dtype == torch.bool and torch.equal(got, expected), (name, got, expected)
+
+
+def test_mode_counts_nans_as_one_value():
+    """torch's mode counts NaNs as equal: a row with more NaNs than any other value has mode NaN
+    (each NaN counted alone, ``mode([nan, nan, 1.])`` was 1.0), compiled and on the eager device."""
+    nan = float("nan")
+    x = torch.tensor([[nan, nan, 1.0], [nan, nan, 1.0], [2.0, 3.0, 2.0]])
+    expected = torch.mode(x, 1).values
+    torch._dynamo.reset()
+    for got in (torch.compile(lambda t: torch.mode(t, 1).values, backend="neuron")(x),
+                torch.mode(x.to("neuron"), 1).values.cpu()):
+        torch.testing.assert_close(got, expected, equal_nan=True)

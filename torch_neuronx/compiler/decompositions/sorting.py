@@ -174,8 +174,11 @@ def mode(x: torch.Tensor, dim: int = -1, keepdim: bool = False) -> tuple[torch.T
     position = torch.arange(n, device=x.device).view(shape).expand(x.shape)
     starts = torch.ones_like(values, dtype=torch.bool)
     if n > 1:
-        starts = torch.cat([starts.narrow(dim, 0, 1), values.narrow(dim, 1, n - 1) != values.narrow(dim, 0, n - 1)],
-                           dim)
+        later, earlier = values.narrow(dim, 1, n - 1), values.narrow(dim, 0, n - 1)
+        differs = later != earlier
+        if x.is_floating_point():  # NaNs are one value to torch's mode (they sort last, together)
+            differs = differs & ~(later.isnan() & earlier.isnan())
+        starts = torch.cat([starts.narrow(dim, 0, 1), differs], dim)
     run_start = cummax(torch.where(starts, position, torch.zeros_like(position)), dim)[0]
     run_length = position - run_start + 1  # within each run of equal values, counting up
     # The first position reaching the longest run ends the smallest most frequent value's run.
