@@ -417,3 +417,29 @@ def test_batch_norm_in_eval_runs_compiled_forward_and_backward(dtype):
     expected = x.clone().requires_grad_()
     bn(expected).square().sum().backward()
     torch.testing.assert_close(got.grad.cpu(), expected.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_sorts_along_long_dimensions_run_torchs_cpu_kernel():
+    """IREE sorts by comparing every pair (``torch.sort`` of 100k elements took 5.5 s): from
+    ``HOST_SORT_LENGTH`` elements on, the sort family runs torch's CPU kernel over the device
+    memory, no kernel traced, with the CPU's values and indices."""
+    from torch_neuronx import observe
+    from torch_neuronx.device.long_sorts import HOST_SORT_LENGTH
+
+    torch.manual_seed(0)
+    x = torch.randn(2, HOST_SORT_LENGTH + 5)
+    device = x.to("neuron")
+    traces = observe.counter("kernel_traces")
+    calls = {
+        "sort": lambda t: torch.sort(t, dim=1, descending=True),
+        "stable_argsort": lambda t: torch.argsort(t, dim=-1, stable=True),
+        "topk": lambda t: torch.topk(t, 7),
+        "kthvalue": lambda t: torch.kthvalue(t, 100, 1),
+        "median": lambda t: torch.median(t, 1),
+        "median_all": lambda t: torch.median(t),
+    }
+    for name, call in calls.items():
+        for got, expected in zip(torch.utils._pytree.tree_leaves(call(device)),
+                                 torch.utils._pytree.tree_leaves(call(x))):
+            assert torch.equal(got.cpu(), expected), name
+    assert observe.counter("kernel_traces") == traces

@@ -41,6 +41,7 @@ from torch_neuronx.device import (
     kernels,
     launch,
     lazy,
+    long_sorts,
     masks,
     math_bits,
     mutations,
@@ -408,6 +409,9 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
     shape_checks.check(func, args, kwargs)
     if func in masks.INDEX_PUTS and masks.has_mask(args):  # x[mask] = values
         return _run_compiled(func, masks.expanded(args), kwargs)
+    if long_sorts.too_long(func, args, kwargs):  # IREE's sort compares every pair
+        _fell_back.op = "other"
+        return _synchronized(*given, _run_on_cpu, func, *given)
     args, kwargs = scalars.as_inputs(func, args, kwargs)
     kernel = choice.kernel_for(func, args, kwargs)
     if kernel is kernels.UNIMPLEMENTED:
