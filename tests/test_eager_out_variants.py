@@ -256,3 +256,19 @@ def test_writes_into_views_whose_elements_share_memory_follow_the_cpu(view, writ
     assert results[1] == results[0], results
     with pytest.raises(RuntimeError, match="single memory location"):  # what the CPU refuses stays refused
         torch.arange(4.0, device="neuron").expand(3, 4).add_(1)
+
+
+def test_put_with_a_source_of_another_length_raises_as_the_cpu():
+    """``put_`` broadcast a 1-element source over a longer index where the CPU raises; compiled too."""
+    message = "Expected source and index to have the same number of elements"
+    for source in (torch.tensor([5.0]), torch.tensor([5.0, 6.0, 7.0])):
+        x = torch.zeros(2, 3, device="neuron")
+        with pytest.raises(IndexError, match=message):
+            x.put_(torch.tensor([1, 2], device="neuron"), source.to("neuron"))
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=message):
+            compiled = torch.compile(lambda t, i, s: t.put(i, s), backend="neuron")
+            compiled(torch.zeros(2, 3), torch.tensor([1, 2]), source)
+    x = torch.zeros(2, 3, device="neuron")
+    x.put_(torch.tensor([1, 2], device="neuron"), torch.tensor([5.0, 6.0], device="neuron"))
+    assert x.cpu().tolist() == [[0.0, 5.0, 6.0], [0.0, 0.0, 0.0]]

@@ -64,7 +64,12 @@ def index_fill(x: torch.Tensor, dim: int, index: torch.Tensor, value: torch.Tens
 
 
 def put(x: torch.Tensor, index: torch.Tensor, source: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
-    """``put`` (torch-mlir has no lowering): an ``index_put`` into ``x`` flattened, negative indices wrapping."""
+    """``put`` (torch-mlir has no lowering): an ``index_put`` into ``x`` flattened, negative indices
+    wrapping; a source of another length than the index raises torch's error (a 1-element source
+    broadcast where eager raises)."""
+    torch._check_index(source.numel() == index.numel(), lambda: (
+        "put_(): Expected source and index to have the same number of elements, but got source.numel() = "
+        f"{source.numel()}, index.numel() = {index.numel()}"))
     flat = x.reshape(-1).index_put((index.reshape(-1),), source.reshape(-1), accumulate=accumulate)
     return flat.view(x.shape)
 
