@@ -25,6 +25,14 @@ def torchrun(script: str, *args: str, nproc: int = 2, timeout: int = 300, **env:
                           capture_output=True, text=True, timeout=timeout, env=environment)
 
 
+def _both_ranks_ok(case: str, **env: str) -> subprocess.CompletedProcess:
+    """Run ``case`` of distributed_cases.py on two ranks; assert both printed OK."""
+    proc = torchrun("distributed_cases.py", case, timeout=240, **env)
+    outcomes = _outcomes(proc)
+    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+    return proc
+
+
 def _done(proc: subprocess.CompletedProcess, nproc: int) -> None:
     # (torchrun interleaves the ranks' output: two ranks' lines may share one line)
     ranks = sorted(int(m) for m in re.findall(r"DONE rank (\d+)", proc.stdout))
@@ -102,47 +110,33 @@ def test_failures_are_errors_on_every_rank_never_hangs_or_aborts(case, expect):
 
 
 def test_small_collectives_on_idle_streams_run_in_the_issuing_thread():
-    proc = torchrun("distributed_cases.py", "small_collectives_run_inline", timeout=240)
-    outcomes = _outcomes(proc)
-    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+    _both_ranks_ok("small_collectives_run_inline")
 
 
 def test_a_caught_mismatch_does_not_resurface_at_the_next_valid_collective():
-    proc = torchrun("distributed_cases.py", "mismatch_then_valid", timeout=240)
-    outcomes = _outcomes(proc)
-    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+    _both_ranks_ok("mismatch_then_valid")
 
 
 def test_defects_found_by_new_users_stay_fixed():
     """Non-root reduce buffers kept, strided scatter outputs, one-sided all_to_all splits on the
     padding path, an empty reduce_scatter off the default stream, recv from any source."""
-    proc = torchrun("distributed_cases.py", "found_by_new_users", timeout=240, NEURON_USE_NKI_ALLTOALLV="0")
-    outcomes = _outcomes(proc)
-    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+    _both_ranks_ok("found_by_new_users", NEURON_USE_NKI_ALLTOALLV="0")
 
 
 def test_ddp_with_the_powersgd_comm_hook():
-    proc = torchrun("distributed_cases.py", "ddp_powersgd_hook", timeout=240)
-    outcomes = _outcomes(proc)
-    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+    _both_ranks_ok("ddp_powersgd_hook")
 
 
 def test_fsdp_state_dict_broadcast_from_rank0():
-    proc = torchrun("distributed_cases.py", "state_dict_broadcast_from_rank0", timeout=240)
-    outcomes = _outcomes(proc)
-    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+    _both_ranks_ok("state_dict_broadcast_from_rank0")
 
 
 def test_a_group_bound_to_a_device():
-    proc = torchrun("distributed_cases.py", "device_id_bound", timeout=240)
-    outcomes = _outcomes(proc)
-    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+    _both_ranks_ok("device_id_bound")
 
 
 def test_ranks_that_close_their_groups_in_opposite_orders_exit_at_once():
-    proc = torchrun("distributed_cases.py", "groups_closed_in_opposite_orders", timeout=240)
-    outcomes = _outcomes(proc)
-    assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
+    proc = _both_ranks_ok("groups_closed_in_opposite_orders")
     assert proc.returncode == 0 and "still waits" not in proc.stderr, proc.stderr[-3000:]
 
 
