@@ -203,12 +203,25 @@ _OUT_OVERLAPS = {
     "into an expanded out": lambda x: torch.add(x[:4], 1, out=x[:1].expand(4)),
     "into itself (allowed)": lambda x: torch.exp(x[:4], out=x[:4]),
     "into a disjoint window (allowed)": lambda x: torch.add(x[:4], 1, out=x[4:8]),
+    # ops that are not pointwise, each with its kernel's own rule (an out of a functional result hid them)
+    "index_select into its input": lambda x: torch.index_select(
+        x[:4], 0, torch.tensor([3, 2, 1, 0], device=x.device), out=x[2:6]),
+    "cat into its inputs": lambda x: torch.cat([x[:2], x[2:4]], out=x[1:5]),
+    "cat into exactly its inputs": lambda x: torch.cat([x[:2], x[2:4]], out=x[:4]),
+    "cumsum into its input": lambda x: torch.cumsum(x[:4], 0, out=x[1:5]),
+    "gather into its input": lambda x: torch.gather(x[:4], 0, torch.tensor([3, 2, 1, 0], device=x.device),
+                                                   out=x[1:5]),
+    "mm into its input (allowed)": lambda x: torch.mm(x[:4].view(2, 2), x[:4].view(2, 2), out=x[2:6].view(2, 2)),
+    "mm into interleaved memory (allowed)": lambda x: torch.mm(
+        x[0::2][:4].view(2, 2), x[0::2][:4].view(2, 2), out=x[1::2][:4].view(2, 2)),
 }
 
 
 @pytest.mark.parametrize("name", list(_OUT_OVERLAPS))
 def test_out_variants_refuse_an_out_partly_overlapping_an_input(name):
-    """A pointwise op's ``out`` partly overlapping its input computed a value where the CPU raises."""
+    """An op's ``out`` overlapping its input computed a value where the CPU raises (a pointwise op's
+    partial overlap; any overlap for ``cat``, ``index_select``, ``gather``, ``cumsum``); where the
+    CPU allows it (``mm``), the CPU's values."""
     fn = _OUT_OVERLAPS[name]
     x = torch.arange(8.0)
     try:
@@ -220,3 +233,39 @@ def test_out_variants_refuse_an_out_partly_overlapping_an_input(name):
         y = torch.arange(8.0).to("neuron")
         fn(y)
         torch.testing.assert_close(y.cpu(), x)
+
+
+_X = torch.arange(10.0)
+_INDEXING = {
+    "index_select": lambda x, i: x.index_select(0, i),
+    "index_add": lambda x, i: x.index_add(0, i, torch.ones(2, device=x.device)),
+    "index_copy": lambda x, i: x.index_copy(0, i, torch.ones(2, device=x.device)),
+    "index_fill": lambda x, i: x.index_fill(0, i, 5.0),
+    "index_reduce": lambda x, i: x.index_reduce(0, i, torch.full((2,), 7.0, device=x.device), "amax"),
+    "index_put": lambda x, i: x.index_put((i,), torch.tensor(1.0, device=x.device)),
+    "index_put_accumulate": lambda x, i: x.index_put((i,), torch.tensor(1.0, device=x.device), accumulate=True),
+    "nll_loss": lambda x, i: torch.nn.functional.nll_loss(x.view(1, 10).expand(2, 10), i),
+    "gather": lambda x, i: x.gather(0, i),
+    "embedding": lambda x, i: torch.nn.functional.embedding(i, x.view(10, 1)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.uint8, torch.bool])
+@pytest.mark.parametrize("name", sorted(_INDEXING))
+def test_indices_of_a_dtype_the_cpu_refuses_raise_torchs_error(name, dtype):
+    """An int8/int16/int32/uint8/bool index, target or mask that the CPU's kernel refuses (or, for
+    uint8 and bool, reads as a mask of the wrong shape) raised nothing on the device: the kernel read
+    or wrote at the values (``index_put(accumulate=True)`` with a 2-element bool mask wrote element
+    0), or gave an error about index 128. Meta kernels skip these rules; the device now takes the
+    CPU's. Dtypes the CPU accepts give its values."""
+    fn = _INDEXING[name]
+    index = torch.tensor([True, False]) if dtype is torch.bool else torch.tensor([1, 3], dtype=dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's uint8-index deprecation
+        try:
+            want = fn(_X, index)
+        except (RuntimeError, IndexError) as expected:
+            with pytest.raises(type(expected), match=re.escape(str(expected).splitlines()[0][:40])):
+                fn(_X.to("neuron"), index.to("neuron"))
+        else:
+            torch.testing.assert_close(fn(_X.to("neuron"), index.to("neuron")).cpu(), want)

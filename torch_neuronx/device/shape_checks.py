@@ -7,6 +7,12 @@ clamped positions and returned a tensor where the CPU raises. :func:`check` runs
 on meta tensors first, once per signature (``launch.signature``); a meta error is torch's
 error for the call when the CPU kernel agrees (run on zero-filled host tensors of the same
 metadata: a meta kernel stricter than the CPU's must not reject a call that works).
+
+Meta kernels also skip rules the CPU's kernels enforce on an op's indices, targets and masks
+(``index_select`` with an int8 index, ``index_fill`` with an int32 one, ``nll_loss`` with an
+int32 target, ``index_put(accumulate=True)`` with a uint8 or bool mask of the wrong shape),
+and the compiled kernel then reads or writes wherever the values point: a call whose index-like
+argument is not int64 runs the CPU's check as well (zero-filled operands: zero is a valid index).
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ from torch_neuronx.runtime.tensor import NeuronTensor
 __all__ = ["check"]
 
 _LIMIT = 1 << 14
+#: Arguments an op reads as indices, targets or masks (the names of aten's schemas).
+_INDEX_ARGS = frozenset({"index", "indices", "target", "mask", "offsets"})
+#: Above this many bytes of operands the CPU's check of a narrow index is skipped (its zero-filled copies).
+_HOST_CHECK_BYTES = 1 << 28
 _passed: dict[tuple, bool] = {}
 #: What a meta run that cannot judge the call raises: no meta kernel, a size that depends on values.
 _UNJUDGED = (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputShapeException,
@@ -35,7 +45,7 @@ def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     sig = _signature(func, args, kwargs)
     if sig is not None and sig in _passed:
         return
-    if _meta_error(func, args, kwargs):
+    if _meta_error(func, args, kwargs) or _narrow_index(func, args, kwargs):
         error = _cpu_error(func, args, kwargs)
         if error is not None:
             raise error
@@ -63,6 +73,30 @@ def _signature(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple 
         else:
             return None
     return tuple(parts)
+
+
+@functools.cache
+def _index_arguments(func: Any) -> tuple[tuple[int, str], ...]:
+    """Positions and names of ``func``'s index-like arguments (none for a function without a schema)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return ()
+    return tuple((i, a.name) for i, a in enumerate(schema.arguments) if a.name in _INDEX_ARGS)
+
+
+def _narrow_index(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether an index, target or mask of this call is not int64 (a dtype meta kernels do not judge),
+    with operands small enough to check on the host."""
+    narrow = False
+    for pos, name in _index_arguments(func):
+        value = args[pos] if pos < len(args) else kwargs.get(name)
+        for leaf in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(leaf, torch.Tensor) and leaf.dtype is not torch.int64:
+                narrow = True
+    if not narrow:
+        return False
+    tensors = [t for t in pytree.tree_leaves((list(args), kwargs)) if isinstance(t, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors) <= _HOST_CHECK_BYTES
 
 
 def _meta(value: Any) -> Any:
