@@ -679,7 +679,15 @@ def _resolved_copy(t: NeuronTensor) -> NeuronTensor:
 
 
 def _run_out_variant(func: Any, twin: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    return out_variants.run(func, twin, args, kwargs, _run_compiled, _queue_copy, run_without_functional_form)
+    return out_variants.run(func, twin, args, kwargs, _run_compiled, _queue_copy, run_without_functional_form,
+                            _run_aliased_out)
+
+
+def _run_aliased_out(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """An ``out=`` op whose ``out`` shares memory with an input: torch's CPU kernel over the device
+    memory decides, as on the CPU (:mod:`.out_variants`)."""
+    _warn_fallback(func, "an out= tensor sharing memory with an input")
+    return _synchronized(args, kwargs, _run_in_place_on_cpu, func, args, kwargs, kwargs["out"])
 
 
 def run_without_functional_form(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

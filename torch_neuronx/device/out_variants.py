@@ -8,6 +8,12 @@ the stream, so no host synchronization happens. Only the plain case is taken: on
 tensor (written, returned), on the inputs' device, of the result's shape, and of a dtype the
 result can be cast to; anything else (``out`` of another shape, which torch would resize; an
 op with several outputs; no twin) keeps the CPU route over scratch copies (``mutations.py``).
+
+An ``out`` sharing memory with an input of an op that is not pointwise is written by torch's
+CPU kernel over the device memory (``aliased``): torch refuses some of these calls
+(``torch.cat([x[:2], x[2:4]], out=x[1:5])``, ``index_select``, ``gather``, ``cumsum``) and
+defines others (``mm``), each kernel by its own rule; a functional result copied into ``out``
+returned a value where torch raises.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from torch_neuronx.device import overlap
 from torch_neuronx.runtime.tensor import NeuronTensor
@@ -55,7 +62,8 @@ def functional_twin(func: Any) -> Any | None:
 def run(func: Any, twin: Any, args: Sequence[Any], kwargs: dict[str, Any],
         functional: Callable[[Any, Sequence[Any], dict[str, Any]], Any],
         copy: Callable[[NeuronTensor, NeuronTensor, str], None],
-        fallback: Callable[[Any, Sequence[Any], dict[str, Any]], Any]) -> Any:
+        fallback: Callable[[Any, Sequence[Any], dict[str, Any]], Any],
+        aliased: Callable[[Any, Sequence[Any], dict[str, Any]], Any]) -> Any:
     """``func`` (an ``out=`` variant) as ``twin`` into a new tensor, copied into ``out`` on the stream;
     ``fallback`` runs it otherwise (see the module docstring)."""
     out = kwargs.get("out")
@@ -65,6 +73,8 @@ def run(func: Any, twin: Any, args: Sequence[Any], kwargs: dict[str, Any],
     if torch.Tag.pointwise in twin.tags:  # torch's TensorIterator checks (``torch.neg(x[:4], out=x[2:])``)
         overlap.refuse_internal_overlap(out)
         overlap.refuse_partial_overlap(out, (*args, *rest.values()))
+    elif overlap.touches_any(out, pytree.tree_leaves((list(args), rest))):
+        return aliased(func, args, kwargs)
     result = functional(twin, args, rest)
     if not isinstance(result, NeuronTensor) or result._index != out._index or result.shape != out.shape \
             or not torch.can_cast(result.dtype, out.dtype):

@@ -16,7 +16,7 @@ import torch
 
 from torch_neuronx.runtime.tensor import _span_bytes
 
-__all__ = ["refuse_internal_overlap", "refuse_partial_overlap", "shares_memory_within"]
+__all__ = ["refuse_internal_overlap", "refuse_partial_overlap", "shares_memory_within", "touches_any"]
 
 _PARTIAL = ("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
             "single memory location. Please clone() the tensor before performing the operation.")
@@ -73,3 +73,27 @@ def refuse_partial_overlap(target: torch.Tensor, sources: Iterable[object]) -> N
         if theirs == mine and data.shape == target.shape and data.stride() == target.stride():
             continue  # full overlap: the same elements
         raise RuntimeError(_PARTIAL)
+
+
+def _reach(t: torch.Tensor) -> tuple[int, int] | None:
+    """The byte range from ``t``'s first element to past its last (None when it has no elements)."""
+    nbytes = _span_bytes(t.shape, t.stride(), t.dtype)
+    if nbytes == 0:
+        return None
+    return t.data_ptr(), t.data_ptr() + nbytes
+
+
+def touches_any(target: torch.Tensor, sources: Iterable[object]) -> bool:
+    """Whether a neuron tensor among ``sources`` lies in the byte range of ``target``'s elements (a
+    conservative test: interleaved views that share no element count too)."""
+    mine = _reach(target._data)
+    if mine is None:
+        return False
+    for source in sources:
+        data = getattr(source, "_data", None)
+        if not isinstance(data, torch.Tensor):
+            continue
+        theirs = _reach(data)
+        if theirs is not None and theirs[0] < mine[1] and mine[0] < theirs[1]:
+            return True
+    return False
