@@ -3,6 +3,7 @@ torch's error, and no index reads or writes outside its tensor; compiled and on 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import pytest
@@ -106,3 +107,32 @@ def test_one_hot_on_the_eager_device_checks_its_classes(values, classes):
             F.one_hot(host.to("neuron"), classes)
         return
     torch.testing.assert_close(F.one_hot(host.to("neuron"), classes).cpu(), expected)
+
+
+@pytest.mark.parametrize("repeats, output_size", [
+    ([2, 2], 4), ([2, 2], 3), ([2, 2], 6), ([3, 0, 1], 4), ([0, 0], 0), ([2, -1], 1), ([], 0), ([], 2)])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_repeat_interleave_checks_its_output_size(repeats, output_size, dtype):
+    """``repeat_interleave(..., output_size=n)`` with ``n`` other than the repeats' sum gave a
+    shorter result (or an index error from inside) where torch raises; negative repeats too.
+    Eager neuron, on the repeats alone and on values, and compiled."""
+    counts = torch.tensor(repeats, dtype=dtype)
+    values = torch.arange(float(len(repeats)))
+    calls = {
+        "repeats": lambda r, v: torch.repeat_interleave(r, output_size=output_size),
+        "values": lambda r, v: torch.repeat_interleave(v, r, output_size=output_size),
+    }
+    for name, fn in calls.items():
+        try:
+            want = fn(counts, values)
+        except RuntimeError as error:
+            message = re.escape(str(error).splitlines()[0][:30])
+            with pytest.raises(RuntimeError, match=message):
+                fn(counts.to("neuron"), values.to("neuron")).cpu()
+            if name == "repeats":
+                with pytest.raises(RuntimeError, match=message):
+                    torch.compile(fn, backend="neuron", dynamic=False)(counts, values)
+            continue
+        torch.testing.assert_close(fn(counts.to("neuron"), values.to("neuron")).cpu(), want)
+        if name == "repeats":
+            torch.testing.assert_close(torch.compile(fn, backend="neuron", dynamic=False)(counts, values), want)

@@ -8,7 +8,8 @@ raises. Their decompositions here pass the index through :data:`BOUNDS` first, w
 the ``index_bounds`` pass (``passes/index_bounds.py``) expands into a clamp and a host
 check with the op's own error. Run eagerly, :data:`BOUNDS` checks and returns the index.
 ``put``, which torch-mlir cannot lower, is an ``index_put`` into the flattened tensor; ``one_hot``
-checks its classes the same way.
+checks its classes the same way, and ``repeat_interleave`` with ``output_size`` its repeats (a
+size that was not their sum gave a shorter or longer result where eager raises).
 """
 
 from __future__ import annotations
@@ -86,6 +87,24 @@ def one_hot(x: torch.Tensor, num_classes: int = -1) -> torch.Tensor:
     return (checked.unsqueeze(-1) == classes).to(torch.int64)
 
 
+def repeat_interleave(repeats: torch.Tensor, output_size: int | None = None) -> torch.Tensor:
+    """``repeat_interleave(repeats, output_size=n)``: the position of each of the ``n`` outputs
+    among the cumulated repeats, with eager's checks (no negative repeat; ``n`` is their sum),
+    made by :data:`BOUNDS` on a code (0 valid, 1 negative, 2 another sum). Without ``output_size``
+    the size depends on the values: left to torch."""
+    if output_size is None or type(output_size) is not int or repeats.dim() != 1:
+        return NotImplemented
+    if repeats.shape[0] == 0:  # eager's result whatever the size asked
+        return repeats.new_empty((0,))
+    negative = (repeats < 0).to(torch.int64).sum(0, keepdim=True).clamp(max=1)
+    code = negative + 2 * (repeats.sum(0, keepdim=True) != output_size).to(torch.int64)
+    checked = BOUNDS(code, 1, False, "repeat_interleave", "repeat_interleave")
+    repeats = repeats * (checked == 0).to(repeats.dtype)  # always 1: keeps the check in the graph
+    positions = torch.arange(output_size, dtype=repeats.dtype, device=repeats.device)
+    found = torch.searchsorted(repeats.cumsum(0), positions, out_int32=repeats.dtype == torch.int32, right=True)
+    return found.clamp(max=repeats.shape[0] - 1)
+
+
 def gather_scalar(x: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: bool = False) -> torch.Tensor:
     """``aten.gather`` from a 0-d tensor (torch-mlir cannot lower it): a gather from its one element."""
     if x.dim():
@@ -95,6 +114,7 @@ def gather_scalar(x: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: b
 
 DECOMPOSITIONS = {
     aten.gather.default: gather_scalar,
+    aten.repeat_interleave.Tensor: repeat_interleave,
     aten.put.default: put,
     aten.index_add.default: index_add,
     aten.index_copy.default: index_copy,

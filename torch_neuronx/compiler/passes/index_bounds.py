@@ -213,6 +213,9 @@ def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:
                                    else "invalid multinomial distribution (sum of probabilities <= 0)")
     if check["message"] == "masked_scatter":  # a code of scatter.py's check, not an index
         raise IndexOutOfRangeError("Number of elements of source < number of ones in mask (masked_scatter on neuron)")
+    if check["message"] == "repeat_interleave":  # a code of indexing.py's check, not an index
+        raise IndexOutOfRangeError("repeats can not be negative" if high in (1, 3)
+                                   else "allocated size does not match required size (repeat_interleave on neuron)")
     if check["message"] == "in_self":
         message = "index out of range in self"
     else:
