@@ -12,6 +12,9 @@ Here the loop is unrolled over every bit of the exponent's dtype (its value bits
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 _INTEGERS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
@@ -36,18 +39,31 @@ def _negative_powers(base: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor
     return torch.where(base == 1, torch.ones_like(base), torch.where(base == -1, minus_one, torch.zeros_like(base)))
 
 
-def power(base: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
-    """``base ** exponent`` of two integer tensors of one dtype (broadcast), as torch's kernel."""
-    base, exponent = torch.broadcast_tensors(base, exponent)
-    signed = base.dtype.is_signed
-    bits = torch.iinfo(base.dtype).bits - (1 if signed else 0)
+def _square_and_multiply(base: torch.Tensor | int, exponent: torch.Tensor, bits: int,
+                         squared: Callable[[Any], Any]) -> torch.Tensor:
+    """``base ** exponent`` over the exponent's low ``bits`` bits (negative exponents: torch's
+    values), the squares of ``base`` (a tensor, or a Python number) taken by ``squared``."""
+    signed = exponent.dtype.is_signed
     remaining = torch.where(exponent < 0, torch.zeros_like(exponent), exponent) if signed else exponent
-    result, square = torch.ones_like(base), base
+    result, square = torch.ones_like(exponent), base
     for position in range(bits):
         result = torch.where(_bit(remaining, position), result * square, result)
         if position + 1 < bits:
-            square = square * square
-    return torch.where(exponent < 0, _negative_powers(base, exponent), result) if signed else result
+            square = squared(square)
+    if not signed:
+        return result
+    below = _negative_powers(base if isinstance(base, torch.Tensor) else torch.full_like(exponent, base), exponent)
+    return torch.where(exponent < 0, below, result)
+
+
+def _value_bits(dtype: torch.dtype) -> int:
+    return torch.iinfo(dtype).bits - (1 if dtype.is_signed else 0)
+
+
+def power(base: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
+    """``base ** exponent`` of two integer tensors of one dtype (broadcast), as torch's kernel."""
+    base, exponent = torch.broadcast_tensors(base, exponent)
+    return _square_and_multiply(base, exponent, _value_bits(base.dtype), lambda square: square * square)
 
 
 def _bit(values: torch.Tensor, position: int) -> torch.Tensor:
@@ -61,23 +77,10 @@ def power_of_base(base: int, exponent: torch.Tensor, largest: int | None = None)
     base's squares are Python numbers. ``largest``: a bound known for the exponent (only its bits
     are visited)."""
     dtype = exponent.dtype
-    base = wrapped(base, dtype)
-    signed = dtype.is_signed
-    bits = torch.iinfo(dtype).bits - (1 if signed else 0)
+    bits = _value_bits(dtype)
     if largest is not None:
         bits = min(bits, max(largest, 1).bit_length())
-    remaining = torch.where(exponent < 0, torch.zeros_like(exponent), exponent) if signed else exponent
-    result, square = torch.ones_like(exponent), base
-    for position in range(bits):
-        result = torch.where(_bit(remaining, position), result * square, result)
-        square = wrapped(square * square, dtype)
-    if not signed:
-        return result
-    odd = (exponent & 1) == 1
-    negative = 1 if base == 1 else 0 if base != -1 else None
-    below = torch.where(odd, torch.full_like(exponent, -1), torch.ones_like(exponent)) if negative is None \
-        else torch.full_like(exponent, negative)
-    return torch.where(exponent < 0, below, result)
+    return _square_and_multiply(wrapped(base, dtype), exponent, bits, lambda square: wrapped(square * square, dtype))
 
 
 def two_to_the(exponent: torch.Tensor, largest: int) -> torch.Tensor:
