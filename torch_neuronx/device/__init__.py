@@ -76,7 +76,6 @@ def _register_kernels() -> None:
     global _library
     import torch
 
-    from torch_neuronx import observe
     from torch_neuronx.device import eager, recurrent
     from torch_neuronx.device.queued import on_host
     from torch_neuronx.runtime.tensor import NeuronTensor
@@ -88,21 +87,8 @@ def _register_kernels() -> None:
         return eager.empty_on_device(size, stride, dtype, device)
 
     def copy_from(src, dst, non_blocking=False):
-        def copy() -> torch.Tensor:
-            source = src._data if isinstance(src, NeuronTensor) else src
-            target = dst._data if isinstance(dst, NeuronTensor) else dst
-            if observe.state.active:
-                to_device = isinstance(dst, NeuronTensor)
-                with observe.span("transfer.host_to_device" if to_device else "transfer.device_to_host",
-                                  src.nbytes, device=(dst if to_device else src).device.index):
-                    target.copy_(source)
-            else:
-                target.copy_(source)
-            eager.wrote(dst)
-            return dst
-
         neuron = dst if isinstance(dst, NeuronTensor) else src
-        return on_host(neuron._index, [src, dst], copy)
+        return on_host(neuron._index, [src, dst], eager.transfer, dst, src)
 
     # Never traced by Dynamo (as torch does for __torch_dispatch__): eager code inside a
     # compiled region, after a graph break (nn.LSTM's initial states), calls them too.

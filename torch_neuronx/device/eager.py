@@ -183,6 +183,15 @@ def _copy_(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
 
 def _copy_on_host(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     dst, src = args[0], args[1]
+    transfer(dst, src, **kwargs)
+    if isinstance(dst, NeuronTensor) and not isinstance(src, NeuronTensor):
+        lazy.mark_moved(src, dst)  # a lazy module's placeholder stays one (``.to("neuron")``)
+    return dst
+
+
+def transfer(dst: torch.Tensor, src: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+    """``dst.copy_(src)`` over the host views of neuron tensors, on the calling thread (the caller
+    synchronizes); a ``transfer.*`` span when it crosses between host and device memory."""
     to_device, from_device = isinstance(dst, NeuronTensor), isinstance(src, NeuronTensor)
     if observe.state.active and to_device != from_device:  # a transfer (``x.to("neuron")``, ``.copy_``)
         neuron = dst if to_device else src
@@ -192,8 +201,6 @@ def _copy_on_host(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     else:
         _cpu(dst).copy_(_cpu(src), **kwargs)
     wrote(dst)
-    if to_device and not from_device:
-        lazy.mark_moved(src, dst)  # a lazy module's placeholder stays one (``.to("neuron")``)
     return dst
 
 
