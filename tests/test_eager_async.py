@@ -301,13 +301,13 @@ def test_small_ops_on_an_idle_stream_complete_before_they_return_and_large_ones_
     assert torch.equal(y.cpu(), torch.arange(8.0) + 1)
     small, large = torch.empty(16, device="neuron"), torch.empty(queued.INLINE_BYTES // 4 + 1, device="neuron")
     queue = streams.default_stream()._queue
-    assert queued._small([small], [small._allocation], queue)
-    assert not queued._small([large], [large._allocation], queue)
+    assert queued._small([small], [small._allocation], queued._writers_elsewhere([small], queue))
+    assert not queued._small([large], [large._allocation], queued._writers_elsewhere([large], queue))
     side = streams.Stream()
     gate = threading.Event()
     side.submit(gate.wait, WAIT)
     with torch.neuron.stream(side):
         written = x * 3  # queued on the side stream, behind the gate
-    assert not queued._small([written], [small._allocation], queue)
+    assert not queued._small([written], [small._allocation], queued._writers_elsewhere([written], queue))
     gate.set()
     torch.neuron.synchronize()

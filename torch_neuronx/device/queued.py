@@ -174,20 +174,18 @@ class _Op:
 INLINE_BYTES = 256 << 10
 
 
-def _small(inputs: Sequence[NeuronTensor], outputs: Sequence[Any], queue: Any) -> bool:
-    """Whether a kernel is small and its inputs are ready (none still to be written on another
-    stream, which the issuing thread must not wait for)."""
+def _small(inputs: Sequence[NeuronTensor], outputs: Sequence[Any], writers: tuple) -> bool:
+    """Whether a kernel is small and its inputs are ready (no ``writers`` on another stream, which
+    the issuing thread must not wait for: :func:`_writers_elsewhere`)."""
+    if writers:
+        return False
     total = 0
     for allocation in outputs:
         total += allocation.nbytes
     for t in inputs:
         allocation = t._allocation
-        if allocation is None:
-            continue
-        total += allocation.nbytes
-        writer = allocation.writer
-        if writer is not None and writer.queue is not queue and not writer.done():
-            return False
+        if allocation is not None:
+            total += allocation.nbytes
     return total <= INLINE_BYTES
 
 
@@ -207,7 +205,7 @@ def enqueue(index: int, name: str, inputs: Sequence[NeuronTensor], outputs: Sequ
     if stream is None:
         stream = current_stream(index)
     op = _Op(index, name, inputs, outputs, work, args, stream._queue, stack, inference)
-    if not inference and _small(inputs, outputs, stream._queue):
+    if not inference and _small(inputs, outputs, op.writers):
         pending = stream.enqueue_small(op)  # run at once when the stream is idle
     else:
         pending = stream.enqueue(op)
