@@ -217,18 +217,17 @@ def reduce_scatter(pg: dist.ProcessGroup, output: torch.Tensor, inputs: Sequence
 
 def all_to_all_single(pg: dist.ProcessGroup, output: torch.Tensor, input: torch.Tensor,
                       output_splits: Sequence[int], input_splits: Sequence[int], native: bool) -> None:
-    """Exchange rows: rank ``r`` receives ``input_splits[r]`` rows of this rank's input.
+    """Exchange rows: rank ``r`` receives ``input_splits[r]`` rows of this rank's input (both
+    splits given in full: :func:`even_splits` for a side the caller left empty).
 
     ``native`` (NEURON_USE_NKI_ALLTOALLV=1): the transport's uneven exchange; otherwise the
     compatibility path: pad every block to the largest split of any pair, exchange evenly, unpad.
     """
     size = pg.size()
-    if native or (not input_splits and not output_splits):
+    if native:
         _wait(pg.alltoall_base(output, input, list(output_splits), list(input_splits), dist.AllToAllOptions()))
         return
     row = math.prod(input.shape[1:])
-    # A side given as None is an even split of its rows (as the native exchange reads it).
-    input_splits = list(input_splits) or even_splits(input.shape[0], size)
     splits = torch.tensor(input_splits, dtype=torch.int64)
     every = torch.empty(size * size, dtype=torch.int64)
     _wait(pg._allgather_base(every, splits, c10d.AllgatherOptions()))
@@ -251,5 +250,6 @@ def all_to_all_single(pg: dist.ProcessGroup, output: torch.Tensor, input: torch.
 
 
 def even_splits(rows: int, size: int) -> list[int]:
-    """The splits of an even all_to_all_single over ``rows`` rows."""
+    """The splits of an even all_to_all_single over ``rows`` rows (a side given empty, as the
+    transport reads it)."""
     return [rows // size] * size

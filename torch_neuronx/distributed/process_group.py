@@ -375,7 +375,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         receives = list(output_split_sizes) or algorithms.even_splits(output.shape[0] if output.dim() else 1,
                                                                       self.size())
         return self._issue("all_to_all", [input, output], [output], lambda: algorithms.all_to_all_single(
-            self._transport, out, inp, output_split_sizes, input_split_sizes, native),
+            self._transport, out, inp, receives, sends, native),
             Agreement(input.dtype, [math.prod(input.shape[1:])], sends=sends, receives=receives))
 
     all_to_all_single = alltoall_base
