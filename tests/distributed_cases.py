@@ -127,6 +127,43 @@ def non_contiguous_send(rank: int) -> None:
     dist.send(torch.arange(12.0, device="neuron").reshape(3, 4).t(), dst=1 - rank)
 
 
+def messages_of_other_sizes(rank: int) -> None:
+    """A message longer than the receive buffer killed the receiver (gloo's SIGABRT): an error
+    naming both sizes, and the pair carries the next messages; a shorter one fills the buffer's
+    front, as gloo's receive does; batch_isend_irecv and recv from any source still pair up."""
+    peer = 1 - rank
+    if rank == 0:
+        dist.send(torch.arange(10.0, device="neuron"), 1)
+    else:
+        try:
+            dist.recv(torch.zeros(5, device="neuron"), 0)
+            torch.neuron.synchronize()
+        except Exception as exc:  # noqa: BLE001  (the stream wraps the collective's error)
+            if "sent 40 bytes, more than the receive buffer holds" not in str(exc):
+                raise
+        else:
+            raise RuntimeError("a 40-byte message into a 20-byte buffer raised nothing")
+    if rank == 0:
+        dist.send(torch.arange(3.0, device="neuron"), 1)
+    else:
+        got = torch.full((5,), -1.0, device="neuron")
+        dist.recv(got, 0)
+        if got.tolist() != [0.0, 1.0, 2.0, -1.0, -1.0]:
+            raise RuntimeError(f"a 3-element message into 5 elements gave {got.tolist()}")
+    mine, theirs = torch.full((4,), float(rank), device="neuron"), torch.empty(4, device="neuron")
+    # the receive first on both ranks: a receive waiting for its message must not hold up the send after it
+    for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, theirs, peer), dist.P2POp(dist.isend, mine, peer)]):
+        work.wait()
+    if theirs.tolist() != [float(peer)] * 4:
+        raise RuntimeError(f"batch_isend_irecv gave {theirs.tolist()}")
+    if rank == 0:
+        dist.send(torch.tensor([7.0], device="neuron"), 1)
+    else:
+        anyone = torch.empty(1, device="neuron")
+        if dist.recv(anyone) != 0 or anyone.tolist() != [7.0]:
+            raise RuntimeError(f"recv from any source gave {anyone.tolist()}")
+
+
 def mismatched_gather(rank: int) -> None:
     out = torch.empty(4 * 2, device="neuron")
     dist.all_gather_into_tensor(out, torch.ones(4 + rank, device="neuron"))

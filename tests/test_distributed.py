@@ -123,6 +123,10 @@ def test_defects_found_by_new_users_stay_fixed():
     _both_ranks_ok("found_by_new_users", NEURON_USE_NKI_ALLTOALLV="0")
 
 
+def test_point_to_point_messages_longer_or_shorter_than_the_buffer():
+    _both_ranks_ok("messages_of_other_sizes")
+
+
 def test_ddp_with_the_powersgd_comm_hook():
     _both_ranks_ok("ddp_powersgd_hook")
 

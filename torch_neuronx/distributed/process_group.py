@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from torch_neuronx import config
-from torch_neuronx.distributed import algorithms, validate
+from torch_neuronx.distributed import algorithms, point_to_point, validate
 from torch_neuronx.distributed.agreements import Agreements
 from torch_neuronx.distributed.options import Options
 from torch_neuronx.distributed.work import CollectiveQueue, NeuronWork, Task, issue, never_compiled
@@ -402,26 +402,26 @@ class ProcessGroupNeuron(dist.ProcessGroup):
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> NeuronWork:
         validate.root("send", dst, self.size())
         validate.contiguous("send", tensors)
-        plain = [_plain(t) for t in tensors]
-        return self._issue("send", tensors, list(tensors), lambda: self._transport.send(plain, dst, tag))
+        validate.single("send", tensors)
+        plain = _plain(tensors[0])
+        return self._issue("send", tensors, list(tensors),
+                           lambda: point_to_point.send(self._transport, plain, dst, tag))
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> NeuronWork:
         validate.root("recv", src, self.size())
         validate.contiguous("recv", tensors)
-        plain = [_plain(t) for t in tensors]
-        return self._issue("recv", tensors, list(tensors), lambda: self._transport.recv(plain, src, tag))
+        validate.single("recv", tensors)
+        plain = _plain(tensors[0])
+        return self._issue("recv", tensors, list(tensors),
+                           lambda: point_to_point.recv(self._transport, plain, src, tag))
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> NeuronWork:
         validate.contiguous("recv", tensors)
-        plain = [_plain(t) for t in tensors]
+        validate.single("recv", tensors)
+        plain = _plain(tensors[0])
         sources: list[int] = []
-
-        def run() -> None:
-            received = self._transport.recv_anysource(plain, tag)
-            received.wait()
-            sources.append(received._source_rank())
-
-        work = self._issue("recv", tensors, list(tensors), run)
+        work = self._issue("recv", tensors, list(tensors),
+                           lambda: point_to_point.recv_anysource(self._transport, plain, tag, sources))
         work.sources = sources  # what ``_source_rank()`` answers once the receive ran
         return work
 

@@ -45,6 +45,12 @@ def contiguous(kind: str, tensors: Sequence[torch.Tensor]) -> None:
             raise _fail(kind, f"a non-contiguous tensor of shape {tuple(t.shape)} (call .contiguous() first)")
 
 
+def single(kind: str, tensors: Sequence[torch.Tensor]) -> None:
+    """Point-to-point messages carry one tensor, as gloo's do."""
+    if len(tensors) != 1:
+        raise _fail(kind, f"one tensor per message, got {len(tensors)}")
+
+
 def reduce_op(kind: str, op: Any, tensors: Sequence[torch.Tensor]) -> None:
     """Averages and pre-multiplied sums of booleans have no boolean result: refused, as gloo refuses
     them ("result type Float can't be cast to ... Bool"); the average came back all False."""

@@ -255,8 +255,10 @@ class _Fifo:
 class CollectiveQueue:
     """The program order of one process group's collectives.
 
-    A worker thread runs them in issue order (the FIFO); the point-to-point operations it started
-    are waited for by a second one, so that a ``send`` never holds up the ``recv`` issued after it.
+    A worker thread runs them in issue order (the FIFO); the sends it started are waited for by a
+    second one, the receives (:class:`~.point_to_point.Deferred`: posted as they are waited for)
+    by a third, each in issue order, so that a ``send`` never holds up a ``recv`` and a ``recv``
+    waiting for its message never holds up a ``send``.
     A collective whose outputs only one stream consumes, issued while the FIFO holds nothing,
     runs on that stream's own worker instead, in the stream's order (:meth:`direct`): no hop
     through the FIFO's thread and back, and collectives issued back to back on one stream follow
@@ -271,7 +273,8 @@ class CollectiveQueue:
     def __init__(self, name: str) -> None:
         self._name = name
         self._run = _Fifo(f"neuron collectives {name}", self._start)
-        self._pending = _Fifo(f"neuron point-to-point {name}", lambda item: item[0].complete(item[1]))
+        self._pending = _Fifo(f"neuron sends {name}", lambda item: item[0].complete(item[1]))
+        self._receiving = _Fifo(f"neuron receives {name}", lambda item: item[0].complete(item[1]))
         self._broken: BaseException | None = None
         self._broken_from = 0  # the order of the first collective that fails with ``_broken``
         self._issued = 0  # collectives admitted so far
@@ -286,7 +289,8 @@ class CollectiveQueue:
     @name.setter
     def name(self, value: str) -> None:
         self._name = value
-        self._run.name, self._pending.name = f"neuron collectives {value}", f"neuron point-to-point {value}"
+        self._run.name, self._pending.name = f"neuron collectives {value}", f"neuron sends {value}"
+        self._receiving.name = f"neuron receives {value}"
 
     def _admit(self, task: Task) -> bool:
         with self._lock:
@@ -357,7 +361,7 @@ class CollectiveQueue:
         if check is not None and check.breaks:
             self._break(check, task)
         if pending is not None:
-            self._pending.put((task, pending))
+            (self._receiving if task.kind == "recv" else self._pending).put((task, pending))
 
     def _break(self, check: agreements.Check, task: Task) -> None:
         """``check`` failed while a rank ran ahead: fail ``task`` and everything queued after it."""
@@ -387,6 +391,7 @@ class CollectiveQueue:
         _completions.reset_after_fork()
         self._run.reset_after_fork()
         self._pending.reset_after_fork()
+        self._receiving.reset_after_fork()
         self._in_fifo, self._direct = 0, None
 
 
