@@ -79,6 +79,51 @@ def test_in_place_update_and_new_parameter_are_seen():
         torch.testing.assert_close(compiled(x), model(x))
 
 
+@pytest.mark.parametrize("write", [
+    lambda p: p.data.mul_(2.0),
+    lambda p: p.data.copy_(torch.randn(p.shape)),
+    lambda p: p.data[:1].fill_(3.0),
+    lambda p: p.data.view(-1).add_(1.0),
+], ids=["mul", "copy", "slice", "view"])
+def test_writes_through_data_are_seen(write):
+    """``p.data`` has a version counter of its own: ``p.data.mul_(2)`` (EMA updates, weight
+    hot-swaps, older loaders) changed the weights unseen and the graph kept the old ones."""
+    model, x = _mlp(), torch.randn(4, 16)
+    compiled = torch.compile(model, backend="neuron")
+    with torch.no_grad():
+        compiled(x)
+        for p in (model[0].weight, model[2].bias):
+            write(p)
+            torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_kept_data_alias_written_later_is_seen_and_temporary_ones_cost_one_binding():
+    """An alias kept in a variable may be written at any call: while it lives, each call binds
+    (then the graph takes its weights as arguments); one used and dropped (initialization,
+    logging) costs one binding, and the graph stays resident."""
+    model, x = _mlp(), torch.randn(4, 16)
+    model[0].weight.data.normal_(0.0, 0.02)  # initialization code, before compiling
+    compiled = torch.compile(model, backend="neuron")
+    with torch.no_grad():
+        compiled(x)
+        before = metrics.counter("parameter_bindings")
+        for _ in range(3):
+            compiled(x)
+        assert metrics.counter("parameter_bindings") == before  # compiling kept no alias
+        float(model[2].weight.data.norm())  # logging: a temporary alias
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x))
+        assert metrics.counter("parameter_bindings") == before + 1
+        kept = model[2].weight.data
+        for step in range(6):
+            kept.add_(0.5)
+            torch.testing.assert_close(compiled(x), model(x), msg=f"step {step}")
+        import copy
+        import pickle
+        pickle.dumps(model)  # the parameters carry nothing of this bookkeeping
+        copy.deepcopy(model)
+
+
 def test_training_step_then_eval_rebinds_updated_weights():
     model, x = _mlp(), torch.randn(4, 16)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)

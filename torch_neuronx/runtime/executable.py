@@ -24,7 +24,7 @@ from torch_neuronx import config, observe
 from torch_neuronx.format import neff as neff_format
 from torch_neuronx.format import parameters as resident
 from torch_neuronx.observe.events import state as _observing
-from torch_neuronx.runtime import openmp, streams, transfer
+from torch_neuronx.runtime import aliases, openmp, streams, transfer
 from torch_neuronx.runtime.errors import NeffLoadError, NeuronRuntimeError
 from torch_neuronx.runtime.streams import submitted as _streams_used
 
@@ -172,7 +172,9 @@ class Executable:
     Inputs listed as ``resident`` in the NEFF's signature are module parameters
     (``compiler/resident.py``): they are bound into a VM context once, and bound
     again when the tensor at their position is another object, sits at another
-    address, or was updated in place (its version counter moved). When
+    address, or was updated in place (its version counter moved), or when a
+    parameter's ``.data`` was read since (:mod:`.aliases`: an alias writes without
+    moving the counter; while one is alive, every call binds). When
     :data:`VOLATILE_BINDINGS` bindings in a row each served a single call (the
     weights change between every call, as when inference alternates with
     training steps), ``on_volatile`` is called once: its owner can switch to a
@@ -193,10 +195,12 @@ class Executable:
         self._module = vm_module
         signature = module.header.signature
         self._resident = tuple(signature.get("resident", ()))
+        if self._resident:
+            aliases.install()
         # Positions of the inputs passed as call arguments (None: all of them).
         self._arguments = tuple(i for i in range(len(signature.get("inputs", ())))
                                 if i not in self._resident) if self._resident else None
-        # (context, ((position, tensor, version, address), ...), index, ((start, end), ...))
+        # (context, ((position, tensor, version, address), ...), index, ((start, end), ...), epoch)
         self._bound: tuple | None = None
         self._calls = 0  # calls of a module with resident parameters (counted for on_volatile)
         self._calls_at_bind = 0
@@ -242,6 +246,7 @@ class Executable:
         """
         rt = _rt()
         self._note_binding()
+        epoch = aliases.state.epoch
         index, checks = rt.ParameterIndex(), []
         for position in self._resident:
             t = inputs[position]
@@ -255,7 +260,9 @@ class Executable:
         except Exception as exc:
             raise NeuronRuntimeError(f"binding the NEFF's parameters failed: {exc}") from exc
         spans = tuple((address, address + t.nbytes) for _, t, _, address in checks)
-        self._bound = (context, tuple(checks), index, spans)
+        if any(aliases.held(t) for _, t, _, _ in checks):
+            epoch = -1  # an alias may write the values unseen: this binding serves one call
+        self._bound = (context, tuple(checks), index, spans, epoch)
         bindings.add(self, sum(t.numel() * t.element_size() for _, t, _, _ in checks))
         observe.count("parameter_bindings")
         _log.debug("bound %d resident parameters of %s", len(checks), self.neff.header.key[:16])
@@ -276,7 +283,7 @@ class Executable:
 
     @staticmethod
     def _still_bound(bound: tuple | None, inputs: Sequence[torch.Tensor]) -> bool:
-        if bound is None:
+        if bound is None or bound[4] != aliases.state.epoch:
             return False
         try:
             for position, t, version, address in bound[1]:
