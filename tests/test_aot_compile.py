@@ -54,6 +54,22 @@ def test_aot_compiled_mlp_matches_eager_and_refuses_other_inputs(compiled):
             fn(*args, **kwargs)
 
 
+def test_parameters_converted_after_compiling_are_refused_not_misread():
+    """``model.double()`` after ``aot_compile`` (which skips Dynamo's guards): the float64 weights'
+    bytes were bound as float32 (a result off by 1e21, no error); ``half()`` gave IREE's range
+    error. Converted back, the callable serves again."""
+    model, x = _mlp(), torch.randn(32, 64)
+    fn = torch_neuronx.aot_compile(model, (x,))
+    fn(x)
+    for convert in (model.double, model.half):
+        convert()
+        with pytest.raises(RuntimeError, match=r"parameter input \d+ is float32 \[128, 64\].*now float"):
+            fn(x)
+    model.float()
+    with torch.no_grad():
+        torch.testing.assert_close(fn(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 def test_scalars_and_keyword_inputs_are_checked():
     def scaled(x: torch.Tensor, *, bias: torch.Tensor, scale: float) -> torch.Tensor:
         return torch.tanh(x * scale + bias)

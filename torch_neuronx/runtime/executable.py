@@ -248,8 +248,11 @@ class Executable:
         self._note_binding()
         epoch = aliases.state.epoch
         index, checks = rt.ParameterIndex(), []
+        specs = self.neff.header.signature.get("inputs", ())
         for position in self._resident:
             t = inputs[position]
+            if position < len(specs):
+                _check_resident(t, specs[position], position)
             usable = _aligned_contiguous(t).detach()
             index.add_buffer(resident.parameter_key(position), usable.reshape(-1).view(torch.uint8).numpy())
             checks.append((position, t, _version(t), t.data_ptr()))
@@ -457,6 +460,19 @@ def _unaliased(outputs: list[torch.Tensor], arguments: Sequence[torch.Tensor],
                 outputs[i] = out.clone()
                 break
     return outputs
+
+
+def _check_resident(t: torch.Tensor, spec: dict, position: int) -> None:
+    """Refuse a parameter whose dtype or shape is not the compiled one (``model.double()`` after an
+    AOT compile, which skips Dynamo's guards): its bytes would be read as the compiled dtype."""
+    dtype, shape = str(t.dtype).removeprefix("torch."), list(t.shape)
+    wanted = spec.get("shape")
+    static = wanted is not None and all(isinstance(d, int) for d in wanted)
+    if spec.get("dtype", dtype) != dtype or (static and wanted != shape):
+        raise NeuronRuntimeError(
+            f"the compiled graph's parameter input {position} is {spec.get('dtype')} {wanted}, the module's "
+            f"parameter at that position is now {dtype} {shape} (the module changed after compiling: "
+            "compile again, or convert it back)")
 
 
 def _version(t: torch.Tensor) -> int:
