@@ -25,12 +25,20 @@ from torch_neuronx.profiling.recorder import Recorder
 
 
 @pytest.mark.parametrize("raw,expected", [("0,1", (0, 1)), ("0,1,2-5", (0, 1, 2, 3, 4, 5)), (" 3 ", (3,)),
-                                          ("2-3,0", (0, 2, 3)), ("", ())])
+                                          ("2-3,0", (0, 2, 3)), ("1-2,2-4", (1, 2, 3, 4))])
 def test_index_ranges_parse(raw, expected):
     assert parse_index_ranges(raw) == expected
 
 
-@pytest.mark.parametrize("raw", ["a", "1-", "3-1", "0;1"])
+def test_a_huge_range_stays_a_range():
+    """``0-1000000000`` became a billion Python integers: the process grew to 23 GB and was killed."""
+    ranges = parse_index_ranges("0-1000000000,5")
+    assert 999_999_999 in ranges and 1_000_000_001 not in ranges and len(ranges) == 1_000_000_001
+    assert ranges.describe() == "0-1000000000" and ranges.spans == ((0, 1_000_000_001),)
+    assert parse_index_ranges("3,1").describe() == [1, 3]
+
+
+@pytest.mark.parametrize("raw", ["a", "1-", "3-1", "0;1", "", " , "])
 def test_malformed_index_ranges_are_rejected(raw):
     with pytest.raises(ConfigValueError):
         parse_index_ranges(raw)
@@ -87,6 +95,28 @@ def test_events_over_the_cap_are_dropped_counted_and_reported(profile_dir, monke
     assert meta["events_kept"] <= 3 * (1 + len(meta["events_dropped_per_nc"]))
     (warning,) = [m for m in neuron_log() if "dropped" in m]
     assert "TORCH_NEURONX_PROFILE_MAX_EVENTS_PER_NC=3" in warning
+
+
+def test_empty_ranks_warn_and_take_the_default(profile_dir, monkeypatch, neuron_log):
+    """An empty TORCH_NEURONX_PROFILE_RANKS (a launcher's unset template variable) silently
+    profiled no rank; like every other variable, it now warns and takes the default (rank 0)."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("TORCH_NEURONX_PROFILE_RANKS", "")
+    with profile(activities=NEURON) as prof:
+        pass
+    assert prof._neuron_session is not None
+    assert [m for m in neuron_log() if "TORCH_NEURONX_PROFILE_RANKS" in m]
+
+
+def test_a_huge_capture_range_profiles_without_expanding(profile_dir, monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_PROFILE_CAPTURE_NC", "0-1000000000")
+    monkeypatch.setenv("TORCH_NEURONX_PROFILE_MODES", "runtime")
+    with profile(activities=NEURON):
+        eager_work()
+    (directory,) = session_dirs(profile_dir)
+    trace = read(os.path.join(directory, "runtime.json"))
+    assert trace["neuron"]["capture_nc"] == "0-1000000000"
+    assert [e for e in trace["traceEvents"] if e.get("args", {}).get("device") == 0]
 
 
 @pytest.mark.parametrize("ranks,captured", [("0", False), ("0-1", True), ("1,3", True), ("2", False)])

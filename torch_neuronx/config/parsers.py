@@ -7,7 +7,9 @@ then logs one warning and uses the variable's default.
 
 from __future__ import annotations
 
+import bisect
 import os
+from collections.abc import Iterable, Iterator
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
@@ -114,21 +116,80 @@ def parse_csv(raw: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in raw.split(",") if part.strip())
 
 
-def parse_index_ranges(raw: str) -> tuple[int, ...]:
-    """Parse indices and ranges (``0,1,2-5``): sorted, each once; empty means none.
+class IndexRanges:
+    """A set of non-negative indices kept as sorted, merged ranges (``0-1000000000`` is one pair,
+    not a billion integers): membership, length, equality with a tuple of its indices, and its
+    indices when there are few (:meth:`describe`)."""
+
+    __slots__ = ("spans",)
+    _LISTED = 64  # up to this many indices, :meth:`describe` lists them
+
+    def __init__(self, spans: Iterable[tuple[int, int]] = ()) -> None:
+        merged: list[tuple[int, int]] = []
+        for start, stop in sorted(spans):  # half-open [start, stop)
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
+            else:
+                merged.append((start, stop))
+        self.spans = tuple(merged)
+
+    @classmethod
+    def of(cls, indices: Iterable[int]) -> IndexRanges:
+        """The ranges of explicit ``indices``."""
+        return cls((int(i), int(i) + 1) for i in indices)
+
+    def __contains__(self, index: object) -> bool:
+        if not isinstance(index, int):
+            return False
+        at = bisect.bisect_right(self.spans, (index, float("inf"))) - 1
+        return at >= 0 and self.spans[at][0] <= index < self.spans[at][1]
+
+    def __len__(self) -> int:
+        return sum(stop - start for start, stop in self.spans)
+
+    def __iter__(self) -> Iterator[int]:
+        for start, stop in self.spans:
+            yield from range(start, stop)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, IndexRanges):
+            return self.spans == other.spans
+        if isinstance(other, tuple | list):
+            return len(other) == len(self) and self.spans == IndexRanges.of(other).spans
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.spans)
+
+    def __str__(self) -> str:
+        return ",".join(str(a) if b == a + 1 else f"{a}-{b - 1}" for a, b in self.spans)
+
+    def __repr__(self) -> str:
+        return f"IndexRanges({str(self)!r})"
+
+    def describe(self) -> list[int] | str:
+        """The indices as a list when there are few, else the ranges' text (``0-1000000``)."""
+        return list(self) if len(self) <= self._LISTED else str(self)
+
+
+def parse_index_ranges(raw: str) -> IndexRanges:
+    """Parse indices and ranges (``0,1,2-5``), kept as ranges; an empty value is an error (the
+    caller warns and takes its default).
 
     Unlike :func:`parse_device_list`, a lone number is an index, never a count
     (TORCH_NEURONX_PROFILE_RANKS, TORCH_NEURONX_PROFILE_CAPTURE_NC).
     """
-    indices: set[int] = set()
+    spans: list[tuple[int, int]] = []
     for part in (p.strip() for p in raw.split(",")):
         if not part:
             continue
         first, dash, last = (s.strip() for s in part.partition("-"))
         if not first.isdigit() or (dash and not last.isdigit()):
             raise ConfigValueError("expected comma-separated indices and ranges like 0,1,2-5")
-        span = range(int(first), int(last if dash else first) + 1)
-        if not span:
+        start, stop = int(first), int(last if dash else first) + 1
+        if stop <= start:
             raise ConfigValueError(f"empty range {part!r}")
-        indices.update(span)
-    return tuple(sorted(indices))
+        spans.append((start, stop))
+    if not spans:
+        raise ConfigValueError("no index given")
+    return IndexRanges(spans)

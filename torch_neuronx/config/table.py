@@ -12,6 +12,7 @@ import getpass
 import os
 
 from torch_neuronx.config.parsers import (
+    IndexRanges,
     parse_bool,
     parse_device_list,
     parse_index_ranges,
@@ -178,14 +179,14 @@ register(
         "Comma-separated profile modes. Add device for the device profile. The device profile "
         "reserves device memory for hardware notifications.",
         _PROFILE, parse_str),
-    Var("TORCH_NEURONX_PROFILE_RANKS", "str", (0,),
+    Var("TORCH_NEURONX_PROFILE_RANKS", "str", IndexRanges.of((0,)),
         "Comma-separated global ranks that capture a profile. The rank comes from the RANK "
         "environment variable.",
         _PROFILE, parse_index_ranges, default_doc="0"),
     Var("TORCH_NEURONX_PROFILE_MAX_EVENTS_PER_NC", "int", 10000000,
         "Maximum number of system trace events for each NeuronCore.",
         _PROFILE, parse_non_negative_int),
-    Var("TORCH_NEURONX_PROFILE_CAPTURE_NC", "str", (0, 1),
+    Var("TORCH_NEURONX_PROFILE_CAPTURE_NC", "str", IndexRanges.of((0, 1)),
         "NeuronCore indices or ranges to capture, for example 0,1,2-5.",
         _PROFILE, parse_index_ranges, default_doc="0,1"),
     Var("TORCH_NEURONX_PROFILE_OUTPUT_DIR", "path", "neuron_profile",

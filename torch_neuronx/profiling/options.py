@@ -17,7 +17,7 @@ import torch
 
 from torch_neuronx import config
 from torch_neuronx.config import directories
-from torch_neuronx.config.parsers import ConfigValueError, parse_index_ranges
+from torch_neuronx.config.parsers import ConfigValueError, IndexRanges, parse_index_ranges
 
 _log = logging.getLogger("torch_neuronx.profiling")
 
@@ -54,14 +54,13 @@ def parse_modes(modes: str | Iterable[ProfileMode | str], source: str = "TORCH_N
     return frozenset(chosen)
 
 
-def _indices(value: str | Iterable[int], source: str, default: tuple[int, ...]) -> tuple[int, ...]:
+def _indices(value: str | Iterable[int], source: str, default: IndexRanges) -> IndexRanges:
     if not isinstance(value, str):
-        return tuple(sorted({int(v) for v in value}))
+        return IndexRanges.of(value)
     try:
         return parse_index_ranges(value)
     except ConfigValueError as exc:
-        _log.warning("%s=%r is not valid: %s; using the default %s", source, value, exc,
-                     ",".join(map(str, default)))
+        _log.warning("%s=%r is not valid: %s; using the default %s", source, value, exc, default)
         return default
 
 
@@ -97,7 +96,7 @@ class Settings:
 
     modes: frozenset[ProfileMode]
     max_events_per_nc: int
-    capture_nc: tuple[int, ...]
+    capture_nc: IndexRanges
     output_dir: str
     neff_cache_dir: str
 

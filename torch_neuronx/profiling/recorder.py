@@ -15,8 +15,10 @@ import dataclasses
 import re
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
+from torch_neuronx.config.parsers import IndexRanges
 from torch_neuronx.observe import Event
 
 HOST = -1  # the bucket of events that belong to no neuron device (compiles, cache lookups)
@@ -88,8 +90,8 @@ def _int_or_none(value: Any) -> int | None:
 class Recorder:
     """A listener keeping every event of its window, subject to the capture filter and the cap."""
 
-    def __init__(self, capture_nc: tuple[int, ...], max_events_per_nc: int, offset_ns: int) -> None:
-        self.capture_nc = frozenset(capture_nc)
+    def __init__(self, capture_nc: Iterable[int], max_events_per_nc: int, offset_ns: int) -> None:
+        self.capture_nc = capture_nc if isinstance(capture_nc, IndexRanges) else IndexRanges.of(capture_nc)
         self.max_events_per_nc = max_events_per_nc
         self.offset_ns = offset_ns
         self.start_perf_ns = time.perf_counter_ns()

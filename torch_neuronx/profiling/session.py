@@ -109,7 +109,7 @@ class Session:
         rec = self.recorder
         return {
             "rank": self.rank, "pid": os.getpid(), "instance_id": instance_id(), "job_id": process.job_id(),
-            "modes": sorted(m.value for m in self.settings.modes), "capture_nc": list(self.settings.capture_nc),
+            "modes": sorted(m.value for m in self.settings.modes), "capture_nc": self.settings.capture_nc.describe(),
             "max_events_per_nc": self.settings.max_events_per_nc, "start_ns": self.start_ns, "stop_ns": self.stop_ns,
             "events_kept": sum(rec.kept.values()) if rec else 0,
             "events_dropped": sum(rec.dropped.values()) if rec else 0,
