@@ -250,6 +250,28 @@ def test_explicit_export_per_rank_and_unknown_names_reported_at_import(tmp_path)
         assert mode == 0o666 & ~umask, oct(mode)
 
 
+@pytest.mark.parametrize("handler", ["default", "user"])
+def test_tables_are_written_when_the_process_is_terminated(tmp_path, handler):
+    """SIGTERM (torchrun stopping the other workers after a failure, a scheduler's preemption)
+    skips atexit: the run ended with no table at all. Now they are written first, then the
+    process ends as it would have (killed by the signal, or the user's own handler runs)."""
+    program = ("import os, signal, sys, time, torch, torch_neuronx\n"
+               + ("signal.signal(signal.SIGTERM, lambda *a: (print('USER'), sys.exit(7)))\n"
+                  if handler == "user" else "")
+               + "(torch.ones(3, device='neuron') * 2).cpu()\n"
+               "os.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(30)\n")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TORCH_NEURONX_ENABLED_METRIC_TABLES": "eager_ops,memory",
+                               "TORCH_NEURONX_METRICS_DIR": str(tmp_path)})
+    if handler == "user":
+        assert proc.returncode == 7 and "USER" in proc.stdout, proc.stderr[-2000:]
+    else:
+        assert proc.returncode == -15, proc.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["metric_table_eager_ops_rank0.csv", "metric_table_memory_rank0.csv"]
+    ops = pd.read_csv(tmp_path / "metric_table_eager_ops_rank0.csv").set_index("op")
+    assert ops.loc["mul.Tensor", "calls"] == 1
+
+
 def test_no_table_no_files_and_no_listener(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import torch, torch_neuronx\n"
                            "from torch_neuronx import observe\n"

@@ -120,3 +120,47 @@ def _device_parts(device: Any) -> tuple[str, int | None]:
     if hasattr(device, "type") and hasattr(device, "index"):  # torch.device, without importing torch
         return device.type, device.index
     raise ValueError(f"expected a neuron device (an int, 'neuron:N' or torch.device), got {device!r}")
+
+
+_at_termination: list[Any] = []
+_previous_handler: Any = None
+
+
+def at_termination(fn: Any) -> bool:
+    """Run ``fn()`` when the process receives SIGTERM (torchrun stopping its workers after one
+    failed, a scheduler's preemption or time limit), before it ends as it would have: the
+    handler found before runs next, or, for the default action, the process dies of the signal
+    (exit status 143). Nothing is installed when SIGTERM is ignored or handled outside Python,
+    or off the main thread (where Python cannot set handlers): False then."""
+    import signal
+    import threading
+
+    global _previous_handler
+    if fn in _at_termination:
+        return True
+    if not _at_termination:
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        previous = signal.getsignal(signal.SIGTERM)
+        if previous is signal.SIG_IGN or previous is None:
+            return False
+        _previous_handler = previous
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    _at_termination.append(fn)
+    return True
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    import signal
+
+    for fn in list(_at_termination):
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - a failing hook must not keep the process alive
+            pass
+    previous = _previous_handler
+    if callable(previous) and previous is not signal.SIG_DFL:
+        previous(signum, frame)
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)

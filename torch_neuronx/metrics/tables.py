@@ -142,6 +142,7 @@ def enable(names: Sequence[str]) -> None:
     if register_exit:
         import atexit
         atexit.register(_export_at_exit)
+        process.at_termination(_export_at_exit)  # SIGTERM skips atexit
 
 
 def enabled() -> list[str]:
