@@ -151,6 +151,37 @@ def test_every_host_device_copy_is_a_transfer_row(enabled):
     assert (moves["transfer.device_to_host"]["calls"], moves["transfer.device_to_host"]["bytes"]) == (3, 384)
 
 
+def test_exporting_an_unknown_table_names_the_valid_ones(tmp_path):
+    """It raised a bare KeyError from inside the CSV writer."""
+    with pytest.raises(ValueError, match="unknown metric table.*graph_stat; valid tables: graph_stats"):
+        metrics.export_tables(str(tmp_path), ["graph_stat"])
+    assert os.listdir(tmp_path) == []
+    assert [os.path.basename(p) for p in metrics.export_tables(str(tmp_path), "caches")] == \
+        ["metric_table_caches_rank0.csv"]
+
+
+def test_results_of_compiled_graphs_are_not_uploads(enabled):
+    """Every output of a compiled graph on neuron tensors (the forward's result, each gradient
+    of the backward graph) was counted as a host-to-device transfer: 35 "uploads" for 5 steps
+    that uploaded 10 tensors."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).to("neuron")
+    forward = torch.compile(model, backend="neuron")
+
+    def step():
+        x, y = torch.randn(8, 16).to("neuron"), torch.randn(8, 4).to("neuron")
+        torch.nn.functional.mse_loss(forward(x), y).backward()
+
+    step()
+    torch.neuron.synchronize()
+    metrics.clear_metrics()
+    for _ in range(3):
+        step()
+    torch.neuron.synchronize()
+    moves = {r["kind"]: r for r in metrics.table_rows("transfers")}
+    uploads = moves["transfer.host_to_device"]
+    assert (uploads["calls"], uploads["bytes"]) == (6, 3 * (8 * 16 + 8 * 4) * 4)
+
+
 def test_fallbacks_are_counted_per_op(enabled):
     a = torch.randn(6, device="neuron")
     square = torch.randn(2, 2, device="neuron")

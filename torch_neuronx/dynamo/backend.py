@@ -148,7 +148,7 @@ def _on_device(fn: Callable, outputs: list[int]) -> Callable:
     def call(*args: Any) -> list[Any]:
         results = fn(*[a._data if type(a) is NeuronTensor else a for a in args])
         for i in outputs:
-            results[i] = from_cpu(results[i], stride=results[i].stride())
+            results[i] = from_cpu(results[i], stride=results[i].stride(), upload=False)
         return results
 
     return call
@@ -247,7 +247,7 @@ def _placing_outputs(fn: Callable, positions: list[int]) -> Callable:
         results = list(fn(*args))
         for i in positions:
             if type(results[i]) is torch.Tensor:
-                results[i] = from_cpu(results[i], stride=results[i].stride())
+                results[i] = from_cpu(results[i], stride=results[i].stride(), upload=False)
         return results
 
     return call

@@ -207,7 +207,7 @@ class DynamicGraph:
             tensors.append(t)
         results = self.compiled.call_unboxed(*tensors)
         if on_device:  # outputs of a graph on the device go to the device
-            return [from_cpu(r, stride=r.stride()) if type(r) is torch.Tensor else r for r in results]
+            return [from_cpu(r, stride=r.stride(), upload=False) if type(r) is torch.Tensor else r for r in results]
         return results
 
 

@@ -86,7 +86,7 @@ class Kernel(Generic[P, R]):
             values = iter(data)
             host = [next(values) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
             result = self(**pytree.tree_unflatten(host, structure))
-            return pytree.tree_map(lambda t: from_cpu(t) if isinstance(t, torch.Tensor) else t, result)
+            return pytree.tree_map(lambda t: from_cpu(t, upload=False) if isinstance(t, torch.Tensor) else t, result)
         if _runs_inline(tensors):
             return self.fn(*args, **kwargs)
         self._check(leaves, tensors)

@@ -181,9 +181,14 @@ def to_csv(name: str) -> str:
 
 
 def export(names: Sequence[str] | None = None, directory: str | None = None) -> list[str]:
-    """Write tables ``names`` (the enabled ones when None) as CSV, atomically; their paths."""
+    """Write tables ``names`` (the enabled ones when None) as CSV, atomically; their paths.
+    An unknown name raises ``ValueError`` naming the valid tables, before anything is written."""
+    chosen = enabled() if names is None else ([names] if isinstance(names, str) else list(names))
+    unknown = [n for n in chosen if n not in TABLES]
+    if unknown:
+        raise ValueError(f"unknown metric table(s) {', '.join(map(str, unknown))}; valid tables: {', '.join(TABLES)}")
     paths = []
-    for name in enabled() if names is None else names:
+    for name in chosen:
         path = csv_path(name, directory)
         # Readable as every other artifact (the umask's mode, not mkstemp's 0600), never torn.
         atomic.write_atomic(os.path.abspath(path), to_csv(name).encode(), durable=False)

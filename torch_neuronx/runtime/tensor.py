@@ -370,7 +370,7 @@ class NeuronTensor(torch.Tensor):
         index, offset = meta
         data = inner["_data"]
         if type(data) is torch.Tensor and not data.is_meta:  # a compiled graph's output: into device memory
-            placed = from_cpu(data, stride=outer_stride, index=index)
+            placed = from_cpu(data, stride=outer_stride, index=index, upload=False)
             if offset == placed.storage_offset():
                 return placed
             # An output that is a view of an input: aot_autograd rebuilds it from the input
@@ -471,15 +471,19 @@ def _fill(data: torch.Tensor, t: torch.Tensor, stride: Sequence[int] | None) -> 
         _fill_overlapping(data, t)
 
 
-def from_cpu(t: torch.Tensor, stride: Sequence[int] | None = None, index: int = 0) -> NeuronTensor:
+def from_cpu(t: torch.Tensor, stride: Sequence[int] | None = None, index: int = 0,
+             upload: bool = True) -> NeuronTensor:
     """A new neuron tensor holding a copy of the CPU tensor ``t``.
 
     Contiguous, or with ``stride`` when given: a compiled graph's output keeps the
     strides its trace decided (channels-last, transposed, or expanded, whose
-    elements that share memory hold one value).
+    elements that share memory hold one value). ``upload``: whether this is the
+    program's data going to the device (a ``transfer.host_to_device`` span); False for
+    results a graph or kernel produced on the device, which the transfers table and the
+    profiler's transfers must not count.
     """
     data, allocation = allocate(t.shape, stride, t.dtype, index)
-    if observe.state.active:
+    if upload and observe.state.active:
         with observe.span("transfer.host_to_device", t.nbytes, device=index):
             _fill(data, t, stride)
     else:
