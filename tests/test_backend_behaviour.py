@@ -276,6 +276,34 @@ def test_compile_only_context_compiles_and_never_executes(tmp_path, monkeypatch)
     assert len(glob.glob(str(tmp_path / "neff" / "**" / "*.neff"), recursive=True)) == 1
 
 
+def test_compile_only_in_one_thread_leaves_other_threads_running(monkeypatch):
+    """A server thread's compiled calls returned zeros while another thread precompiled inside
+    ``compile_only()``: the variable the block sets for the process counted in every thread."""
+    import threading
+
+    monkeypatch.delenv("TORCH_NEURONX_COMPILE_ONLY", raising=False)
+    serve = torch.compile(lambda a: (a * 3.0).sin() + 1.0, backend="neuron")
+    x = torch.randn(8, 8)
+    expected = (x * 3.0).sin() + 1.0
+    torch.testing.assert_close(serve(x), expected)
+    inside, outside = threading.Event(), threading.Event()
+    results = []
+
+    def server():
+        inside.wait(60)
+        results.append(serve(x))
+        outside.set()
+
+    thread = threading.Thread(target=server)
+    thread.start()
+    with compile_only():
+        inside.set()
+        assert outside.wait(60)
+        assert torch.count_nonzero(torch.compile(lambda a: a.cos() * 2.0, backend="neuron")(x)) == 0
+    thread.join(60)
+    torch.testing.assert_close(results[0], expected)
+
+
 @pytest.mark.parametrize("before", [None, "0"])
 def test_compile_only_context_sets_the_variable_as_the_specification_says(monkeypatch, before):
     """Inside ``compile_only()`` the environment says TORCH_NEURONX_COMPILE_ONLY=1 (a child process

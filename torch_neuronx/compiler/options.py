@@ -169,8 +169,14 @@ class ResolvedOptions:
 
 
 def compile_only_enabled() -> bool:
-    """Whether compiled graphs are compiled but never executed right now (on every call: keep it cheap)."""
-    return bool(config.get("TORCH_NEURONX_COMPILE_ONLY"))
+    """Whether compiled graphs are compiled but never executed right now, in this thread (on every
+    call: keep it cheap). The variable a :func:`compile_only` block sets for the process does not
+    count in other threads (a server's threads kept serving zeros while one precompiled)."""
+    if not config.get(_COMPILE_ONLY):
+        return False
+    if _environment_holders and not getattr(_in_block, "depth", 0):
+        return _environment_before_enabled  # set by another thread's block: the value before it
+    return True
 
 
 @contextlib.contextmanager
@@ -183,19 +189,23 @@ def compile_only() -> Iterator[None]:
     as usual.
 
     As the specification says, the block also sets ``TORCH_NEURONX_COMPILE_ONLY=1`` in the
-    environment (for the whole process and the processes it starts, as any variable), and
-    restores the previous value when the last such block in the process ends.
+    environment (for the processes it starts, as any variable), and restores the previous
+    value when the last such block in the process ends. Only the thread in the block compiles
+    without executing: other threads' compiled calls keep running (:func:`compile_only_enabled`).
     """
-    global _environment_holders, _environment_before
+    global _environment_holders, _environment_before, _environment_before_enabled
     with _environment_lock:
         if _environment_holders == 0:
             _environment_before = os.environ.get(_COMPILE_ONLY)
+            _environment_before_enabled = bool(config.get(_COMPILE_ONLY))
             os.environ[_COMPILE_ONLY] = "1"
         _environment_holders += 1
+    _in_block.depth = getattr(_in_block, "depth", 0) + 1
     try:
         with config.override(TORCH_NEURONX_COMPILE_ONLY=True):
             yield
     finally:
+        _in_block.depth -= 1
         with _environment_lock:
             _environment_holders -= 1
             if _environment_holders == 0:
@@ -209,3 +219,5 @@ _COMPILE_ONLY = "TORCH_NEURONX_COMPILE_ONLY"
 _environment_lock = threading.Lock()
 _environment_holders = 0  # compile_only() blocks open in this process
 _environment_before: str | None = None  # the variable's value before the first of them
+_environment_before_enabled = False  # whether that value enabled compile-only
+_in_block = threading.local()  # depth: this thread's open compile_only() blocks
