@@ -66,3 +66,30 @@ def test_device_index_range_is_checked():
         assert process.checked_device_index("neuron:1") == 1
         with pytest.raises(ValueError, match="device_count\\(\\) is 2"):
             process.checked_device_index(2)
+
+
+def test_a_forked_child_runs_neuron_work_and_exits(tmp_path):
+    """A child forked after neuron ops hung forever: a kernel compiled on the parent's compile
+    thread (not in the child), and its exit waited for the runtime's threads in finalization. The
+    child now compiles its own kernels, runs compiled graphs, exits, and does not overwrite the
+    parent's metric tables."""
+    program = (
+        "import os, sys, faulthandler, torch, torch_neuronx\n"
+        "x = torch.randn(8, 8).to('neuron'); (x + 1).cpu()\n"
+        "f = torch.compile(lambda a: a.sin() * 2, backend='neuron'); a = torch.randn(64, 64); f(a)\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    faulthandler.dump_traceback_later(60, exit=True)\n"
+        "    print('CHILD', torch.allclose((x * 3).cpu(), x.cpu() * 3), torch.allclose(f(a), a.sin() * 2),\n"
+        "          torch.equal(torch.ones(2).to('neuron').cpu(), torch.ones(2)), flush=True)\n"
+        "    sys.exit(0)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print('STATUS', status)\n"
+        "print('PARENT', torch.allclose((x - 1).cpu(), x.cpu() - 1))\n")
+    env = {**os.environ, "TORCH_NEURONX_ENABLED_METRIC_TABLES": "eager_ops", "TORCH_NEURONX_METRICS_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "CHILD True True True" in proc.stdout and "STATUS 0" in proc.stdout and "PARENT True" in proc.stdout, \
+        (proc.stdout, proc.stderr[-3000:])
+    table = (tmp_path / "metric_table_eager_ops_rank0.csv").read_text()
+    assert "sub.Tensor" in table  # the parent's tables, not the child's

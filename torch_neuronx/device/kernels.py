@@ -14,6 +14,7 @@ import concurrent.futures
 import functools
 import hashlib
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -257,6 +258,18 @@ def _compile_graph(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str,
 @functools.cache
 def _compiler_thread() -> concurrent.futures.ThreadPoolExecutor:
     return concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="neuron-eager-compile")
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads: a kernel compiled on the inherited
+    executor waited forever. The child makes its own (and its own lock, which a parent's thread
+    may have held at the fork)."""
+    global _lock
+    _lock = threading.Lock()
+    _compiler_thread.cache_clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def stored(key: tuple) -> bool:

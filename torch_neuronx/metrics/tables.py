@@ -202,7 +202,12 @@ def _used() -> bool:
     return bool(collector.snapshot()) or any(observe.counters().values()) or bool(samples.records("graph.compiled"))
 
 
+_owner = os.getpid()  # a forked child inherits the tables but must not overwrite its parent's files
+
+
 def _export_at_exit() -> None:
+    if os.getpid() != _owner:
+        return
     if not _used():
         _log.debug("no metric tables written: this process used no neuron device and compiled nothing")
         return

@@ -24,7 +24,7 @@ from torch_neuronx import config, observe
 from torch_neuronx.format import neff as neff_format
 from torch_neuronx.format import parameters as resident
 from torch_neuronx.observe.events import state as _observing
-from torch_neuronx.runtime import aliases, openmp, streams, transfer
+from torch_neuronx.runtime import aliases, forks, openmp, streams, transfer
 from torch_neuronx.runtime.errors import NeffLoadError, NeuronRuntimeError
 from torch_neuronx.runtime.streams import submitted as _streams_used
 
@@ -143,6 +143,8 @@ class Device:
         except Exception as exc:
             raise NeuronRuntimeError(f"cannot open the {driver!r} runtime device: {exc}") from exc
         self.hal_module = rt.create_hal_module(self.instance, self.hal)
+        forks.keep_forever(self, self.instance, self.hal, self.hal_module)
+        forks.state.started = forks.state.started or driver == "local-task"
 
 
 @functools.cache
@@ -315,6 +317,8 @@ class Executable:
         stream before it (:meth:`Stream.run`); until then, and whenever that queue is empty,
         it runs at once in the calling thread.
         """
+        if forks.state.forked and self._multithreaded:  # the inherited executor has no workers here
+            forks.check()
         if _streams_used.any:
             return streams.launch(self._observed, inputs)
         if _observing.active:  # the one flag check when nothing listens
