@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn as nn
 from models import MLP
 
 from torch_neuronx import metrics
@@ -302,6 +303,47 @@ def test_compile_only_in_one_thread_leaves_other_threads_running(monkeypatch):
         assert torch.count_nonzero(torch.compile(lambda a: a.cos() * 2.0, backend="neuron")(x)) == 0
     thread.join(60)
     torch.testing.assert_close(results[0], expected)
+
+
+def test_threads_serving_compiled_models_while_another_thread_compiles():
+    """While one thread traced a new model, FX's process-wide module patches and "is tracing"
+    flag made other threads' warm compiled models raise "Detected that you are using FX to
+    symbolically trace a dynamo-optimized function" (most of a server's calls)."""
+    import threading
+
+    torch.manual_seed(0)
+    served = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).eval()
+    plain = nn.Sequential(nn.Linear(16, 8), nn.GELU()).eval()
+    x = torch.randn(8, 16)
+    compiled = torch.compile(served, backend="neuron", dynamic=False)
+    with torch.no_grad():
+        expected, expected_plain = served(x), plain(x)
+        compiled(x)
+    stop, errors, calls = threading.Event(), [], [0]
+
+    def server():
+        with torch.no_grad():
+            while not stop.is_set():
+                try:
+                    torch.testing.assert_close(compiled(x), expected)
+                    torch.testing.assert_close(plain(x), expected_plain)
+                except Exception as exc:  # noqa: BLE001 - collected for the assertion
+                    errors.append(f"{type(exc).__name__}: {exc}"[:300])
+                calls[0] += 1
+
+    thread = threading.Thread(target=server)
+    thread.start()
+    try:
+        for width in (24, 25):  # two batch sizes each: a static trace, then the dynamic-shape one
+            model = nn.Sequential(nn.Linear(16, width), nn.Tanh(), nn.Linear(width, 3)).eval()
+            new = torch.compile(model, backend="neuron")
+            with torch.no_grad():
+                for rows in (3, 5):
+                    torch.testing.assert_close(new(x[:rows]), model(x[:rows]))
+    finally:
+        stop.set()
+        thread.join(60)
+    assert calls[0] > 0 and not errors, (calls[0], errors[:3])
 
 
 @pytest.mark.parametrize("before", [None, "0"])

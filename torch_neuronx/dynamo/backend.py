@@ -38,7 +38,7 @@ from torch_neuronx.compiler import decompositions, lowering_worker
 from torch_neuronx.compiler.decompositions import functional, linalg
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, ResolvedOptions
-from torch_neuronx.dynamo import autocopy, dynamic, fallback, plans, precompile, stats
+from torch_neuronx.dynamo import autocopy, dynamic, fallback, plans, precompile, stats, tracing_threads
 from torch_neuronx.dynamo.graph import compile_graph
 from torch_neuronx.pipeline.graph import CompiledGraph, from_plan
 from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
@@ -260,6 +260,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     CPU inputs of a graph on the device are copied there on each call, or refused with
     TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY=1 (:mod:`torch_neuronx.dynamo.autocopy`).
     """
+    tracing_threads.install()  # before aot_autograd's trace patches nn.Module for the process
     cpu_inputs, index = autocopy.cpu_inputs(example_inputs)
     if cpu_inputs:
         if autocopy.autocopy_disabled():
