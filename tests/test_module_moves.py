@@ -103,3 +103,33 @@ def test_uninitialized_placeholders_elsewhere_stay_torchs():
     q.materialize((2, 3))
     assert q.shape == (2, 3) and q.dtype == torch.float16 and q.device.type == "neuron"
     assert isinstance(q, nn.Parameter) and not isinstance(q, nn.parameter.UninitializedParameter)
+
+
+def test_moving_back_to_the_cpu_keeps_the_parameter_objects():
+    """``model.to("cpu")`` of a neuron model put new Parameters in the module: an optimizer made
+    before the move kept updating the old ones, and the model stopped training, silently."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).to("neuron")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = list(model.parameters())
+    model(torch.randn(5, 4, device="neuron")).sum().backward()
+    model.to("cpu")
+    assert all(a is b for a, b in zip(model.parameters(), before))
+    assert all(p.device.type == "cpu" and p.grad.device.type == "cpu" for p in model.parameters())
+    weight = model[0].weight.detach().clone()
+    optimizer.step()
+    assert not torch.equal(model[0].weight.detach(), weight)  # the optimizer moved the module's weights
+    model.double().to("neuron")
+    assert all(a is b for a, b in zip(model.parameters(), before))
+    assert model[0].weight.dtype == torch.float64 and model[0].weight.device.type == "neuron"
+
+
+def test_a_compiled_model_whose_data_was_read_still_moves():
+    """A parameter with a weak reference cannot be swapped: ``model.to("neuron")`` after a compiled
+    CPU call failed with "Couldn't swap Linear.weight" once its ``.data`` had been read."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2)).eval()
+    with torch.no_grad():
+        torch.compile(model, backend="neuron")(torch.randn(3, 4))
+    float(model[0].weight.data.norm())
+    model.to("neuron")
+    assert model[0].weight.device.type == "neuron"

@@ -37,7 +37,7 @@ def register() -> bool:
 
     _setup_privateuseone_for_python_backend("neuron", module, NeuronHooks(), NeuronDeviceGuard())
     _register_kernels()
-    from torch_neuronx.device import accelerator, autocast, backward_errors, eager, lazy, pinned, swap
+    from torch_neuronx.device import accelerator, autocast, backward_errors, eager, lazy, module_moves, pinned, swap
     from torch_neuronx.runtime import hops, tensor
 
     hops.install()
@@ -49,6 +49,7 @@ def register() -> bool:
     backward_errors.install()
     swap.install()
     lazy.install()
+    module_moves.install()
     _register_serialization()
     _registered = True
     return True

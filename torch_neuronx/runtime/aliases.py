@@ -37,10 +37,13 @@ class _State:
 
 
 state = _State()
-#: id of a parameter -> (a weak reference to it, weak references to the aliases its ``.data`` returned);
-#: keyed by id, not by tensor (a tensor's ``==`` compares values)
-_aliases: dict[int, tuple[weakref.ref, list[weakref.ref]]] = {}
-_lock = threading.RLock()  # reentrant: a weak reference's callback may run inside (garbage collection)
+#: id of a parameter -> weak references to the aliases its ``.data`` returned. Keyed by id: a
+#: tensor's ``==`` compares values, and a weak reference to the parameter itself would make
+#: ``module.to(...)`` fail (``torch.utils.swap_tensors`` refuses a tensor that has one). An id
+#: reused by a later parameter can only make it look held (one binding per call: still correct).
+_aliases: dict[int, list[weakref.ref]] = {}
+_PRUNE = 4096  # entries kept before those without a live alias are dropped
+_lock = threading.Lock()
 _base = torch._C.TensorBase.data  # the getset descriptor every tensor's ``data`` is
 
 
@@ -58,23 +61,15 @@ def _inherited(kind: type) -> Any:
 
 def _get(self: torch.Tensor) -> torch.Tensor:
     alias = _inherited(type(self)).__get__(self)
-    key = id(self)
     with _lock:
         state.epoch += 1
-        entry = _aliases.get(key)
-        if entry is None or entry[0]() is not self:
-            entry = _aliases[key] = (weakref.ref(self, lambda _, key=key: _forget(key)), [])
-        refs = entry[1]
+        refs = _aliases.setdefault(id(self), [])
         refs[:] = [r for r in refs if r() is not None]
         refs.append(weakref.ref(alias))
+        if len(_aliases) > _PRUNE:
+            for key in [k for k, v in _aliases.items() if not any(r() is not None for r in v)]:
+                del _aliases[key]
     return alias
-
-
-def _forget(key: int) -> None:
-    with _lock:
-        entry = _aliases.get(key)
-        if entry is not None and entry[0]() is None:
-            del _aliases[key]
 
 
 def _set(self: torch.Tensor, value: torch.Tensor) -> None:
@@ -84,8 +79,7 @@ def _set(self: torch.Tensor, value: torch.Tensor) -> None:
 def held(t: torch.Tensor) -> bool:
     """Whether an alias ``t.data`` returned is still alive (it may be written at any time)."""
     with _lock:
-        entry = _aliases.get(id(t))
-        return entry is not None and entry[0]() is t and any(r() is not None for r in entry[1])
+        return any(r() is not None for r in _aliases.get(id(t), ()))
 
 
 _installed = False

@@ -230,14 +230,17 @@ class Executable:
         self._view_type = rt.HalBufferView
         # Parameters come back every call as the same objects over the same memory: their
         # imported buffer views are kept (they alias the tensor, so in-place updates show).
-        self._parameter_views: dict[int, tuple[weakref.ref, int, object]] = {}
+        # Keyed by id and checked by address and layout, not by a weak reference, which would
+        # make ``module.to(...)`` fail (``swap_tensors`` refuses a tensor that has one): the
+        # view keeps its memory alive, so the same address and layout is the same memory.
+        self._parameter_views: dict[int, tuple[tuple, object]] = {}
 
     def _view(self, t: torch.Tensor) -> object:
         """Import one input (the slow path: a new parameter, or a copy for misaligned memory)."""
         usable = _aligned_contiguous(t)
         view = self._hal.from_dlpack_capsule(_to_dlpack(usable))
         if type(t) is torch.nn.Parameter and usable is t:
-            self._parameter_views[id(t)] = (weakref.ref(t), t.data_ptr(), view)
+            self._parameter_views[id(t)] = ((t.data_ptr(), t.shape, t.stride(), t.dtype), view)
         return view
 
     def bind(self, inputs: Sequence[torch.Tensor]) -> object:
@@ -342,8 +345,8 @@ class Executable:
         for t in arguments:
             if type(t) is parameter:
                 entry = parameter_views.get(id(t))
-                if entry is not None and entry[0]() is t and entry[1] == t.data_ptr():
-                    args.push_ref(entry[2])
+                if entry is not None and entry[0] == (t.data_ptr(), t.shape, t.stride(), t.dtype):
+                    args.push_ref(entry[1])
                     continue
             elif type(t) is plain and t.is_contiguous():
                 address = t.data_ptr()
