@@ -215,17 +215,26 @@ def test_a_dynamic_compile_past_its_time_limit_leaves_the_op_a_kernel_per_shape(
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"close": True, "marked": 1, "compiles": 3}
 
 
-def test_a_shape_that_comes_back_gets_a_kernel_of_its_own():
-    """A shape run on its family's dynamic kernel gets a kernel of its shapes (faster code) when it
-    is called again, once; results stay the CPU's throughout."""
+def test_a_shape_that_keeps_coming_back_gets_a_kernel_of_its_own(monkeypatch):
+    """A shape run on its family's dynamic kernel gets a kernel of its shapes (faster code) once it
+    has kept coming back for PROMOTE_AFTER_S, once; a burst of calls of a new shape (a training
+    step's repeated layers with this step's sequence length) does not: every step compiled again.
+    Results stay the CPU's throughout."""
+    from torch_neuronx.device import choice
+
     for shape in ((12, 13), (9, 14)):  # the family's first shapes: kernels of their own
         first = torch.randn(shape)
         _close(torch.erfc(first.to("neuron")), torch.erfc(first))
-    x = torch.randn(10, 11)  # the third: the dynamic kernel, until it comes back
-    on = x.to("neuron")
     before = metrics.counter("eager_shapes_promoted")
+    for rows in (10, 11, 12):  # a new length each "step", used many times within it
+        x = torch.randn(rows, 11)
+        for _ in range(6):
+            _close(torch.erfc(x.to("neuron")), torch.erfc(x))
+    assert metrics.counter("eager_shapes_promoted") == before
+    monkeypatch.setattr(choice, "PROMOTE_AFTER_S", 0.0)  # the shape has been in use long enough
+    x = torch.randn(10, 11)
     for _ in range(4):
-        _close(torch.erfc(on), torch.erfc(x))
+        _close(torch.erfc(x.to("neuron")), torch.erfc(x))
     assert metrics.counter("eager_shapes_promoted") == before + 1
 
 

@@ -312,7 +312,7 @@ register(
         "its third shape on, one dynamic-shape kernel for every later shape: sizes of 2 and up are "
         "dynamic (only which of them are equal, and which are 0, 1 or an int argument's value, picks "
         "the kernel), so batch sizes and sequence lengths that change every step do not compile again; "
-        "a shape that comes back gets its own (faster) kernel. Ops whose trace depends on a size "
+        "a shape that keeps coming back for 2 s gets its own (faster) kernel. Ops whose trace depends on a size "
         "(a reshape to given sizes, a convolution's spatial sizes) keep one kernel per shape. 0 "
         "compiles one kernel per shape for every op.",
         _OURS, parse_bool, ours=True),

@@ -2,12 +2,13 @@
 
 An op family's first shapes (:data:`SHAPES_BEFORE_DYNAMIC`) get kernels of their own; the next
 gets the family's dynamic-shape kernel (``device/kernels.py``), checked once against the CPU,
-which serves every later new shape; a shape that runs on it and comes back gets its own kernel
-(:data:`PROMOTE_AFTER`). A call seen before finds its key from a cheap signature.
+which serves every later new shape; a shape that runs on it and keeps coming back gets its own
+kernel (:data:`PROMOTE_AFTER_S`). A call seen before finds its key from a cheap signature.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,17 +66,19 @@ def kernel_for(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return kernel
 
 
-#: Calls of one shape on its family's dynamic kernel after its first, after which that shape gets
-#: a kernel of its own: a shape that comes back (a fixed-shape loop's, a bucket's) runs the faster
-#: static code from its second call on; shapes seen once stay on the dynamic kernel.
-PROMOTE_AFTER = 1
-_hot: dict[tuple, int] = {}
+#: Seconds a shape keeps being called on its family's dynamic kernel before it gets a kernel of its
+#: own: a shape that keeps coming back (a fixed-shape loop's, a bucket's) then runs the faster
+#: static code. Counting calls promoted every shape a training step uses twice (repeated layers,
+#: forward and backward): with a new sequence length every step, every step compiled again.
+PROMOTE_AFTER_S = 2.0
+_hot: dict[tuple, float] = {}  # signature -> when it first ran on the dynamic kernel (monotonic)
 
 
 def _maybe_promote(func: Any, args: Sequence[Any], kwargs: dict[str, Any], sig: tuple, kernel: Any) -> Any:
     """``kernel`` (a dynamic one) for this call, or, once its shape is hot, the shape's own kernel."""
-    calls = _hot[sig] = _hot.get(sig, 0) + 1
-    if calls != PROMOTE_AFTER:
+    now = time.monotonic()
+    first = _hot.setdefault(sig, now)
+    if now - first < PROMOTE_AFTER_S:
         return kernel
     key = kernels.dispatch_key(func, args, kwargs)
     own = kernels.registry.get(key) or kernels.compiled_kernel(func, key, args, kwargs, False)
