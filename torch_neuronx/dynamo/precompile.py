@@ -12,7 +12,11 @@ is the compiled graph's plan (its StableHLO and calling metadata, see
 ``plans.py``): restoring it only fetches the NEFF from the NEFF cache and loads it.
 Entries are split per rank (``dynamo/rank{RANK}``) when RANK is set, and saved at
 process exit. Graphs that need aot_autograd at run time (training graphs) are
-not stored: PyTorch then traces their frame again.
+not stored: PyTorch then traces their frame again. A saved frame PyTorch cannot
+install (a Hugging Face model's frame failed in torch's guard code with an
+AttributeError, which ``torch.compile`` let through, killing the serving process;
+its own fallback for a RuntimeError fails too) is dropped with a warning, and the
+frame is traced again (:func:`_installs_or_retraces`).
 """
 
 from __future__ import annotations
@@ -125,6 +129,38 @@ class NeuronCompiledFn(SerializableCallable):
 
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)
+
+
+def _installs_or_retraces() -> None:
+    """Make a failure of ``CompilePackage.install`` a warning and a fresh package (the frame is
+    traced again): ``torch.compile`` let any error but a RuntimeError through, and for a
+    RuntimeError re-initialized the package, which asserts that it is not initialized."""
+    from torch._dynamo.package import CompilePackage
+
+    install = CompilePackage.install
+    if getattr(install, "_neuron_wrapped", False):
+        return
+
+    def install_or_start_afresh(self: Any, backends: Any) -> Any:
+        try:
+            return install(self, backends)
+        except Exception as exc:  # noqa: BLE001 - any saved frame that cannot be installed
+            _log.warning("could not install a saved Dynamo frame (%s: %s); tracing it again",
+                         type(exc).__name__, exc)
+            fn = self._innermost_fn
+            try:
+                self.uninstall()
+            except Exception:  # noqa: BLE001 - what the failed install left is dropped below
+                pass
+            self._initialized = False
+            self.initialize(fn, None, ignore_inlined_sources=False)
+            return None
+
+    install_or_start_afresh._neuron_wrapped = True  # type: ignore[attr-defined]
+    CompilePackage.install = install_or_start_afresh  # type: ignore[method-assign]
+
+
+_installs_or_retraces()
 
 
 def _per_rank_store() -> None:
