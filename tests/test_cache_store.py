@@ -237,6 +237,18 @@ def test_hlo_cache_round_trip_and_corruption(dirs):
     assert not os.path.exists(path) and cache.stats.snapshot()["corrupt"] == 1
 
 
+def test_hlo_cache_probes_are_not_hits_or_misses(dirs):
+    """The eager device asks whether an op family has a dynamic-shape kernel on every run: each
+    such probe counted a miss, so a fully warm run's caches table said the cache was cold."""
+    cache = store.hlo_cache()
+    assert cache.get("probe", counted=False) is None
+    cache.put("probe", ADD_MLIR)
+    assert cache.get("probe", counted=False) == ADD_MLIR
+    counts = cache.stats.snapshot()
+    assert counts["misses"] == 0 and counts["hits_disk"] == 0
+    assert cache.get("probe") == ADD_MLIR and cache.stats.snapshot()["hits_disk"] == 1
+
+
 def test_a_valid_neff_of_another_key_at_an_entrys_path_is_never_served(dirs, vmfb):
     """A copy mishap on a shared mount (one entry's file over another's) left a valid NEFF whose
     header names another key: it was served (another graph's results) and `verify` called it good."""

@@ -286,18 +286,20 @@ class HloCache:
         digest = hashlib.sha256(key.encode()).hexdigest()
         return os.path.join(self.root, digest[:2], digest[2:4], digest + ".hlo")
 
-    def get(self, key: str) -> str | None:
-        """The cached text of ``key``, or None."""
+    def get(self, key: str, counted: bool = True) -> str | None:
+        """The cached text of ``key``, or None. ``counted=False``: a probe (does an entry exist?),
+        which the statistics do not count as a hit or a miss (a warm run reported misses)."""
         with observe.stage("cache.get", cache=self.kind):
-            return self._get(key)
+            return self._get(key, counted)
 
-    def _get(self, key: str) -> str | None:
+    def _get(self, key: str, counted: bool = True) -> str | None:
         path = self.path(key)
         try:
             with open(path, "rb") as f:
                 data = f.read()
         except FileNotFoundError:
-            self.stats.incr("misses")
+            if counted:
+                self.stats.incr("misses")
             return None
         except OSError as exc:
             self.stats.incr("io_errors")
@@ -316,8 +318,9 @@ class HloCache:
             self.stats.incr("corrupt")
             atomic.remove_quietly(path)
             return None
-        self.stats.incr("bytes_read", len(data))
-        self.stats.incr("hits_disk")
+        if counted:
+            self.stats.incr("bytes_read", len(data))
+            self.stats.incr("hits_disk")
         return text
 
     def put(self, key: str, text: str) -> str | None:

@@ -274,7 +274,7 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def stored(key: tuple) -> bool:
     """Whether the HLO cache holds an entry for ``key`` (a trace, or the mark of a per-shape op)."""
-    return hlo_cache_enabled() and store.hlo_cache().get(hlo_key(key)) is not None
+    return hlo_cache_enabled() and store.hlo_cache().get(hlo_key(key), counted=False) is not None
 
 
 def compiled_kernel(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any], dynamic: bool) -> Any:
