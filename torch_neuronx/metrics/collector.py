@@ -75,6 +75,9 @@ class Collector:
             self.memory: deque[dict[str, Any]] = deque(maxlen=KEEP_MEMORY_ROWS)
             self._last_memory: dict[int, int] = {}
             self._peak: dict[int, int] = {}
+            # Per device, the latest state a throttled event did not write: a reader sees it last
+            # (the frees right after a peak left the table's last row showing freed memory).
+            self._pending_memory: dict[int, dict[str, Any]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -85,7 +88,8 @@ class Collector:
         with self._lock:
             return Snapshot(ops={op: OpTotals(t.calls, dict(t.how), t.total_ns) for op, t in self.ops.items()},
                             moves={name: MoveTotals(t.calls, t.bytes, t.total_ns) for name, t in self.moves.items()},
-                            memory=[dict(r) for r in self.memory])
+                            memory=[dict(r) for r in self.memory]
+                            + [dict(r) for r in self._pending_memory.values()])
 
     def enable(self, on: bool) -> None:
         """Subscribe (True) or unsubscribe (False) the listener."""
@@ -140,13 +144,15 @@ class Collector:
             new_peak = allocated > peak
             if new_peak:
                 self._peak[device] = allocated
+            row = {"time_ns": time.time_ns(), "device": device, "allocated_bytes": allocated,
+                   "reserved_bytes": fields.get("reserved", 0), "peak_allocated_bytes": max(peak, allocated)}
             if not new_peak and event.start_ns - self._last_memory.get(device, -MEMORY_INTERVAL_NS) \
                     < MEMORY_INTERVAL_NS:
+                self._pending_memory[device] = row
                 return
             self._last_memory[device] = event.start_ns
-            self.memory.append({"time_ns": time.time_ns(), "device": device, "allocated_bytes": allocated,
-                                "reserved_bytes": fields.get("reserved", 0),
-                                "peak_allocated_bytes": max(peak, allocated)})
+            self._pending_memory.pop(device, None)
+            self.memory.append(row)
 
 
 collector = Collector()
