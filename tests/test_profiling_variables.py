@@ -173,3 +173,21 @@ def test_profile_modes_naming_no_valid_mode_give_the_default(monkeypatch, caplog
 def test_an_empty_metrics_dir_gives_the_default(monkeypatch):
     monkeypatch.setenv("TORCH_NEURONX_METRICS_DIR", "")
     assert config.get("TORCH_NEURONX_METRICS_DIR") == "/tmp"
+
+
+def test_neuron_config_options_are_checked_as_the_variables_are(profile_dir, tmp_path, neuron_log):
+    """``NeuronConfig(modes=["bogus"])`` started a session that recorded nothing, ``max_events_per_nc=-1``
+    dropped every event (the warning naming a variable never set), and a ``profile_output_dir`` that is
+    a file lost the profile at the end: each now warns and takes the variable's value."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    settings = options.resolve(options.NeuronConfig(modes=["bogus"], max_events_per_nc=-1,
+                                                    profile_output_dir=str(a_file)))
+    assert settings.modes == {ProfileMode.RUNTIME, ProfileMode.CPU_UTIL, ProfileMode.HOST_MEMORY}
+    assert settings.max_events_per_nc == 10_000_000
+    assert settings.output_dir == str(profile_dir)
+    messages = " ".join(neuron_log())
+    assert "names no valid mode" in messages and "max_events_per_nc=-1" in messages and "a_file" in messages
+    kept = options.resolve(options.NeuronConfig(modes=["device"], max_events_per_nc=5,
+                                                profile_output_dir=str(tmp_path)))
+    assert kept.modes == {ProfileMode.DEVICE} and kept.max_events_per_nc == 5 and kept.output_dir == str(tmp_path)

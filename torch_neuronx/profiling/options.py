@@ -11,7 +11,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import os
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -117,22 +119,49 @@ def _environment_modes() -> frozenset[ProfileMode]:
     return parse_modes(default)
 
 
+def _max_events(value: Any) -> int:
+    """``NeuronConfig(max_events_per_nc=...)`` as the variable takes it: a non-negative integer; any
+    other value warns and the variable's value is used (-1 dropped every event, the warning then
+    naming a variable the user never set)."""
+    if value is not None:
+        try:
+            number = int(value)
+            if number >= 0 and not isinstance(value, bool):
+                return number
+        except (TypeError, ValueError):
+            pass
+        _log.warning("NeuronConfig(max_events_per_nc=%r) is not a non-negative integer; using "
+                     "TORCH_NEURONX_PROFILE_MAX_EVENTS_PER_NC", value)
+    return int(config.get("TORCH_NEURONX_PROFILE_MAX_EVENTS_PER_NC"))
+
+
+def _output_dir(value: str | None) -> str:
+    """``NeuronConfig(profile_output_dir=...)``, or, when not given or when it names something that is
+    not a directory (a file: the profile was lost at the session's end), the variable's directory."""
+    if value and not (os.path.exists(value) and not os.path.isdir(value)):
+        return value
+    if value:
+        _log.warning("NeuronConfig(profile_output_dir=%r) is not a directory; using "
+                     "TORCH_NEURONX_PROFILE_OUTPUT_DIR", value)
+    return directories.directory("TORCH_NEURONX_PROFILE_OUTPUT_DIR")
+
+
 def resolve(cfg: NeuronConfig | None = None) -> Settings:
     """The settings of a session: ``cfg``'s options where set, else the environment's."""
     cfg = cfg if cfg is not None else NeuronConfig()
-    modes = (parse_modes(cfg.modes, "NeuronConfig(modes=...)") if cfg.modes is not None
-             else _environment_modes())
+    modes = parse_modes(cfg.modes, "NeuronConfig(modes=...)") if cfg.modes is not None else frozenset()
+    if not modes:  # no option, or one naming no valid mode: warned there, and the environment's
+        if cfg.modes is not None:
+            _log.warning("NeuronConfig(modes=%r) names no valid mode; using TORCH_NEURONX_PROFILE_MODES", cfg.modes)
+        modes = _environment_modes()
     env_nc = config.get("TORCH_NEURONX_PROFILE_CAPTURE_NC")
     capture = (_indices(cfg.capture_enabled_for_nc, "NeuronConfig(capture_enabled_for_nc=...)", env_nc)
                if cfg.capture_enabled_for_nc is not None else env_nc)
-    max_events = cfg.max_events_per_nc
-    if max_events is None:
-        max_events = config.get("TORCH_NEURONX_PROFILE_MAX_EVENTS_PER_NC")
     return Settings(
         modes=modes,
-        max_events_per_nc=int(max_events),
+        max_events_per_nc=_max_events(cfg.max_events_per_nc),
         capture_nc=capture,
-        output_dir=cfg.profile_output_dir or directories.directory("TORCH_NEURONX_PROFILE_OUTPUT_DIR"),
+        output_dir=_output_dir(cfg.profile_output_dir),
         neff_cache_dir=cfg.neff_cache_dir or config.get("TORCH_NEURONX_NEFF_CACHE_DIR"),
     )
 
