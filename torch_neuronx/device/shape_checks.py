@@ -12,7 +12,8 @@ Meta kernels also skip rules the CPU's kernels enforce on an op's indices, targe
 (``index_select`` with an int8 index, ``index_fill`` with an int32 one, ``nll_loss`` with an
 int32 target, ``index_put(accumulate=True)`` with a uint8 or bool mask of the wrong shape),
 and the compiled kernel then reads or writes wherever the values point: a call whose index-like
-argument is not int64 runs the CPU's check as well (zero-filled operands: zero is a valid index).
+argument is not int64 runs the CPU's check as well (zero-filled operands: zero is a valid index;
+a boolean or uint8 mask keeps its values, since how many elements it selects decides the shapes).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from torch_neuronx.device import launch
+from torch_neuronx.device import launch, queued
 from torch_neuronx.runtime.tensor import NeuronTensor
 
 __all__ = ["check"]
@@ -107,6 +108,8 @@ def _meta(value: Any) -> Any:
 
 def _zeros(value: Any) -> Any:
     if isinstance(value, NeuronTensor):
+        if value.dtype in (torch.bool, torch.uint8):  # a mask: its count of selected elements is a shape
+            return queued.on_host(value._index, [value], lambda: value._data.clone())
         return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype).zero_()
     return value
 
