@@ -181,6 +181,11 @@ def test_bad_packages_are_clear_errors(compiled, tmp_path):
     bad.write_bytes(bytes(corrupt))
     with pytest.raises(package.PackageError, match=r"section 'neff/[0-9a-f]+' fails its checksum"):
         torch_neuronx.aot_load(bad, model)
+    edited = data.replace(b'{"bound": false', b'{"bound":  true', 1)  # the header's first field
+    assert edited != data and len(edited) == len(data)
+    bad.write_bytes(edited)  # a header edited by hand (same length): refused, never half-read
+    with pytest.raises(package.PackageError, match=r"its header fails its checksum"):
+        torch_neuronx.aot_load(bad, model)
     bad.write_bytes(b"PK\x03\x04" + data[4:])
     with pytest.raises(package.PackageError, match=r"not a torch_neuronx AOT package"):
         torch_neuronx.aot_load(bad, model)

@@ -35,7 +35,7 @@ from torch_neuronx.compiler.options import ResolvedOptions
 from torch_neuronx.version import __version__
 
 MAGIC = b"TNXAOTPK"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the header carries its own checksum
 _PREFIX = struct.Struct("<8sII")
 
 
@@ -58,7 +58,9 @@ def write(path: str | os.PathLike[str], sections: Mapping[str, bytes], header: d
         table.append({"name": name, "offset": offset, "length": len(data),
                       "sha256": hashlib.sha256(data).hexdigest()})
         offset += len(data)
-    blob = json.dumps({**header, "sections": table}, sort_keys=True).encode()
+    fields = {**header, "sections": table}
+    fields["header_sha256"] = _header_digest(fields)
+    blob = json.dumps(fields, sort_keys=True).encode()
     data = b"".join([_PREFIX.pack(MAGIC, FORMAT_VERSION, len(blob)), blob, *sections.values()])
     atomic.write_atomic(os.fspath(path), data)
 
@@ -78,24 +80,33 @@ def read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, bytes]
     start = _PREFIX.size + _PREFIX.unpack_from(data)[2]
     try:
         header = json.loads(data[_PREFIX.size:start])
+        digest = header.pop("header_sha256")
         table = header["sections"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise PackageError(f"{where} has a corrupt header: {exc}") from None
+        spans = [(entry["name"], start + int(entry["offset"]), int(entry["length"]), entry["sha256"])
+                 for entry in table]
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise PackageError(f"{where} has a corrupt header: {type(exc).__name__}: {exc}") from None
+    if digest != _header_digest(header):
+        raise PackageError(f"{where}: its header fails its checksum (the file is corrupt or was edited)")
     sections = {}
-    for entry in table:
-        name, lo = entry["name"], start + entry["offset"]
-        hi = lo + entry["length"]
+    for name, lo, length, sha256 in spans:
+        hi = lo + length
         if hi > len(data):
             raise PackageError(f"{where} is truncated: section {name!r} ends at byte {hi}, "
                                f"the file has {len(data)}")
         body = data[lo:hi]
-        if hashlib.sha256(body).hexdigest() != entry["sha256"]:
+        if hashlib.sha256(body).hexdigest() != sha256:
             raise PackageError(f"{where}: section {name!r} fails its checksum (the file is corrupt)")
         sections[name] = body
-    end = start + sum(entry["length"] for entry in table)
+    end = start + sum(length for _, _, length, _ in spans)
     if len(data) != end:
         raise PackageError(f"{where} has {len(data) - end} bytes past its last section (corrupt)")
     return header, sections
+
+
+def _header_digest(fields: Mapping[str, Any]) -> str:
+    """The checksum of a header's fields (without the checksum itself), as written."""
+    return hashlib.sha256(json.dumps(dict(fields), sort_keys=True).encode()).hexdigest()
 
 
 def _prefix_problem(data: bytes) -> str | None:
