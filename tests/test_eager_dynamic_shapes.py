@@ -231,8 +231,8 @@ def test_a_shape_that_keeps_coming_back_gets_a_kernel_of_its_own(monkeypatch):
         for _ in range(6):
             _close(torch.erfc(x.to("neuron")), torch.erfc(x))
     assert metrics.counter("eager_shapes_promoted") == before
-    monkeypatch.setattr(choice, "PROMOTE_AFTER_S", 0.0)  # the shape has been in use long enough
-    x = torch.randn(10, 11)
+    monkeypatch.setattr(choice, "PROMOTE_AFTER_S", 0.0)  # a shape in use long enough (its plan ends too)
+    x = torch.randn(13, 11)
     for _ in range(4):
         _close(torch.erfc(x.to("neuron")), torch.erfc(x))
     assert metrics.counter("eager_shapes_promoted") == before + 1

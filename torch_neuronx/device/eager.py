@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -459,8 +460,9 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
     storage = [o._data.detach() if isinstance(o, NeuronTensor) else None for o in outputs]
     queued.enqueue(index, kernel.name, inputs, allocations, _execute_into, kernel, [t.detach() for t in tensors],
                    storage, func, given, inference=False)
-    if kernel.shapes is None:
-        launch.record(func, given, (args, kwargs), kernel, outputs, _execute_into)
+    # A dynamic-shape kernel's plan lasts until its shape may be promoted to a kernel of its own.
+    launch.record(func, given, (args, kwargs), kernel, outputs, _execute_into,
+                  0.0 if kernel.shapes is None else time.monotonic() + choice.PROMOTE_AFTER_S)
     if kernel.out_spec.is_leaf():
         return outputs[0]
     return pytree.tree_unflatten(outputs, kernel.out_spec)

@@ -25,6 +25,7 @@ A plan is only made and used while nothing could make the slow way decide otherw
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -118,17 +119,26 @@ def find(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Plan | None:
     if not _plans or not _usable():
         return None
     sig = signature(func, args, kwargs)
-    return None if sig is None else _plans.get(sig)
+    if sig is None:
+        return None
+    plan = _plans.get(sig)
+    if plan is not None and plan.expires and time.monotonic() > plan.expires:
+        del _plans[sig]
+        return None
+    return plan
 
 
 class Plan:
     """One signature's route: the kernel's inputs, the kernel, the outputs' metadata."""
 
-    __slots__ = ("func", "kernel", "inputs", "float_dtype", "outputs", "index", "leaf", "spec", "work")
+    __slots__ = ("func", "kernel", "inputs", "float_dtype", "outputs", "index", "leaf", "spec", "work", "expires")
 
     def __init__(self, func: Any, kernel: Any, inputs: list[tuple[Any, int]], float_dtype: Any,
-                 outputs: list[Any], index: int, work: Callable[..., None]) -> None:
+                 outputs: list[Any], index: int, work: Callable[..., None], expires: float = 0.0) -> None:
         self.func, self.kernel, self.work = func, kernel, work
+        # A plan over an op family's dynamic-shape kernel ends (time.monotonic) when its shape may get
+        # a kernel of its own (``choice.PROMOTE_AFTER_S``): the slow way then decides again. 0: never.
+        self.expires = expires
         self.inputs = inputs  # the kernel's inputs in order: (position or keyword, _TENSOR or _FLOAT)
         self.float_dtype = float_dtype
         self.outputs = outputs  # per result leaf: (size, stride, dtype, nbytes), or a constant in a 1-tuple
@@ -195,7 +205,7 @@ def _inputs(given: tuple[Sequence[Any], dict[str, Any]],
 
 
 def record(func: Any, given: tuple[Sequence[Any], dict[str, Any]], computed: tuple[Sequence[Any], dict[str, Any]],
-           kernel: Any, outputs: Sequence[Any], work: Callable[..., None]) -> None:
+           kernel: Any, outputs: Sequence[Any], work: Callable[..., None], expires: float = 0.0) -> None:
     """Keep the route ``eager._run_compiled`` just took as the plan of this call's signature.
 
     ``given`` are the call's arguments and keywords, ``computed`` the same after runtime scalars
@@ -222,5 +232,5 @@ def record(func: Any, given: tuple[Sequence[Any], dict[str, Any]], computed: tup
             specs.append((out,))
     if len(_plans) >= _LIMIT:
         _plans.clear()
-    _plans[sig] = Plan(func, kernel, inputs, float_dtype, specs, index, work)
+    _plans[sig] = Plan(func, kernel, inputs, float_dtype, specs, index, work, expires)
 
