@@ -157,6 +157,56 @@ def test_package_serves_in_a_fresh_process_without_tracing_or_compiling(compiled
     assert "SERVED 0" in out.stdout
 
 
+_UNPICKLE = _SERVE.split("torch.manual_seed(0)")[0] + """
+import pickle
+fn, x, expected = pickle.load(open(sys.argv[1], "rb"))
+torch.testing.assert_close(fn(x), expected, rtol=1e-5, atol=1e-5)
+print("SERVED", torch._dynamo.utils.counters["stats"]["unique_graphs"])
+"""
+
+
+def test_pickled_callable_serves_in_a_fresh_process_and_deepcopies(compiled, tmp_path):
+    """An AOT callable pickles as its package and its module (a multiprocessing worker or a
+    cache of callables gets it without tracing or compiling); it raised "cannot pickle
+    RootGuardManager". copy.deepcopy gives an independent callable over a copied module."""
+    import copy
+    import pickle
+    model, x, fn, _, expected = compiled
+    (tmp_path / "fn.pkl").write_bytes(pickle.dumps((fn, x, expected)))
+    env = {**os.environ, **{name: str(tmp_path / name.lower()) for name in (
+        "TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_HLO_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR",
+        "TORCHINDUCTOR_CACHE_DIR")}}
+    out = subprocess.run([sys.executable, "-c", _UNPICKLE, str(tmp_path / "fn.pkl")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "SERVED 0" in out.stdout
+    twin = copy.deepcopy(fn)
+    torch.testing.assert_close(twin(x), expected, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        twin._model[0].weight.zero_()  # the copy's module, not the original's
+    torch.testing.assert_close(fn(x), expected, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(twin(x), expected)
+    def scale(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * 2 + b
+    g = pickle.loads(pickle.dumps(torch_neuronx.aot_compile(scale, (x, x))))
+    torch.testing.assert_close(g(x, x), x * 2 + x)
+    broken = bytearray(pickle.dumps(fn))
+    at = broken.index(package.MAGIC) + 4096
+    broken[at] ^= 0xFF
+    with pytest.raises(package.PackageError, match="<pickled Sequential>.*(checksum|corrupt)"):
+        pickle.loads(bytes(broken))
+
+
+def test_dimensions_marked_dynamic_are_a_clear_error():
+    """aot_compile serves static shapes: a mark_dynamic example input gave the generic
+    "does not compile to a graph that runs from a plan" error."""
+    x = torch.randn(3, 8)
+    torch._dynamo.mark_dynamic(x, 0)
+    with pytest.raises(aot.AOTCompileError, match=r"args\[0\] has dimension\(s\) \[0\] marked dynamic.*"
+                                                   r"dynamic=True"):
+        torch_neuronx.aot_compile(nn.Linear(8, 4).eval(), (x,))
+
+
 def _rewrite(path, target, edit) -> None:
     """Copy the package at ``path`` to ``target`` with its header changed by ``edit``."""
     header, sections = package.read(path)

@@ -43,6 +43,7 @@ __all__ = ["AOTCompileError", "AOTCompiled", "AOTInputError", "aot_compile", "ao
 
 _log = logging.getLogger("torch_neuronx.dynamo.aot")
 _MODEL = "model"  # the external-data key of the module in PyTorch's serialized function
+_MARKS = ("dynamic", "weak_dynamic", "unbacked", "strict_unbacked")  # Dynamo's per-tensor dim marks
 _HEADER_FIELDS = ("name", "inputs", "module", "bound", "parameters", "options", "environment")
 
 
@@ -60,6 +61,13 @@ def _spec(value: Any, where: str) -> list[Any]:
         if type(value) not in (torch.Tensor, torch.nn.Parameter):
             raise AOTCompileError(f"aot_compile: {where} is a {type(value).__name__}; AOT-compiled "
                                   "callables take plain host tensors")
+        marked = sorted(set().union(*(getattr(value, f"_dynamo_{kind}_indices", ()) for kind in _MARKS)))
+        if marked:
+            raise AOTCompileError(
+                f"aot_compile: {where} has dimension(s) {marked} marked dynamic (torch._dynamo.mark_dynamic "
+                "or its kin); an AOT-compiled callable serves the example inputs' exact shapes. Compile "
+                "one per shape (on an unmarked tensor), or serve varying sizes through torch.compile("
+                "model, backend='neuron', dynamic=True), which compiles one NEFF for every size")
         return ["tensor", list(value.shape), str(value.dtype).removeprefix("torch."), str(value.device)]
     if value is None or type(value) in (bool, int, float, str):
         return ["value", value]
@@ -152,8 +160,18 @@ class AOTCompiled:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the package (Dynamo state, plan, NEFFs) to ``path`` atomically."""
+        sections, header = self._package("save")
+        package.write(path, sections, header)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle (and ``copy.deepcopy``) as the package's bytes and the module, which is pickled too."""
+        sections, header = self._package("pickle")
+        return _unpickle, (package.encode(sections, header), self._model, self.name)
+
+    def _package(self, verb: str) -> tuple[dict[str, bytes], dict[str, Any]]:
+        """The sections and header of this callable's package; ``verb`` names the caller in errors."""
         if self._bound is not None and self._bound is not self._model:
-            raise AOTCompileError(f"cannot save AOT-compiled {self.name}: it is a method of a "
+            raise AOTCompileError(f"cannot {verb} AOT-compiled {self.name}: it is a method of a "
                                   f"{type(self._bound).__name__}, which a package cannot supply at load")
         graph = self.compiled_graph
         neff = graph._neff() if callable(graph._neff) else graph._neff
@@ -166,15 +184,20 @@ class AOTCompiled:
         try:
             dynamo = AOTCompiledFunction.serialize(self._function, external).serialized_data
         except RuntimeError as exc:
-            raise AOTCompileError(f"cannot save AOT-compiled {self.name}: {exc}") from exc
+            raise AOTCompileError(f"cannot {verb} AOT-compiled {self.name}: {exc}") from exc
         options = self._compiled_fn.options
-        package.write(path, {"dynamo": dynamo, f"neff/{header.key}": neff_bytes}, {
+        return {"dynamo": dynamo, f"neff/{header.key}": neff_bytes}, {
             "name": self.name, "inputs": self._inputs, "module": self._model is not None,
             "bound": self._bound is not None,
             "parameters": _parameters(self._model),
             "options": option_fields(options),
             "environment": package.environment(options.resolve()),
-        })
+        }
+
+
+def _unpickle(data: bytes, model: torch.nn.Module | None, name: str) -> AOTCompiled:
+    """An :class:`AOTCompiled` from its pickled package bytes (checked as a package file is)."""
+    return _restore(package.decode(data, f"<pickled {name}>"), f"<pickled {name}>", model)
 
 
 def _parameters(model: torch.nn.Module | None) -> dict[str, list[Any]]:
@@ -258,7 +281,13 @@ def aot_load(path: str | os.PathLike[str], model: torch.nn.Module | None = None)
     or target, or when ``model``'s parameters differ from the compiled module's.
     """
     path = os.fspath(path)
-    header, sections = package.read(path)
+    return _restore(package.read(path), path, model)
+
+
+def _restore(content: tuple[dict[str, Any], dict[str, bytes]], path: str,
+             model: torch.nn.Module | None) -> AOTCompiled:
+    """The callable of a verified package's header and sections (``path`` names it in messages)."""
+    header, sections = content
     missing = [k for k in _HEADER_FIELDS if k not in header] + [k for k in ("dynamo",) if k not in sections]
     if missing:
         raise package.PackageError(f"AOT package {path} lacks {missing}: not written by this torch_neuronx")

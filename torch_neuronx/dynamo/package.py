@@ -51,8 +51,8 @@ def environment(options: ResolvedOptions) -> dict[str, Any]:
             "compiler_config": options.compiler_config()}
 
 
-def write(path: str | os.PathLike[str], sections: Mapping[str, bytes], header: dict[str, Any]) -> None:
-    """Write a package of ``sections`` with ``header`` (JSON fields) to ``path`` atomically."""
+def encode(sections: Mapping[str, bytes], header: dict[str, Any]) -> bytes:
+    """The bytes of a package of ``sections`` with ``header`` (JSON fields)."""
     table, offset = [], 0
     for name, data in sections.items():
         table.append({"name": name, "offset": offset, "length": len(data),
@@ -61,19 +61,28 @@ def write(path: str | os.PathLike[str], sections: Mapping[str, bytes], header: d
     fields = {**header, "sections": table}
     fields["header_sha256"] = _header_digest(fields)
     blob = json.dumps(fields, sort_keys=True).encode()
-    data = b"".join([_PREFIX.pack(MAGIC, FORMAT_VERSION, len(blob)), blob, *sections.values()])
-    atomic.write_atomic(os.fspath(path), data)
+    return b"".join([_PREFIX.pack(MAGIC, FORMAT_VERSION, len(blob)), blob, *sections.values()])
+
+
+def write(path: str | os.PathLike[str], sections: Mapping[str, bytes], header: dict[str, Any]) -> None:
+    """Write a package of ``sections`` with ``header`` (JSON fields) to ``path`` atomically."""
+    atomic.write_atomic(os.fspath(path), encode(sections, header))
 
 
 def read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
     """The header and verified sections of the package at ``path``; :class:`PackageError` otherwise."""
     path = os.fspath(path)
-    where = f"AOT package {path}"
     try:
         with open(path, "rb") as f:
             data = f.read()
     except OSError as exc:
-        raise PackageError(f"cannot read {where}: {exc}") from exc
+        raise PackageError(f"cannot read AOT package {path}: {exc}") from exc
+    return decode(data, path)
+
+
+def decode(data: bytes, path: str) -> tuple[dict[str, Any], dict[str, bytes]]:
+    """The header and verified sections of a package's bytes (read from ``path``, for messages)."""
+    where = f"AOT package {path}"
     problem = _prefix_problem(data)
     if problem:
         raise PackageError(f"{where} {problem}")
