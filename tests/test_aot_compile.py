@@ -145,12 +145,15 @@ print("SERVED", torch._dynamo.utils.counters["stats"]["unique_graphs"])
 """
 
 
-def test_package_serves_in_a_fresh_process_without_tracing_or_compiling(compiled, tmp_path):
+@pytest.mark.parametrize("resident", ["1", "0"])
+def test_package_serves_in_a_fresh_process_without_tracing_or_compiling(compiled, tmp_path, resident):
+    """The package holds the NEFF with resident parameters and the one taking them as arguments:
+    a server with TORCH_NEURONX_RESIDENT_PARAMETERS=0 compiled the graph again."""
     _, x, _, path, expected = compiled
     torch.save((x, expected), tmp_path / "io.pt")
     env = {**os.environ, **{name: str(tmp_path / name.lower()) for name in (
         "TORCH_NEURONX_NEFF_CACHE_DIR", "TORCH_NEURONX_HLO_CACHE_DIR", "TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR",
-        "TORCHINDUCTOR_CACHE_DIR")}}  # empty caches: everything must come from the package
+        "TORCHINDUCTOR_CACHE_DIR")}, "TORCH_NEURONX_RESIDENT_PARAMETERS": resident}  # empty caches
     out = subprocess.run([sys.executable, "-c", _SERVE, str(path), str(tmp_path / "io.pt")], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -176,17 +176,19 @@ class AOTCompiled:
         graph = self.compiled_graph
         neff = graph._neff() if callable(graph._neff) else graph._neff
         graph._neff = neff
-        header = neff.header
-        neff_bytes = neff_format.encode(bytes(neff.payload), target=header.target,
-                                        compiler_version=header.compiler_version, key=header.key,
-                                        signature=header.signature, metadata=header.metadata)
+        # A graph with resident parameters ships its NEFF that takes them as arguments too: the
+        # one a server runs with TORCH_NEURONX_RESIDENT_PARAMETERS=0 or weights changing per call.
+        neffs = [neff] + ([graph._argument_neff()] if graph._argument_neff is not None else [])
+        sections = {f"neff/{n.header.key}": neff_format.encode(
+            bytes(n.payload), target=n.header.target, compiler_version=n.header.compiler_version,
+            key=n.header.key, signature=n.header.signature, metadata=n.header.metadata) for n in neffs}
         external = {_MODEL: self._model} if self._model is not None else {}
         try:
             dynamo = AOTCompiledFunction.serialize(self._function, external).serialized_data
         except RuntimeError as exc:
             raise AOTCompileError(f"cannot {verb} AOT-compiled {self.name}: {exc}") from exc
         options = self._compiled_fn.options
-        return {"dynamo": dynamo, f"neff/{header.key}": neff_bytes}, {
+        return {"dynamo": dynamo, **sections}, {
             "name": self.name, "inputs": self._inputs, "module": self._model is not None,
             "bound": self._bound is not None,
             "parameters": _parameters(self._model),
