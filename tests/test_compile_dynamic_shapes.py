@@ -429,3 +429,77 @@ def test_the_dynamic_graph_has_its_graph_stats_row_and_count():
     rows = torch_neuronx.get_dynamo_metrics()[before[0]:]
     assert [r["graph_name"].split("_")[-2] for r in rows] == ["inference", "dynamic"]
     assert observe.counter("compiled_graphs") - before[1] == 2
+
+
+def _merge_views(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Views that merge symbolic dims, alone and with static ones, in one and in two runs."""
+    s = a + b
+    four = s.view(a.shape[0], a.shape[1], 4, 8)
+    return (s.view(-1, 32) * 2, s.flatten(0, 1).sum(0), four.view(a.shape[0], -1) + 1,
+            four.transpose(1, 2).reshape(-1, 8).cumsum(0))
+
+
+def test_views_merging_symbolic_dims_compile_once_for_every_batch_and_length(caplog):
+    """torch-mlir lowered ``x.view(-1, 32)`` of a ``[B, S, 32]`` tensor as if ``S`` were 1: the NEFF
+    refused every call (an input shape mismatch), and each new batch and length compiled a NEFF
+    (GPT-2's, Llama's and BERT's graphs among them). Views that merge dims become flattens."""
+    caplog.set_level(logging.INFO, logger="torch_neuronx.dynamo")
+    logging.getLogger("torch_neuronx.dynamo").propagate = True
+    compiled = torch.compile(_merge_views, backend="neuron")
+    sizes = [(2, 5), (3, 7), (4, 9), (5, 3), (7, 12), (3, 2)]
+    for i, (batch, length) in enumerate(sizes):
+        a, b = torch.randn(batch, length, 32), torch.randn(1, length, 32)
+        for got, want in zip(compiled(a, b), _merge_views(a, b)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+        if i == 0:
+            before = _compiles()
+    assert _compiles() - before == 1
+    assert not any("one NEFF per input signature" in r.getMessage() for r in caplog.records)
+
+
+def test_merge_runs_of_the_collapse_pass():
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from torch_neuronx.compiler.passes.collapse_views import merge_runs
+
+    env = ShapeEnv()
+    b, s = env.create_unbacked_symint(), env.create_unbacked_symint()
+    assert merge_runs([b, s, 32], [b * s, 32]) == [(0, 2), (2, 3)]
+    assert merge_runs([b, s, 4, 8], [b, s * 32]) == [(0, 1), (1, 4)]
+    assert merge_runs([b, s, 1], [b * s]) == [(0, 3)]  # a trailing 1 joins the last run
+    assert merge_runs([b, 32], [b, 4, 8]) is None  # a split
+    assert merge_runs([b, s, 32], [s, b, 32]) is None  # not a merge of adjacent runs in order
+
+
+def _position_table(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    return x + table[: x.shape[1]]  # Dynamo and the trace guard: the length fits the table
+
+
+def test_a_trace_guarding_on_a_bound_serves_the_sizes_its_guards_accept(caplog):
+    """BERT slices its position table by the sequence length: the trace guards ``s <= 512`` and
+    was refused as dynamic (one NEFF per signature). Its NEFF now serves the sizes the guards
+    accept, checked on every call."""
+    caplog.set_level(logging.INFO, logger="torch_neuronx.dynamo")
+    logging.getLogger("torch_neuronx.dynamo").propagate = True
+    table = torch.randn(40, 8)
+    compiled = torch.compile(_position_table, backend="neuron")
+    for i, length in enumerate((3, 5, 9, 17, 33, 40, 2)):
+        x = torch.randn(2, length, 8)
+        torch.testing.assert_close(compiled(x, table), _position_table(x, table))
+        if i == 0:
+            before = _compiles()
+    assert _compiles() - before == 1
+    assert any("serves the sizes for which" in r.getMessage() and "<= 40" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_size_guards_check_each_call_and_refuse_what_is_not_a_comparison():
+    from torch_neuronx.pipeline.shapes import SizeGuards
+
+    guards = SizeGuards([{"shape": [2, "s0", 8]}, {"shape": ["s1", "s0"]}], ["s0 <= 40", "s1 != 1"])
+    assert guards([torch.empty(2, 40, 8), torch.empty(3, 40)])
+    assert not guards([torch.empty(2, 41, 8), torch.empty(3, 41)])
+    assert not guards([torch.empty(2, 4, 8), torch.empty(1, 4)])
+    for bad in ("__import__('os')", "s0.bit_length() > 1", "s9 < 3"):
+        with pytest.raises(ValueError):
+            SizeGuards([{"shape": ["s0"]}], [bad])

@@ -27,7 +27,10 @@ else:  # the lowering worker imports this module alone, its directory on sys.pat
     import stablehlo_fixups
 
 _TO_BACKEND = ("builtin.module(func.func(torch-match-quantized-custom-ops), "
-               "torchdynamo-export-to-torch-backend-pipeline{ extra-library=})")
+               "torchdynamo-export-to-torch-backend-pipeline{ extra-library=%s})")
+# Ops kept for the linalg lowering, which lowers them right where it lowers their decomposition
+# wrong (passes/collapse_views.py: a view merging symbolic dims; flatten's is a plain collapse).
+_LINALG_LEGAL = " backend-legal-ops=aten.flatten.using_ints"
 _TO_STABLEHLO = "builtin.module(torch-backend-to-stablehlo-backend-pipeline{allow-non-finites=True})"
 # Dynamic-shape kernels: IREE 3.13 rejects the shape-operand forms of StableHLO's dynamic ops that
 # torch-mlir emits (``dynamic_broadcast_in_dim`` with ``tensor<Nxindex>`` shapes), but compiles
@@ -99,7 +102,8 @@ def to_stablehlo(raw_module: object, dialect: str = "stablehlo") -> str:
     try:
         with context:
             context.emit_error_diagnostics = True
-            for pipeline in (_TO_BACKEND, _TO_STABLEHLO if dialect == "stablehlo" else _TO_LINALG):
+            backend = _TO_BACKEND % ("" if dialect == "stablehlo" else _LINALG_LEGAL)
+            for pipeline in (backend, _TO_STABLEHLO if dialect == "stablehlo" else _TO_LINALG):
                 PassManager.parse(pipeline).run(raw_module.operation)  # type: ignore[attr-defined]
     except Exception as exc:
         found = [d for d in diagnostics if "legalize" in d] + diagnostics

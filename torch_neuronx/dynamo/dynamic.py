@@ -14,8 +14,10 @@ token, as ``generate()`` grows it) is traced as that expression, and the integer
 passes for its symbols are read from the tensors' sizes inside the trace. Symbols Dynamo kept
 apart that the trace needs equal (each layer's key and value cache lengths, which an attention
 decomposition multiplies) are traced as one when the first attempt fails, and each call checks
-that they are still equal. A graph whose trace depends on a size (a guard, a reshape to a given
-size), that needs autograd, or whose dynamic lowering fails, is compiled per signature instead
+that they are still equal. A trace that compares a size with a bound (``s0 <= 512``: BERT's
+slice of its position table) serves the sizes its guards accept, checked on every call; other
+sizes take the per-signature route. A graph whose trace fixes a size to a constant, that needs
+autograd, or whose dynamic lowering fails, is compiled per signature instead
 (``backend._ShapeSpecialized``), and the reason is logged at INFO.
 """
 
@@ -35,6 +37,7 @@ from torch_neuronx.compiler.options import ResolvedOptions
 from torch_neuronx.dynamo import stats
 from torch_neuronx.dynamo.graph import resident_inputs
 from torch_neuronx.pipeline import trace as tracing
+from torch_neuronx.pipeline.shapes import SizeGuards
 from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
 
 __all__ = ["DynamicGraph", "NotDynamicGraph", "build"]
@@ -189,12 +192,16 @@ class _Layout:
 class DynamicGraph:
     """A Dynamo graph compiled once for all sizes of its symbolic dimensions (see the module)."""
 
-    def __init__(self, compiled: Any, layout: _Layout, name: str) -> None:
-        self.compiled, self.layout, self.name = compiled, layout, name
+    def __init__(self, compiled: Any, layout: _Layout, name: str, guards: SizeGuards | None = None) -> None:
+        self.compiled, self.layout, self.name, self.guards = compiled, layout, name, guards
 
     def accepts(self, args: Sequence[Any]) -> bool:
-        """Whether this call keeps the equalities of sizes the trace assumed (see ``_Layout._merge``)."""
-        return not self.layout.assumed or self.layout.accepts([args[i] for i in self.layout.tensors])
+        """Whether this call keeps the equalities of sizes the trace assumed (see ``_Layout._merge``)
+        and satisfies the guards it recorded (``s0 <= 512``)."""
+        if not self.layout.assumed and self.guards is None:
+            return True
+        tensors = [args[i] for i in self.layout.tensors]
+        return self.layout.accepts(tensors) and (self.guards is None or self.guards(tensors))
 
     def __call__(self, *args: Any) -> list[Any]:
         on_device = False
@@ -243,12 +250,21 @@ def build(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Reso
     # for the matmuls hoisted out of the calls.
     resident = resident_inputs(examples)
     try:  # unfunctionalized first: functionalization fixes the sizes of a 3-d linear layer's views
-        compiled, _, _ = tracing.trace(call, name, stand_ins, options, hlo_cache=False, dynamic=marks,
-                                       functionalize=False, resident=resident)
+        compiled, traced, _ = tracing.trace(call, name, stand_ins, options, hlo_cache=False, dynamic=marks,
+                                            functionalize=False, resident=resident, guards_allowed=True)
     except tracing.NotFunctional:
-        compiled, _, _ = tracing.trace(call, name, stand_ins, options, hlo_cache=False, dynamic=marks,
-                                       resident=resident)
-    return DynamicGraph(compiled, layout, name)
+        compiled, traced, _ = tracing.trace(call, name, stand_ins, options, hlo_cache=False, dynamic=marks,
+                                            resident=resident, guards_allowed=True)
+    guards = None
+    if traced.guards:  # the trace compared a size with a bound: the NEFF serves the sizes it accepts
+        if len(traced.plan.inputs) != len(stand_ins):
+            raise NotDynamicGraph("the trace guards on sizes of inputs it does not take in order")
+        try:
+            guards = SizeGuards(traced.plan.inputs, traced.guards)
+        except ValueError as exc:
+            raise NotDynamicGraph(f"the trace guards on sizes: {exc}") from None
+        _log.info("%s: its dynamic NEFF serves the sizes for which %s", name, " and ".join(traced.guards))
+    return DynamicGraph(compiled, layout, name, guards)
 
 
 def _host(value: Any) -> Any:
@@ -300,6 +316,8 @@ def compile_once(gm: torch.fx.GraphModule, args: Sequence[Any], options: Resolve
     try:
         with stats.compiling(gm, name, "dynamic"):  # its graph_stats row, when it serves
             graph = _build_either_way(gm, args, options, f"{name}_dynamic")
+            if not graph.accepts(args):
+                raise NotDynamicGraph(f"the first call's sizes fail the trace's guards {graph.guards.guards}")
             got = graph(*args)
             if not _agrees(gm.forward(*[_host(a) for a in args]), got):  # forward: fx prints a failure
                 raise NotDynamicGraph("the dynamic NEFF disagreed with eager on its first call")

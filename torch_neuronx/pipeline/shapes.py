@@ -25,7 +25,7 @@ import torch
 
 from torch_neuronx.compiler.errors import NotDynamic
 
-__all__ = ["NotDynamic", "ShapeFunction", "check_dynamic", "dimension", "is_dynamic"]
+__all__ = ["NotDynamic", "ShapeFunction", "SizeGuards", "check_dynamic", "dimension", "is_dynamic"]
 
 
 def _printer() -> Any:
@@ -60,29 +60,35 @@ def _shape_env(gm: torch.fx.GraphModule) -> Any:
     return None
 
 
-def check_dynamic(gm: torch.fx.GraphModule) -> None:
-    """Raise :class:`NotDynamic` unless ``gm``'s trace holds for every size of its symbols."""
+def check_dynamic(gm: torch.fx.GraphModule, guards_allowed: bool = False) -> list[str]:
+    """Raise :class:`NotDynamic` unless ``gm``'s trace holds for every size of its symbols, or, with
+    ``guards_allowed``, for every size its guards accept (``s0 <= 512``: a position table's
+    length); returns those guards as Python text (see :class:`SizeGuards`)."""
     env = _shape_env(gm)
     if env is None:
         raise NotDynamic("no dynamic dimension")
-    if env.guards:
+    if env.guards and not guards_allowed:
         raise NotDynamic(f"the trace guards on sizes: {', '.join(str(g.expr) for g in env.guards[:3])}")
     fixed = [str(k) for k, v in env.replacements.items() if v.is_number]
     if fixed:
         raise NotDynamic(f"sizes fixed to constants: {', '.join(fixed[:3])}")
+    return list(dict.fromkeys(_printer().doprint(g.expr) for g in env.guards))
 
 
 # What an output dimension's expression may contain: arithmetic of symbols and integers.
 _ALLOWED = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod,
             ast.USub, ast.UAdd, ast.Name, ast.Load, ast.Constant, ast.Call)
+# What a guard may add: comparisons and their logic.
+_CONDITIONS = (ast.Compare, ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.BoolOp, ast.And,
+               ast.Or, ast.Not)
 _FUNCTIONS = {"max": max, "min": min}
 
 
-def _checked(text: str, symbols: set[str]) -> set[str]:
+def _checked(text: str, symbols: set[str], allowed: tuple[type, ...] = _ALLOWED) -> set[str]:
     """The symbols ``text`` uses, when it is an arithmetic expression of ``symbols``; ValueError otherwise."""
     tree = ast.parse(text, mode="eval")
     for node in ast.walk(tree):
-        if not isinstance(node, _ALLOWED):
+        if not isinstance(node, allowed):
             raise ValueError(f"unsupported {type(node).__name__} in dimension {text!r}")
         if isinstance(node, ast.Constant) and type(node.value) is not int:
             raise ValueError(f"non-integer constant in dimension {text!r}")
@@ -132,3 +138,38 @@ class ShapeFunction:
             raise ValueError(f"input sizes {[tuple(t.shape) for t in tensors]} break the relation the kernel was "
                              f"compiled for: {'; '.join(self._related)}")
         return result
+
+
+def _input_symbols(inputs: Sequence[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """Each symbol an input dimension is, and the first (input, dimension) that is it."""
+    where: dict[str, tuple[int, int]] = {}
+    for i, spec in enumerate(inputs):
+        for j, d in enumerate(spec["shape"]):
+            if isinstance(d, str) and d.isidentifier():
+                where.setdefault(d, (i, j))
+    return where
+
+
+class SizeGuards:
+    """Whether a call's input sizes satisfy the guards its dynamic trace recorded.
+
+    A trace that compared a size with a bound (``s0 <= 512``: a slice of a position table)
+    holds for every size the comparison accepts; the kernel then serves exactly those, and
+    the caller takes another route for the others. ``inputs`` are the plan's input specs,
+    ``guards`` the trace's guards as Python text (:func:`check_dynamic`). Raises
+    ValueError for a guard that is not a comparison of input dimensions.
+    """
+
+    def __init__(self, inputs: Sequence[dict[str, Any]], guards: Sequence[str]) -> None:
+        where = _input_symbols(inputs)
+        used = set().union(*(_checked(g, set(where), _ALLOWED + _CONDITIONS) for g in guards))
+        lines = ["def accepts(t):"]
+        lines += [f"    {name} = t[{where[name][0]}].shape[{where[name][1]}]" for name in sorted(used)]
+        lines.append("    return " + " and ".join(f"({g})" for g in guards) if guards else "    return True")
+        namespace: dict[str, Any] = {"__builtins__": {}, **_FUNCTIONS}
+        exec(compile("\n".join(lines), "<neuron size guards>", "exec"), namespace)  # noqa: S102 - checked above
+        self.guards = tuple(guards)
+        self._accepts = namespace["accepts"]
+
+    def __call__(self, tensors: Sequence[torch.Tensor]) -> bool:
+        return bool(self._accepts(tensors))

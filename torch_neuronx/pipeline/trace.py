@@ -52,6 +52,8 @@ class Trace:
 
     plan: Plan
     out_spec: str
+    #: A dynamic trace's guards on its sizes (``shapes.SizeGuards``), when the caller allowed them.
+    guards: tuple[str, ...] = ()
 
     def to_json(self) -> str | None:
         """The entry text, or None when it has no JSON form (a non-JSON constant among the outputs, or a
@@ -200,7 +202,8 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
           options: ResolvedOptions | None = None, *, hlo_cache: bool = True,
           output_storage: bool = False,
           dynamic: Sequence[Sequence[DimMark]] | None = None,
-          functionalize: bool = True, resident: Sequence[int] = ()) -> tuple[CompiledGraph, Trace, pytree.TreeSpec]:
+          functionalize: bool = True, resident: Sequence[int] = (),
+          guards_allowed: bool = False) -> tuple[CompiledGraph, Trace, pytree.TreeSpec]:
     """Trace ``fn(tensors)`` for these tensors' shapes and dtypes, lower and compile it.
 
     ``fn`` puts the (fake) tensors back among the declared arguments and calls
@@ -220,6 +223,9 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
 
     ``resident``: positions of ``tensors`` that are parameters, kept resident in the runtime
     (bound once, their packing hoisted out of the calls; ``compiler/resident.py``).
+
+    ``guards_allowed``: a dynamic trace may guard on its sizes (``s0 <= 512``); the guards come
+    back in the :class:`Trace`, and the caller must check them on every call.
     """
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -250,7 +256,7 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
         gm.recompile()
         _reject_input_mutation(gm, name)
         if dynamic is not None:
-            shapes.check_dynamic(gm)
+            shapes.check_dynamic(gm, guards_allowed)
         with contextlib.ExitStack() as dynamic_only:
             if dynamic is not None:
                 dynamic_only.enter_context(rewrite.dynamic_trace())
@@ -258,10 +264,11 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
             compiled, plan = build_graph(gm, options, name, GraphArtifacts(name, options.preserve_artifacts),
                                          hlo_cache=hlo_cache, output_storage=output_storage, resident=resident,
                                          dialect="stablehlo" if dynamic is None else "linalg")
+        guards: list[str] = []
         if dynamic is not None:  # the passes and the lowering must not have specialized it either
-            shapes.check_dynamic(gm)
+            guards = shapes.check_dynamic(gm, guards_allowed)
             _check_dynamic_plan(plan)
-    return compiled, Trace(plan=plan, out_spec=_dumps(specs[-1])), specs[-1]
+    return compiled, Trace(plan=plan, out_spec=_dumps(specs[-1]), guards=tuple(guards)), specs[-1]
 
 
 def load(stored: Trace, options: ResolvedOptions | None = None, *, output_storage: bool = False) -> CompiledGraph:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from torch_neuronx.compiler.passes.bool_constants import bool_constants_to_int8
+from torch_neuronx.compiler.passes.collapse_views import views_merging_symbols_to_flatten
 from torch_neuronx.compiler.passes.complex_to_real import complex_to_real
 from torch_neuronx.compiler.passes.cond_branches import cond_to_select
 from torch_neuronx.compiler.passes.constant_fold import constant_fold
@@ -50,6 +51,7 @@ PIPELINE: list[Pass] = [
     empty_slices_to_full,
     bool_constants_to_int8,
     pointwise_views_unviewed,  # an optimization: on the legalized graph
+    views_merging_symbols_to_flatten,  # dynamic traces: torch-mlir's view lowering mis-merges symbols
     outputs_in_memory_order,  # last: it adds the outputs' final permutes
 ]
 
