@@ -269,3 +269,21 @@ def test_indices_of_a_dtype_the_cpu_refuses_raise_torchs_error(name, dtype):
                 fn(_X.to("neuron"), index.to("neuron"))
         else:
             torch.testing.assert_close(fn(_X.to("neuron"), index.to("neuron")).cpu(), want)
+
+
+def test_a_gradient_on_another_device_than_its_output_is_torchs_error():
+    """The engine checks a cotangent's device in validate_outputs, which skips tensor subclasses:
+    a neuron cotangent for a CPU output hit the engine's internal assert (``opt_ready_stream &&
+    opt_parent_stream``), and a CPU one for a neuron output was taken silently. Both are torch's
+    "invalid gradient" error now, for backward() and autograd.grad alike; same-device ones work."""
+    host = torch.randn(3, requires_grad=True)
+    device = torch.randn(3, device="neuron", requires_grad=True)
+    cases = [(host * 2, torch.ones(3, device="neuron"), "expected device cpu but got neuron:0"),
+             (device * 2, torch.ones(3), "expected device neuron:0 but got cpu")]
+    for out, grad, message in cases:
+        with pytest.raises(RuntimeError, match=f"invalid gradient at index 0 - {message}"):
+            out.backward(grad, retain_graph=True)
+        with pytest.raises(RuntimeError, match=f"invalid gradient at index 0 - {message}"):
+            torch.autograd.grad([out], [host if out.device.type == "cpu" else device], [grad])
+    (device * 2).backward(torch.ones(3, device="neuron"))
+    torch.testing.assert_close(device.grad.cpu(), torch.full((3,), 2.0))

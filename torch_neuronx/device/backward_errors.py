@@ -1,5 +1,8 @@
 """Errors of neuron ops in a backward pass, which PyTorch loses, raised where the backward was called.
 
+(Also here: a gradient given on another device than its output, which the engine does not
+check for tensor subclasses, is refused with torch's own message: :func:`_check_devices`.)
+
 When a Python exception is raised while autograd runs a node on a PrivateUse1
 device backed by Python (a neuron op failing in ``__torch_dispatch__``, a hook on
 a neuron tensor raising), the engine's device bookkeeping calls back into the
@@ -49,6 +52,8 @@ def _run_backward(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def run_backward(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > 1:
+            _check_devices(args[0], args[1])
         entry: list[Any] = [object(), None]
         with _lock:
             _open.append(entry)
@@ -65,6 +70,21 @@ def _run_backward(original: Callable[..., Any]) -> Callable[..., Any]:
                 _open.remove(entry)
 
     return run_backward
+
+
+def _check_devices(outputs: Any, grads: Any) -> None:
+    """torch's error for a gradient on another device than its output, where one is ``neuron``.
+
+    The engine checks devices in ``validate_outputs``, but skips tensor subclasses: a neuron
+    cotangent for a CPU output reached an internal assert of the engine (``opt_ready_stream &&
+    opt_parent_stream``), and a CPU cotangent for a neuron output was silently taken.
+    """
+    for i, (out, grad) in enumerate(zip(outputs, grads)):
+        if not isinstance(out, torch.Tensor) or not isinstance(grad, torch.Tensor):
+            continue
+        have, want = grad.device, out.device
+        if have != want and "neuron" in (have.type, want.type):
+            raise RuntimeError(f"invalid gradient at index {i} - expected device {want} but got {have}")
 
 
 def install() -> None:
