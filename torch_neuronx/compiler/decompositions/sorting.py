@@ -51,6 +51,47 @@ def _float64_rank(x: torch.Tensor) -> torch.Tensor:
     return torch.where(bits < 0, bits ^ 0x7FFFFFFFFFFFFFFF, bits)
 
 
+#: Sort lengths from which distinct keys sort by a bitonic network (see :func:`_sorted_keys`).
+_NETWORK_FROM = 512
+_INT64_MAX, _INT64_MIN = (1 << 63) - 1, -(1 << 63)
+
+
+def _sorted_keys(key: torch.Tensor, dim: int, descending: bool) -> torch.Tensor:
+    """``key`` (distinct int64 keys) sorted along ``dim``.
+
+    IREE sorts by comparing every pair (``iree_linalg_ext.sort``: a 50k-element sort took seconds);
+    from :data:`_NETWORK_FROM` elements the keys sort by a bitonic network instead, n log²n
+    compare-exchanges in log n (log n + 1) / 2 elementwise stages over the whole tensor (padded
+    to a power of two with keys that sort last). The keys are distinct, so any correct sort
+    gives the one order.
+    """
+    n = key.shape[dim]
+    if not isinstance(n, int) or n < _NETWORK_FROM:
+        return aten.sort.default(key, dim, descending)[0]
+    moved = key.movedim(dim, -1)
+    rows = moved.reshape(-1, n)
+    m = 1 << (n - 1).bit_length()
+    if m != n:
+        pad = torch.full((rows.shape[0], m - n), _INT64_MIN if descending else _INT64_MAX,
+                         dtype=key.dtype, device=key.device)
+        rows = torch.cat([rows, pad], 1)
+    k = 2
+    while k <= m:
+        j = k // 2
+        while j >= 1:
+            pairs = rows.view(-1, m // (2 * j), 2, j)
+            partner = pairs.flip(2)  # element i's partner: i ^ j
+            # Pair p's block of k elements ascends when (p*2j) // k is even (descending: odd);
+            # there the first of the pair keeps the smaller key, elsewhere the larger.
+            block = torch.arange(m // (2 * j), device=key.device) // (k // (2 * j))
+            up = (block % 2) == (1 if descending else 0)
+            smaller = up.view(-1, 1, 1) == (torch.arange(2, device=key.device) == 0).view(1, 2, 1)
+            rows = torch.where(smaller, torch.minimum(pairs, partner), torch.maximum(pairs, partner)).view(-1, m)
+            j //= 2
+        k *= 2
+    return rows.narrow(1, 0, n).reshape(moved.shape).movedim(-1, dim)
+
+
 def sort(x: torch.Tensor, dim: int = -1, descending: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``aten.sort`` in torch's order (NaN largest) and stable, as one int64 key sort.
 
@@ -69,7 +110,7 @@ def sort(x: torch.Tensor, dim: int = -1, descending: bool = False) -> tuple[torc
     position = torch.arange(x.shape[dim], dtype=torch.int64, device=x.device).view(shape)
     # Descending keeps equal values in their original order too: earlier positions rank higher.
     key = rank * _POSITION + (_POSITION - 1 - position if descending else position)
-    key = aten.sort.default(key, dim, descending)[0]
+    key = _sorted_keys(key, dim, descending)
     index = key & (_POSITION - 1)
     index = _POSITION - 1 - index if descending else index
     return x.gather(dim, index), index
