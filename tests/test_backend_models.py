@@ -339,11 +339,12 @@ def _long_orderings(x: torch.Tensor) -> tuple:
             torch.sort(x.t(), dim=0, stable=True), x.argsort(dim=1, stable=True), x.median(dim=1).values)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32, torch.int64, torch.float64])
 def test_long_sorts_run_a_network_in_torchs_order(dtype):
     """Sorts of 512 elements and more run a bitonic network (IREE's sort compares every pair: a
     sort of 50k elements took 19 s per call, of 3000 elements 97 ms). Lengths that are not powers
-    of two, both directions, another dim, NaN, signed zeros and many ties: torch's stable order."""
+    of two, both directions, another dim, NaN, signed zeros and many ties: torch's stable order
+    (64-bit keys carry their positions through the network, so their sorts are stable too)."""
     torch.manual_seed(0)
     x = torch.randint(-20, 20, (3, 700)).to(torch.float32)
     if dtype.is_floating_point:

@@ -60,21 +60,35 @@ def _sorted_keys(key: torch.Tensor, dim: int, descending: bool) -> torch.Tensor:
     """``key`` (distinct int64 keys) sorted along ``dim``.
 
     IREE sorts by comparing every pair (``iree_linalg_ext.sort``: a 50k-element sort took seconds);
-    from :data:`_NETWORK_FROM` elements the keys sort by a bitonic network instead, n log²n
-    compare-exchanges in log n (log n + 1) / 2 elementwise stages over the whole tensor (padded
-    to a power of two with keys that sort last). The keys are distinct, so any correct sort
-    gives the one order.
+    from :data:`_NETWORK_FROM` elements the keys sort by a bitonic network instead
+    (:func:`_network`). The keys are distinct, so any correct sort gives the one order.
     """
     n = key.shape[dim]
     if not isinstance(n, int) or n < _NETWORK_FROM:
         return aten.sort.default(key, dim, descending)[0]
-    moved = key.movedim(dim, -1)
-    rows = moved.reshape(-1, n)
+    return _network(key, None, dim, descending)[0]
+
+
+def _network(key: torch.Tensor, position: torch.Tensor | None, dim: int,
+             descending: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``key`` sorted along ``dim`` by a bitonic network, with ``position`` (an int64 tensor of
+    ``key``'s shape) carried along and breaking ties (a stable sort), or None for distinct keys.
+
+    n log²n compare-exchanges in log n (log n + 1) / 2 elementwise stages over the whole
+    tensor, padded to a power of two with keys that sort last.
+    """
+    n = key.shape[dim]
+    rows = key.movedim(dim, -1)
+    shape = rows.shape
+    rows = rows.reshape(-1, n)
+    places = None if position is None else position.expand(key.shape).movedim(dim, -1).reshape(-1, n)
     m = 1 << (n - 1).bit_length()
     if m != n:
         pad = torch.full((rows.shape[0], m - n), _INT64_MIN if descending else _INT64_MAX,
                          dtype=key.dtype, device=key.device)
         rows = torch.cat([rows, pad], 1)
+        if places is not None:  # after every real position: the pads stay last among equal keys
+            places = torch.cat([places, torch.full_like(pad, n)], 1)
     k = 2
     while k <= m:
         j = k // 2
@@ -82,24 +96,55 @@ def _sorted_keys(key: torch.Tensor, dim: int, descending: bool) -> torch.Tensor:
             pairs = rows.view(-1, m // (2 * j), 2, j)
             partner = pairs.flip(2)  # element i's partner: i ^ j
             # Pair p's block of k elements ascends when (p*2j) // k is even (descending: odd);
-            # there the first of the pair keeps the smaller key, elsewhere the larger.
+            # there the first of the pair holds the one that comes first, elsewhere the other.
             block = torch.arange(m // (2 * j), device=key.device) // (k // (2 * j))
-            up = (block % 2) == (1 if descending else 0)
-            smaller = up.view(-1, 1, 1) == (torch.arange(2, device=key.device) == 0).view(1, 2, 1)
-            rows = torch.where(smaller, torch.minimum(pairs, partner), torch.maximum(pairs, partner)).view(-1, m)
+            up = (block % 2) == 0
+            first = up.view(-1, 1, 1) == (torch.arange(2, device=key.device) == 0).view(1, 2, 1)
+            if places is None:
+                early, late = ((torch.maximum, torch.minimum) if descending else (torch.minimum, torch.maximum))
+                rows = torch.where(first, early(pairs, partner), late(pairs, partner)).view(-1, m)
+            else:
+                at = places.view(-1, m // (2 * j), 2, j)
+                other = at.flip(2)
+                ahead = (pairs > partner if descending else pairs < partner) | ((pairs == partner) & (at < other))
+                keep = ahead == first
+                rows = torch.where(keep, pairs, partner).view(-1, m)
+                places = torch.where(keep, at, other).view(-1, m)
             j //= 2
         k *= 2
-    return rows.narrow(1, 0, n).reshape(moved.shape).movedim(-1, dim)
+    rows = rows.narrow(1, 0, n).reshape(shape).movedim(-1, dim)
+    if places is not None:
+        places = places.narrow(1, 0, n).reshape(shape).movedim(-1, dim)
+    return rows, places
+
+
+def _sorted_64_bit(x: torch.Tensor, dim: int, descending: bool) -> torch.Tensor | None:
+    """The stable sort's index of int64 or float64 ``x`` by the network, from
+    :data:`_NETWORK_FROM` elements; None for shorter (or symbolic) lengths."""
+    n = x.shape[dim]
+    if not isinstance(n, int) or n < _NETWORK_FROM:
+        return None
+    key = _float64_rank(x) if x.dtype == torch.float64 else x
+    shape = [1] * x.dim()
+    shape[dim] = n
+    position = torch.arange(n, dtype=torch.int64, device=x.device).view(shape)
+    return _network(key, position, dim, descending)[1]
 
 
 def sort(x: torch.Tensor, dim: int = -1, descending: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``aten.sort`` in torch's order (NaN largest) and stable, as one int64 key sort.
 
-    float64 sorts its int64 rank with torch-mlir's lowering (NaN placed right, ties in no
-    fixed order); int64 uses that lowering directly.
+    int64 and float64 (whose rank fills an int64) sort with their positions by the network from
+    :data:`_NETWORK_FROM` elements (stable); shorter ones sort with torch-mlir's lowering (NaN
+    placed right, ties in no fixed order).
     """
-    if x.dim() > 0 and x.dtype == torch.float64:
-        index = aten.sort.default(_float64_rank(x), dim, descending)[1]
+    if x.dim() > 0 and x.dtype in (torch.float64, torch.int64):
+        dim = dim % x.dim()
+        index = _sorted_64_bit(x, dim, descending)
+        if index is None and x.dtype == torch.int64:
+            return NotImplemented
+        if index is None:
+            index = aten.sort.default(_float64_rank(x), dim, descending)[1]
         return x.gather(dim, index), index
     rank = _rank_bits(x) if x.dim() > 0 else None
     if rank is None or x.shape[dim] > _POSITION:
@@ -119,9 +164,11 @@ def sort(x: torch.Tensor, dim: int = -1, descending: bool = False) -> tuple[torc
 def sort_stable(x: torch.Tensor, *, stable: bool | None = None, dim: int = -1,
                 descending: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``aten.sort.stable``: :func:`sort`, which is stable except for int64 and float64 keys."""
-    if stable and x.dim() > 0 and x.dtype in (torch.int64, torch.float64):
+    short = x.dim() > 0 and not (isinstance(x.shape[dim], int) and x.shape[dim] >= _NETWORK_FROM)
+    if stable and short and x.dtype in (torch.int64, torch.float64):
         raise NotImplementedError(f"sort(stable=True) of {x.dtype} values: the compiled sort orders equal "
-                                  "keys in no fixed order for 64-bit types; sort a 32-bit copy or run eagerly")
+                                  f"keys in no fixed order for 64-bit types shorter than {_NETWORK_FROM} "
+                                  "elements; sort a 32-bit copy or run eagerly")
     result = sort(x, dim, descending)
     return aten.sort.default(x, dim, descending) if result is NotImplemented else result
 
