@@ -222,6 +222,37 @@ def test_ops_of_neuron_tensors_that_name_the_device_mix_with_factories():
     torch.testing.assert_close(got.cpu(), masks(x, m))
 
 
+_EDGES = [0, 1, 1, 3, 0, 2, 2, 1, 3]
+
+
+def _written_after_made(x):
+    out = torch.zeros(9, device=x.device)
+    out.add_(x)  # an in-place op
+    part = torch.zeros(9, device=x.device)
+    part[2:5] = x[:3]  # a write through a view
+    index = torch.tensor(_EDGES, device=x.device)
+    degree = torch.zeros(4, device=x.device).scatter_add_(0, index, torch.ones_like(x))  # a GNN's degrees
+    summed = torch.zeros(4, device=x.device)
+    summed.index_add_(0, index, x)
+    into = torch.empty(9, device=x.device)
+    torch.add(x, 1, out=into)  # an out= op
+    copied = torch.zeros(9, device=x.device)
+    copied.copy_(x)
+    copied.mul_(3)
+    return out, part * 2, degree, summed, into, copied, copied + 1
+
+
+def test_tensors_made_on_the_device_inside_a_graph_keep_their_in_place_writes():
+    """A tensor made on ``neuron`` inside a graph and then written in place (``out.add_(x)``,
+    ``out[2:5] = ...``, ``scatter_add_``, ``index_add_``, ``out=``, ``copy_``) came back with the
+    factory's values: the traced op wrote a host copy of it. Found by a new user's GNN."""
+    x = torch.randn(9)
+    got = torch.compile(_written_after_made, backend="neuron")(x.to("neuron"))
+    for g, e in zip(got, _written_after_made(x)):
+        assert type(g) is NeuronTensor
+        torch.testing.assert_close(g.cpu(), e)
+
+
 def test_views_of_inputs_at_an_offset_alias_the_right_elements():
     def f(x):  # slices, a transpose, views whose elements share memory (expand, unfold)
         return x[2:5], x.view(2, -1)[:, 1:].t(), x * 2, x[1:3].expand(2, 2), x.unfold(0, 2, 1)

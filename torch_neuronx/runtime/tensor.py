@@ -458,10 +458,34 @@ def _trace_op(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     # that result's fake tensor sits on ``neuron`` and the next op mixes it with host ones.
     inner_args, inner_kwargs = pytree.tree_map_only(torch.device, _host_device, (inner_args, inner_kwargs))
     out = func(*inner_args, **inner_kwargs)
+    _write_back_plain(func, args, kwargs, inner_args, inner_kwargs)
     if func is torch.ops.aten._to_copy.default and _leaves_device(kwargs.get("device")):
         return out  # ``.cpu()`` inside a compiled graph: a host tensor, as in eager
     wrapped = pytree.tree_map_only(torch.Tensor, lambda t: NeuronTensor(t, None, index=index), out)
     return return_and_correct_aliasing(func, args, kwargs, wrapped)
+
+
+def _write_back_plain(func: Any, args: Sequence[Any], kwargs: dict[str, Any], inner_args: Sequence[Any],
+                      inner_kwargs: dict[str, Any]) -> None:
+    """Writes of a traced op into a plain tensor on ``neuron`` (a factory's result inside the graph,
+    ``torch.zeros(n, device=x.device)``): the op wrote the host copy :func:`_inner` made of it, so
+    the copy's values go back into it (the written tensor itself, as in eager; the mutation was lost:
+    ``out.add_(x); return out`` returned zeros)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None or not schema.is_mutable:
+        return
+    for position, argument in enumerate(schema.arguments):
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        if position < len(args) and not argument.kwarg_only:
+            original, written = args[position], inner_args[position]
+        elif argument.name in kwargs:
+            original, written = kwargs[argument.name], inner_kwargs[argument.name]
+        else:
+            continue
+        if (isinstance(original, torch.Tensor) and not isinstance(original, NeuronTensor)
+                and original.device.type == "neuron" and written is not original):
+            original.copy_(written)
 
 
 def _fill(data: torch.Tensor, t: torch.Tensor, stride: Sequence[int] | None) -> None:
