@@ -443,3 +443,33 @@ def test_sorts_along_long_dimensions_run_torchs_cpu_kernel():
                                  torch.utils._pytree.tree_leaves(call(x))):
             assert torch.equal(got.cpu(), expected), name
     assert observe.counter("kernel_traces") == traces
+
+
+def test_fills_write_their_target_in_place_without_a_second_copy_of_it():
+    """``zero_()``/``fill_(number)`` (and so ``torch.zeros``/``ones``/``full``) computed the values
+    into new memory and copied them: the peak was twice the target. They are torch's CPU fill
+    over the target's memory now, queued on the stream; views, expanded and complex targets and
+    torch's overflow error as on the CPU."""
+    x = torch.empty(512, 512, device="neuron")
+    torch.neuron.synchronize()
+    torch.neuron.reset_peak_memory_stats()
+    base = torch.neuron.memory_allocated()
+    x.fill_(3.5)
+    x.zero_()
+    y = torch.ones(512, 512, device="neuron")
+    z = torch.full((512, 512), 7, dtype=torch.int32, device="neuron")
+    torch.neuron.synchronize()
+    assert torch.neuron.max_memory_allocated() - base == torch.neuron.memory_allocated() - base
+    assert x.sum().item() == 0 and y.sum().item() == 512 * 512 and z.sum().item() == 7 * 512 * 512
+    host, dev = torch.zeros(4, 4), torch.zeros(4, 4, device="neuron")
+    for t in (host, dev):
+        t.t()[1].fill_(1.5)
+        t[2].fill_(True)
+        t[:, 3].zero_()
+        torch.zeros(3, device=t.device).expand(4, 3).fill_(2)
+    torch.testing.assert_close(dev.cpu(), host)
+    c = torch.zeros(2, dtype=torch.complex64, device="neuron")
+    c.fill_(1 + 2j)
+    torch.testing.assert_close(c.conj().cpu(), torch.full((2,), 1 - 2j))
+    with pytest.raises(RuntimeError, match="cannot be converted to type int8_t without overflow"):
+        torch.zeros(2, dtype=torch.int8, device="neuron").fill_(300)

@@ -637,6 +637,8 @@ def _run_in_place(func: Any, functional: Any, args: Sequence[Any], kwargs: dict[
     kernel over the device memory, as on the CPU: torch refuses some such writes and defines others
     by its order of writes (``x.unfold(0, 2, 1)[idx] = 9.`` sets both views of an element; the copy
     of a functional result lost one of them)."""
+    if func in _OVERLAP_ALLOWED and _fills_on_host(func, args, kwargs, target):
+        return target
     if func not in _OVERLAP_ALLOWED and overlap.shares_memory_within(target._data):
         _warn_fallback(func, "a write into a view whose elements share memory")
         return _synchronized(args, kwargs, _run_in_place_on_cpu, func, args, kwargs, target)
@@ -655,6 +657,22 @@ def _run_in_place(func: Any, functional: Any, args: Sequence[Any], kwargs: dict[
     else:
         on_host(target._index, [target], _write_back, target, result)
     return None if func in _no_result else target
+
+
+def _fills_on_host(func: Any, args: Sequence[Any], kwargs: dict[str, Any], target: NeuronTensor) -> bool:
+    """``zero_()`` or ``fill_(number)``: queued as torch's CPU fill over the target's memory, written
+    in place (a kernel would compute the values into new memory and copy them: twice the
+    target's memory at the peak, for ``torch.zeros``/``ones``/``full`` too). False for other forms."""
+    value = 0 if func is aten.zero_.default else args[1] if len(args) == 2 else None
+    if kwargs or type(value) not in (int, float, bool, complex) or target.is_conj() or target.is_neg():
+        return False
+    queued.enqueue(target._index, str(func), [target], [target._allocation], _fill, target._data.detach(), value)
+    wrote(target)
+    return True
+
+
+def _fill(target: torch.Tensor, value: Any) -> None:
+    target.fill_(value)
 
 
 def _run_in_place_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any], target: NeuronTensor) -> Any:
