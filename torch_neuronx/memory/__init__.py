@@ -86,6 +86,19 @@ def set_current_stream_resolver(resolver: Callable[[int], int]) -> None:
     _current_stream_id = resolver
 
 
+def set_queued_work_drain(drain: Callable[[int, int], bool]) -> None:
+    """Register how to let a stream's queued work run before its pool grows (the streams do, at
+    import): ``drain(index, stream_id)`` waits for it and returns whether there was any.
+
+    Queued work keeps the memory of the tensors it uses until it has run: a loop issuing ops over
+    big tensors faster than they run grew the pool by one output per queued op (12.8 GiB for a
+    live set of 192 MiB) and raised OutOfMemoryError at a capacity its live tensors fit in.
+    """
+    from torch_neuronx.memory import allocator
+
+    allocator.drain_queued_work = drain
+
+
 def current_stream_id(index: int) -> int:
     """The id of the current stream of device ``index`` (0, the default stream, before streams exist)."""
     return _current_stream_id(index)

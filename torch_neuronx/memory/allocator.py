@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import threading
 from bisect import bisect_left, insort
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -42,6 +43,11 @@ from torch_neuronx.memory import stats as _stats
 from torch_neuronx.memory.allocator_config import SIZE_MAX, AllocatorConfig, load
 from torch_neuronx.memory.segments import HostSegmentSource, SegmentSource
 from torch_neuronx.observe.events import state as _observing
+
+#: ``drain(device_index, stream_id) -> bool``: wait for the stream's queued work (which holds the
+#: memory of the tensors it uses), True if there was any (registered by the streams:
+#: ``set_queued_work_drain``).
+drain_queued_work: Callable[[int, int], bool] | None = None
 
 _FREE, _ALLOCATED, _PENDING = 0, 1, 2  # a pending block was freed but another stream may still use it
 _STATE_NAMES = {_FREE: "inactive", _ALLOCATED: "active_allocated", _PENDING: "active_pending_free"}
@@ -189,20 +195,38 @@ class CachingAllocator:
                 return 0
             raise ValueError(f"cannot allocate a negative number of bytes ({size})")
         with self._lock:
-            if self._pending:
-                self._process_events()
-            rounded = self._round_cache.get(size) or self.round_size(size)
-            small = rounded < self._pool_boundary
-            keys = (self._free_small if small else self._free_large).get(stream)
-            block = self._take_free_block(keys, rounded) if keys else None
+            block = self._cached_block(size, stream)
             if block is None:
-                block = self._new_segment(rounded, size, small, stream)
-            address = self._hand_out(block, rounded, size, small)
+                address = 0
+            else:
+                rounded = self._round_cache[size]
+                address = self._hand_out(block, rounded, size, rounded < self._pool_boundary)
+        if not address:
+            # The large pool would grow: first let queued work run, which frees what it holds
+            # (small blocks are not waited for: a queue of them holds little, and waiting costs
+            # the overlap of issuing and running).
+            drained = (drain_queued_work is not None and size >= self._pool_boundary
+                       and drain_queued_work(self.device, stream))
+            with self._lock:
+                block = self._cached_block(size, stream) if drained else None
+                rounded = self._round_cache.get(size) or self.round_size(size)
+                small = rounded < self._pool_boundary
+                if block is None:
+                    block = self._new_segment(rounded, size, small, stream)
+                address = self._hand_out(block, rounded, size, small)
         if _observing.active:
             observe.emit("memory.malloc", size, device=self.device, stream=stream, address=address,
                          allocated=self._all_stats.allocated_bytes.current,
                          reserved=self._all_stats.reserved_bytes.current)
         return address
+
+    def _cached_block(self, size: int, stream: int) -> Block | None:
+        """A free block of the pool for ``size`` bytes on ``stream`` (taken off its free list), or None."""
+        if self._pending:
+            self._process_events()
+        rounded = self._round_cache.get(size) or self.round_size(size)
+        keys = (self._free_small if rounded < self._pool_boundary else self._free_large).get(stream)
+        return self._take_free_block(keys, rounded) if keys else None
 
     def _take_free_block(self, keys: list[int], rounded: int) -> Block | None:
         """Best fit: the smallest free block that is large enough, lowest address first."""

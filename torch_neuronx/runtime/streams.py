@@ -45,6 +45,9 @@ _WAKE_BATCH = 32  # queued tasks that wake a napping worker at once
 _EXIT_WAIT_S = 600.0  # at interpreter exit, how long the queued work may still run
 
 
+_DRAIN_WAIT_S = 60.0  # the longest an allocation waits for queued work before growing the pool
+
+
 class StreamError(NeuronRuntimeError):
     """Work submitted to a stream raised; the original exception is the ``__cause__``."""
 
@@ -594,8 +597,24 @@ def _finish_at_exit() -> None:
         queue.stop(max(0.1, deadline - time.monotonic()))
 
 
+def _drain(index: int, stream_id: int) -> bool:
+    """Wait (up to :data:`_DRAIN_WAIT_S`) for the work queued on stream ``stream_id`` of device
+    ``index``, so that the memory it holds goes back to that stream's pool before the pool grows;
+    False when there is none, or in a stream's worker (which must not wait for its own queue).
+    Other streams are not waited for: their blocks are not this stream's to reuse, and one may be
+    waiting for an event this thread has yet to record."""
+    if getattr(_local, "in_worker", False):
+        return False
+    with _registry_lock:
+        queues = [q for q in _queues.get(index, ()) if q.id == stream_id and q.completed < q.submitted]
+    for queue in queues:
+        queue.wait(queue.submitted, _DRAIN_WAIT_S)
+    return bool(queues)
+
+
 atexit.register(_finish_at_exit)
 memory.set_current_stream_resolver(lambda index: current_stream(index).id)
+memory.set_queued_work_drain(_drain)
 
 
 def _after_fork_in_child() -> None:
