@@ -473,3 +473,21 @@ def test_fills_write_their_target_in_place_without_a_second_copy_of_it():
     torch.testing.assert_close(c.conj().cpu(), torch.full((2,), 1 - 2j))
     with pytest.raises(RuntimeError, match="cannot be converted to type int8_t without overflow"):
         torch.zeros(2, dtype=torch.int8, device="neuron").fill_(300)
+
+
+def test_set_forms_and_is_set_to_follow_the_cpu():
+    """``t.set_(storage)`` and ``t.set_()`` raised a device error naming "cpu" or "meta";
+    ``t.set_(tensor)`` left ``t``'s storage empty (so ``is_set_to`` was False, even for a tensor and
+    itself). Each form now views the memory it names, as on the CPU."""
+    for device in ("cpu", "neuron"):
+        x = torch.arange(6.0, device=device)
+        whole = torch.empty(0, device=device).set_(x.untyped_storage())
+        part = torch.empty(0, device=device).set_(x[2:].view(2, 2))
+        part.add_(1)
+        assert torch.empty(3, device=device).set_().shape == (0,)
+        assert x.is_set_to(x) and part.is_set_to(x[2:].view(2, 2)) and not part.is_set_to(x)
+        assert whole.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+        del x
+        if device == "cpu":
+            expected = (whole.tolist(), part.tolist())
+    assert (whole.cpu().tolist(), part.cpu().tolist()) == expected

@@ -259,6 +259,37 @@ def _set_storage(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         aten.set_.source_Storage_storage_offset, args, kwargs)
 
 
+def _set_whole_storage(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``t.set_(storage)``: ``t`` over all of ``storage``, as one dimension of its elements."""
+    target, storage = args[0], args[1]
+    return _set_storage((target, storage, 0, [storage.nbytes() // target.element_size()], [1]), {})
+
+
+def _set_tensor(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``t.set_(source)``: ``t`` over ``source``'s storage with its offset, sizes and strides."""
+    target, source = args[0], args[1]
+    if not isinstance(source, NeuronTensor):
+        return run_without_functional_form(aten.set_.source_Tensor, args, kwargs)
+    return _set_storage((target, source.untyped_storage(), source.storage_offset(), list(source.shape),
+                         list(source.stride())), {})
+
+
+def _set_empty(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``t.set_()``: ``t`` over a new storage of no bytes, of size (0,)."""
+    target = args[0]
+    return target.set_(torch.empty(0, dtype=target.dtype, device=target.device))
+
+
+def _is_set_to(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """``a.is_set_to(b)``: the same storage, offset, sizes and strides (the CPU's rule)."""
+    a, b = args[0], args[1]
+    if not isinstance(b, NeuronTensor):
+        return False
+    mine, theirs = a.untyped_storage(), b.untyped_storage()
+    return (mine.data_ptr() == theirs.data_ptr() and mine.nbytes() == theirs.nbytes()
+            and a.storage_offset() == b.storage_offset() and a.shape == b.shape and a.stride() == b.stride())
+
+
 def _new_empty_strided(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     """``new_empty_strided``: uninitialized memory of the size and strides asked (no kernel: it
     had one that failed to lower, and ran on the CPU at every channels-last backward)."""
@@ -288,6 +319,10 @@ _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
     aten._nested_tensor_from_mask_left_aligned.default: _no_nested_fast_path,
     aten._nested_tensor_from_mask.default: _no_nested_tensors,
     aten.set_.source_Storage_storage_offset: _set_storage,
+    aten.set_.source_Storage: _set_whole_storage,
+    aten.set_.source_Tensor: _set_tensor,
+    aten.set_.default: _set_empty,
+    aten.is_set_to.default: _is_set_to,
     aten.new_empty_strided.default: _new_empty_strided,
     aten.arange.out: _host_factory_out(aten.arange.out),
     aten.arange.start_out: _host_factory_out(aten.arange.start_out),
