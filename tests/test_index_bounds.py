@@ -136,3 +136,30 @@ def test_repeat_interleave_checks_its_output_size(repeats, output_size, dtype):
         torch.testing.assert_close(fn(counts.to("neuron"), values.to("neuron")).cpu(), want)
         if name == "repeats":
             torch.testing.assert_close(torch.compile(fn, backend="neuron", dynamic=False)(counts, values), want)
+
+
+@pytest.mark.parametrize("offsets, last, message", [
+    ([1, 0], False, "offsets\\[0\\] has to be 0"), ([0, 5], False, "offsets\\[-1\\] can not be greater"),
+    ([0, 3, 1], False, "(must not decrease|Expected i < index_size)"), ([0, 2, 2], False, None),
+    ([0, 1, 4], True, None), ([0, 0, 4], True, None)])
+def test_embedding_bag_checks_its_offsets(offsets, last, message):
+    """Offsets not starting at 0, past the indices' end or decreasing gave made-up bags where
+    eager raises (compiled and on the eager device); valid ones, empty bags and
+    ``include_last_offset`` included, give eager's values."""
+    weight, indices = torch.randn(10, 3), torch.tensor([1, 2, 3, 4])
+
+    def bag(i, o, w):
+        return F.embedding_bag(i, w, o, mode="sum", include_last_offset=last)
+
+    o = torch.tensor(offsets)
+    runs = [lambda: bag(indices.to("neuron"), o.to("neuron"), weight.to("neuron")).cpu(),
+            lambda: torch.compile(bag, backend="neuron", dynamic=False)(indices, o, weight)]
+    if message is not None:
+        with pytest.raises(RuntimeError, match=message):
+            bag(indices, o, weight)
+        for run in runs:
+            with pytest.raises(RuntimeError, match=message):
+                run()
+        return
+    for run in runs:
+        torch.testing.assert_close(run(), bag(indices, o, weight))

@@ -170,12 +170,27 @@ def _bags(indices: torch.Tensor, offsets: torch.Tensor, include_last_offset: boo
     return torch.cumsum(starts[:n], 0), bags
 
 
+def _checked_offsets(offsets: torch.Tensor, n: int) -> torch.Tensor:
+    """``offsets`` with eager's checks made by :data:`BOUNDS` on a code: 1 when the first is not
+    0, 2 when the last is past the ``n`` indices, 4 when they decrease (eager's kernel then fails
+    on an index). Bad offsets gave made-up bags where eager raises."""
+    if not offsets.numel():
+        return offsets
+    o = offsets.to(torch.int64)
+    code = (o[:1] != 0).to(torch.int64) + 2 * (o[-1:] > n).to(torch.int64)
+    if offsets.numel() > 1:
+        code = code + 4 * (o[1:] < o[:-1]).any().to(torch.int64).reshape(1)
+    checked = BOUNDS(code, 1, False, "embedding_bag", "embedding_bag")
+    return offsets * (checked == 0).to(offsets.dtype)  # always 1: keeps the check in the graph
+
+
 def embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
                   scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
                   per_sample_weights: torch.Tensor | None = None, include_last_offset: bool = False,
                   padding_idx: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``aten._embedding_bag`` (and its forward-only twin) for modes sum, mean and max."""
     indices = indices.reshape(-1)
+    offsets = _checked_offsets(offsets, indices.numel())
     bag, bags = _bags(indices, offsets, include_last_offset)
     valid = indices != padding_idx if padding_idx >= 0 else torch.ones_like(indices, dtype=torch.bool)
     rows = weight.index_select(0, indices)

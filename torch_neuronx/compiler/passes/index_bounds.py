@@ -216,6 +216,11 @@ def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:
     if check["message"] == "repeat_interleave":  # a code of indexing.py's check, not an index
         raise IndexOutOfRangeError("repeats can not be negative" if high in (1, 3)
                                    else "allocated size does not match required size (repeat_interleave on neuron)")
+    if check["message"] == "embedding_bag":  # a code of scatter.py's offsets check, not an index
+        reason = ("offsets[0] has to be 0, i.e., the first sequence in the mini-batch has to start from "
+                  "position 0" if high & 1 else "offsets[-1] can not be greater than input's length"
+                  if high & 2 else "offsets of embedding_bag must not decrease")
+        raise IndexOutOfRangeError(f"{reason} (embedding_bag on neuron)")
     if check["message"] == "in_self":
         message = "index out of range in self"
     else:
