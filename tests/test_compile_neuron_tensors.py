@@ -374,3 +374,23 @@ def test_a_forward_that_mutates_a_parameter_trains_compiled():
             optimizer.step()
             optimizer.zero_grad()
     torch.testing.assert_close(model.weight.detach().cpu(), reference.weight.detach())
+
+
+def test_a_loss_through_tensors_made_on_the_device_inside_a_graph_trains():
+    """``z = torch.zeros(..., device=x.device); z.add_(x @ w)``: the graph's output, a factory's tensor
+    written with values that need grad, was placed on the device without its grad_fn (backward:
+    "element 0 of tensors does not require grad")."""
+    def loss_of(x, w):
+        z = torch.zeros(4, 3, device=x.device)
+        z.add_(x @ w)
+        hot = torch.zeros(4, 5, device=x.device).scatter_(1, torch.tensor([[0], [2], [4], [1]], device=x.device), 1.0)
+        return (z * 2).sum() + (hot * z.sum()).sum()
+
+    x, w = torch.randn(4, 2), torch.randn(2, 3, requires_grad=True)
+    expected = loss_of(x, w)
+    expected.backward()
+    on_device = w.detach().to("neuron").requires_grad_()
+    got = torch.compile(loss_of, backend="neuron")(x.to("neuron"), on_device)
+    got.backward()
+    torch.testing.assert_close(got.cpu(), expected.detach())
+    torch.testing.assert_close(on_device.grad.cpu(), w.grad)

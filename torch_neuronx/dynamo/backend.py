@@ -246,8 +246,12 @@ def _placing_outputs(fn: Callable, positions: list[int]) -> Callable:
     def call(*args: Any) -> Any:
         results = list(fn(*args))
         for i in positions:
-            if type(results[i]) is torch.Tensor:
-                results[i] = from_cpu(results[i], stride=results[i].stride(), upload=False)
+            result = results[i]
+            if type(result) is torch.Tensor:
+                # One that autograd tracks (a factory's tensor written with values that require
+                # grad) moves by a differentiable copy: placed as is, it lost its grad_fn.
+                results[i] = result.to("neuron") if result.requires_grad else from_cpu(
+                    result, stride=result.stride(), upload=False)
         return results
 
     return call
