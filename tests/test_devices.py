@@ -66,3 +66,23 @@ def test_current_device_places_factories(two_devices):
     assert torch.neuron.current_device() == 1
     with pytest.raises(ValueError, match="does not exist"):
         torch.neuron.set_device(2)
+
+
+def test_like_and_new_ops_make_their_result_on_the_device_named(two_devices):
+    """``zeros_like(x, device="cpu")`` and the other ``*_like`` / ``new_*`` ops with a ``device=``
+    made their result on ``x``'s device (a neuron tensor where a CPU one was asked for, neuron:1
+    where neuron:0 was)."""
+    x = torch.arange(6.0, device="neuron:1").view(2, 3).t()
+    calls = {"zeros_like": lambda d: torch.zeros_like(x, device=d), "ones_like": lambda d: torch.ones_like(x, device=d),
+             "full_like": lambda d: torch.full_like(x, 2.5, device=d),
+             "empty_like": lambda d: torch.empty_like(x, device=d).fill_(1),
+             "new_zeros": lambda d: x.new_zeros((2, 2), device=d),
+             "new_full": lambda d: x.new_full((2,), 3.0, device=d),
+             "new_ones": lambda d: x.new_ones(3, device=d, dtype=torch.int64)}
+    for name, call in calls.items():
+        for device in ("cpu", "neuron:0", "neuron:1"):
+            made = call(device)
+            assert made.device == torch.device(device), (name, device, made.device)
+            torch.testing.assert_close(made.cpu(), call("cpu"))
+    assert torch.zeros_like(x, device="cpu").stride() == torch.zeros_like(x.cpu()).stride()
+    assert torch.randn_like(x, device="cpu").device == torch.device("cpu")

@@ -637,7 +637,37 @@ def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
                 span.fields["how"] = _fell_back.op
 
 
+#: Ops that take a tensor for its metadata only and a ``device=`` for their result.
+_LIKE = frozenset({aten.empty_like.default, aten.zeros_like.default, aten.ones_like.default,
+                   aten.full_like.default, aten.rand_like.default, aten.randn_like.default,
+                   aten.randint_like.default, aten.randint_like.low_dtype, aten.new_empty.default,
+                   aten.new_zeros.default, aten.new_ones.default, aten.new_full.default})
+_RANDOM_LIKE = frozenset({aten.rand_like.default, aten.randn_like.default, aten.randint_like.default,
+                          aten.randint_like.low_dtype})
+
+
+def _like_elsewhere(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """A ``*_like`` or ``new_*`` op whose ``device=`` names another device than its tensor's: made
+    there (it was made on the tensor's device: ``zeros_like(x, device="cpu")`` gave a neuron
+    tensor, ``zeros_like(x1, device="neuron:0")`` one on neuron:1). None for other calls."""
+    device = kwargs.get("device")
+    source = args[0]
+    if device is None or func not in _LIKE:
+        return None
+    device = torch.device(device)
+    if device.type == "neuron":
+        if device.index is None or device.index == source._index or func in _RANDOM_LIKE:
+            return None
+    meta = torch.empty_strided(source.shape, source.stride(), dtype=source.dtype, device="meta")
+    made = func(meta, *args[1:], **{**kwargs, "device": "cpu" if device.type == "neuron" else device})
+    return made.to(device) if device.type == "neuron" else made
+
+
 def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    if "device" in kwargs:
+        made = _like_elsewhere(func, args, kwargs)
+        if made is not None:
+            return made
     if func in scalar_checks.CHECKED:
         scalar_checks.check(func, args, kwargs)
     kind, extra = _classify(func)
