@@ -114,3 +114,15 @@ def test_neuron_storages_are_made_copied_and_read():
     assert torch.equal(y.cpu(), values)
     with pytest.raises(TypeError, match="made from a size in bytes"):
         torch.UntypedStorage([1, 2], device="neuron")
+
+
+def test_a_callable_map_location_decides_where_neuron_tensors_go():
+    """``map_location=lambda s, loc: s`` (torch's documented way to load onto the CPU) kept neuron
+    tensors on ``neuron``, and a function moving storages to a device was ignored for them."""
+    x = torch.arange(3.0, device="neuron")
+    on_host = _loaded({"x": x}, map_location=lambda storage, location: storage)["x"]
+    assert on_host.device == torch.device("cpu") and torch.equal(on_host, x.cpu())
+    moved = _loaded({"x": x.cpu()}, map_location=lambda storage, location: storage.to(device="neuron"))["x"]
+    assert moved.device == torch.device("neuron", 0) and torch.equal(moved.cpu(), x.cpu())
+    back = _loaded({"x": x}, map_location=lambda storage, location: storage.to(device="neuron"))["x"]
+    assert back.device == torch.device("neuron", 0) and torch.equal(back.cpu(), x.cpu())

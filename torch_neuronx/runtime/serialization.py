@@ -33,8 +33,8 @@ def rebuild(values: torch.Tensor, index: int, requires_grad: bool, is_param: boo
     device = f"neuron:{index}"
     try:
         target = torch._utils._get_restore_location(device)
-    except RuntimeError:  # a callable map_location: it maps storages, and this one is the host's
-        target = device
+    except RuntimeError:  # a callable map_location: it mapped the values' storage already (as the
+        target = values.device  # host's, "cpu"): where it put them (``lambda s, loc: s``: the CPU)
     t = values.to(target)
     if is_param:
         return torch.nn.Parameter(t, requires_grad)
