@@ -86,3 +86,18 @@ def test_like_and_new_ops_make_their_result_on_the_device_named(two_devices):
             torch.testing.assert_close(made.cpu(), call("cpu"))
     assert torch.zeros_like(x, device="cpu").stride() == torch.zeros_like(x.cpu()).stride()
     assert torch.randn_like(x, device="cpu").device == torch.device("cpu")
+
+
+def test_torch_accelerator_sets_and_reads_the_current_device(two_devices):
+    """``torch.accelerator.set_device_index`` and ``device_index`` left neuron's current device
+    unchanged, and ``current_device_index`` ignored ``torch.neuron.set_device``."""
+    torch.accelerator.set_device_index(1)
+    assert torch.accelerator.current_device_index() == 1 == torch.neuron.current_device()
+    assert torch.empty(1, device="neuron").device == torch.device("neuron", 1)
+    torch.neuron.set_device(0)
+    assert torch.accelerator.current_device_index() == 0
+    with torch.accelerator.device_index(1):
+        assert torch.ones(1, device="neuron").device == torch.device("neuron", 1)
+    assert torch.accelerator.current_device_index() == 0
+    with torch.accelerator.device_index(None):
+        assert torch.accelerator.current_device_index() == 0

@@ -30,6 +30,11 @@ _ROUTED = {
     "reset_peak_memory_stats": "reset_peak_memory_stats",
     "reset_accumulated_memory_stats": "reset_accumulated_memory_stats",
     "get_memory_info": "mem_get_info",
+    # The device index: torch's ask the device guard, whose Python form cannot set a device.
+    "set_device_index": "set_device",
+    "set_device_idx": "set_device",
+    "current_device_index": "current_device",
+    "current_device_idx": "current_device",
 }
 
 
@@ -68,6 +73,30 @@ def _set_stream(original: Callable[[Any], None]) -> Callable[[Any], None]:
     return set_stream
 
 
+class _DeviceIndex(torch.accelerator.device_index):
+    """``torch.accelerator.device_index(i)``: for neuron, ``torch.neuron``'s current device inside
+    the block (torch's exchanges the device through the device guard, which left it unchanged)."""
+
+    def __enter__(self) -> None:
+        if self.idx is not None and _on_neuron():
+            from torch_neuronx.device import module
+
+            self.prev_idx = module.current_device()
+            module.set_device(self.idx)
+            self._neuron = True
+            return
+        self._neuron = False
+        super().__enter__()
+
+    def __exit__(self, *exc_info: object) -> None:
+        if getattr(self, "_neuron", False):
+            from torch_neuronx.device import module
+
+            module.set_device(self.prev_idx)
+            return
+        super().__exit__(*exc_info)
+
+
 def install() -> None:
     """Route torch.accelerator's device-wide calls to torch.neuron's when neuron is the accelerator; idempotent.
 
@@ -83,3 +112,5 @@ def install() -> None:
             setattr(namespace, name, _routed(original, getattr(module, ours)))
     if not hasattr(torch.accelerator.set_stream, "__neuron_original__"):
         torch.accelerator.set_stream = _set_stream(torch.accelerator.set_stream)
+    if not issubclass(torch.accelerator.device_index, _DeviceIndex):
+        torch.accelerator.device_index = _DeviceIndex
