@@ -28,6 +28,8 @@ def _cases(dtype: torch.dtype) -> dict:
     weight = (torch.randn(4, 256, 3, 3) / 16).to(dtype)
     bias = torch.randn(4).to(dtype)
     norm = torch.randn(2048).to(dtype)
+    logits = (torch.randn(4, 32000) * 3).to(dtype)
+    window = (torch.rand(1, 1, 128, 128) * 2 + 0.5).to(dtype)
     return {
         "sum": (lambda t: t.sum(), (x,)),
         "sum_dim": (lambda t: t.sum(1), (x,)),
@@ -40,6 +42,8 @@ def _cases(dtype: torch.dtype) -> dict:
         "batch_norm": (lambda i: F.batch_norm(i, None, None, training=True), (image,)),
         "rowwise_dot": (lambda a, b: torch.einsum("ij,ij->i", a, b), (x, x.flip(0))),  # a bmm of 1x1 products
         "scatter_add": (lambda t: t.new_zeros(64, 8).scatter_add(1, _columns(t), t), (x,)),
+        "log_softmax": (lambda t: F.log_softmax(t, -1), (logits,)),  # an LM head's (0.94 off in bfloat16)
+        "avg_pool2d": (lambda i: F.avg_pool2d(i, 64), (window,)),  # a 64x64 window (1.27 off)
     }
 
 
@@ -223,3 +227,38 @@ def test_group_norm_of_a_narrow_input_with_float32_parameters(dtype):
         for g, e in zip(got, expected):
             assert g.dtype == e.dtype
             torch.testing.assert_close(g.float(), e.float(), atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_log_softmax_backward_of_a_narrow_input_accumulates_in_float32(dtype):
+    """cross_entropy's backward: the log-softmax gradient over 20000 bfloat16 logits was 0.92 off
+    (torch 0.045)."""
+    torch.manual_seed(0)
+    logits = (torch.randn(2, 20000) * 3).to(dtype)
+    grad = torch.randn(2, 20000).to(dtype)
+
+    def backward(t, g):
+        t = t.detach().requires_grad_()
+        F.log_softmax(t, -1).backward(g)
+        return t.grad
+
+    _as_accurate(backward(logits.to("neuron"), grad.to("neuron")), backward(logits, grad),
+                 backward(logits.double(), grad.double()))
+
+
+@pytest.mark.parametrize("dtype, values, divisor", [
+    (torch.float16, [65504.0, 10000.0, 1000.0, -65504.0], 1.5), (torch.float16, [1000.0, 4096.0], 0.1),
+    (torch.float32, [100.5, 1000.0, 65504.0, -7.25], 0.1), (torch.bfloat16, [1000.0, -3.0e4], 0.3)])
+def test_fmod_and_remainder_are_exact_as_torchs(dtype, values, divisor):
+    """IREE's remainder divides in the operands' type: float16 quotients overflowed (fmod(65504, 1.5)
+    gave 16, fmod(10000, 0.1) inf) and a float32 quotient rounding up to an integer gave ~0
+    (fmod(100.5, 0.1): 1.5e-6 for 0.0999985). Eager device and compiled, both ops."""
+    x = torch.tensor(values, dtype=dtype)
+
+    def both(t):
+        return torch.fmod(t, divisor), torch.remainder(t, divisor), torch.fmod(t, t.flip(0))
+
+    expected = both(x)
+    for got in (both(x.to("neuron")), torch.compile(both, backend="neuron")(x)):
+        for g, e in zip(got, expected):
+            assert torch.equal(g.cpu(), e), (g, e)

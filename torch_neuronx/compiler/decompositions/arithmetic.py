@@ -13,6 +13,7 @@ import torch
 
 from torch_neuronx.compiler.decompositions import integer_powers
 from torch_neuronx.compiler.decompositions.general import calls_itself
+from torch_neuronx.compiler.errors import InvalidInputError
 
 aten = torch.ops.aten
 
@@ -41,7 +42,15 @@ def _fmod_float(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """C's fmod of floats: torch-mlir's own lowering (``stablehlo.remainder``), exact for large
     quotients, with the dividend's sign on zeros and a finite dividend over an infinite divisor
     kept (IREE gives +0.0 and NaN there)."""
-    mod = torch.copysign(aten.fmod.Tensor(a, b), a)  # :func:`fmod` lets this call through to torch-mlir
+    if a.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        # IREE's remainder divides in the operands' type: a float32 quotient that rounds up to an
+        # integer gave ~0 (fmod(100.5, 0.1): 1.5e-6, torch 0.0999985), a float16 one overflowed
+        # (fmod(65504, 1.5): 16). In float64 the quotient of float32 values rounds only beyond
+        # 2**29, and the product of its integer part is exact.
+        wide = aten.fmod.Tensor(a.to(torch.float64), b.to(torch.float64)).to(a.dtype)
+        mod = torch.copysign(wide, a)
+    else:
+        mod = torch.copysign(aten.fmod.Tensor(a, b), a)  # :func:`fmod` lets this call through to torch-mlir
     return torch.where(b.isinf() & a.isfinite(), a, mod)
 
 
@@ -329,6 +338,8 @@ def pow_tensor_scalar(a: torch.Tensor, b) -> torch.Tensor:
     if isinstance(b, complex) or not isinstance(a, torch.Tensor):
         return NotImplemented
     dtype = torch.result_type(a, b)
+    if integer_powers.is_integer(dtype) and type(b) is int and b < 0 and dtype is not torch.bool:
+        raise InvalidInputError("Integers to negative integer powers are not allowed.")  # eager's check
     if integer_powers.is_integer(dtype) and isinstance(b, int) and integer_powers.wrapped(b, dtype) > 3:
         return integer_powers.power_of_number(a.to(dtype), integer_powers.wrapped(b, dtype))
     if not dtype.is_floating_point or b in _POW_AS_IS:
