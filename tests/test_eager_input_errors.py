@@ -287,3 +287,18 @@ def test_a_gradient_on_another_device_than_its_output_is_torchs_error():
             torch.autograd.grad([out], [host if out.device.type == "cpu" else device], [grad])
     (device * 2).backward(torch.ones(3, device="neuron"))
     torch.testing.assert_close(device.grad.cpu(), torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int8])
+def test_integers_to_negative_integer_powers_raise_torchs_error(dtype):
+    """``int_tensor ** -1`` returned [1, 0, 0, 0] where torch raises; tensor exponents and
+    non-negative ones keep their values."""
+    x = torch.tensor([1, -2, 3, 0], dtype=dtype)
+    message = "Integers to negative integer powers are not allowed"
+    for run in (lambda: (x.to("neuron") ** -1).cpu(), lambda: x.to("neuron").pow_(-2).cpu(),
+                lambda: torch.compile(lambda t: t ** -1, backend="neuron")(x)):
+        with pytest.raises(Exception, match=message):
+            run()
+    assert torch.equal((x.to("neuron") ** 2).cpu(), x ** 2)
+    exponents = torch.tensor([2, -1, 0, 1], dtype=dtype)
+    assert torch.equal((x.to("neuron") ** exponents.to("neuron")).cpu(), x ** exponents)
