@@ -66,6 +66,9 @@ def parse_non_negative_int(raw: str) -> int:
     return value
 
 
+_MAX_DEVICES = 128  # torch.device's index is an int8: neuron:0 to neuron:127
+
+
 def parse_device_list(raw: str) -> tuple[int, ...]:
     """Parse visible devices: a count (``4``) or indices and ranges (``0,2``, ``0-3``); empty: none given."""
     text = raw.strip()
@@ -75,6 +78,8 @@ def parse_device_list(raw: str) -> tuple[int, ...]:
         count = int(text)
         if count < 1:
             raise ConfigValueError("a device count must be at least 1")
+        if count > _MAX_DEVICES:
+            raise ConfigValueError(f"at most {_MAX_DEVICES} devices (torch keeps a device index in 8 bits)")
         return tuple(range(count))
     indices: list[int] = []
     for part in text.split(","):
@@ -87,6 +92,8 @@ def parse_device_list(raw: str) -> tuple[int, ...]:
         indices.extend(span)
     if len(set(indices)) != len(indices):
         raise ConfigValueError("a device is listed twice")
+    if len(indices) > _MAX_DEVICES:
+        raise ConfigValueError(f"at most {_MAX_DEVICES} devices (torch keeps a device index in 8 bits)")
     return tuple(indices)
 
 
