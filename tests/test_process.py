@@ -48,7 +48,8 @@ def test_job_id_is_fixed_and_names_time_and_pid():
     assert re.fullmatch(rf"\d{{8}}_\d{{6}}_{os.getpid()}", job)
 
 
-@pytest.mark.parametrize(("raw", "count"), [("", 1), ("1", 1), ("4", 4), ("0,1", 2), ("0-3", 4), ("2,5-6", 3), ("128", 128)])
+@pytest.mark.parametrize(("raw", "count"), [("", 1), ("1", 1), ("4", 4), ("0,1", 2), ("0-3", 4), ("2,5-6", 3),
+                                            ("128", 128)])
 def test_visible_devices(raw, count, monkeypatch):
     monkeypatch.setenv("TORCH_NEURONX_VISIBLE_DEVICES", raw)
     assert process.device_count() == count
