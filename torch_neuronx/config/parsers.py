@@ -78,9 +78,7 @@ def parse_device_list(raw: str) -> tuple[int, ...]:
         count = int(text)
         if count < 1:
             raise ConfigValueError("a device count must be at least 1")
-        if count > _MAX_DEVICES:
-            raise ConfigValueError(f"at most {_MAX_DEVICES} devices (torch keeps a device index in 8 bits)")
-        return tuple(range(count))
+        return _at_most_max(tuple(range(count)))
     indices: list[int] = []
     for part in text.split(","):
         first, dash, last = part.strip().partition("-")
@@ -92,9 +90,13 @@ def parse_device_list(raw: str) -> tuple[int, ...]:
         indices.extend(span)
     if len(set(indices)) != len(indices):
         raise ConfigValueError("a device is listed twice")
-    if len(indices) > _MAX_DEVICES:
+    return _at_most_max(tuple(indices))
+
+
+def _at_most_max(devices: tuple[int, ...]) -> tuple[int, ...]:
+    if len(devices) > _MAX_DEVICES:
         raise ConfigValueError(f"at most {_MAX_DEVICES} devices (torch keeps a device index in 8 bits)")
-    return tuple(indices)
+    return devices
 
 
 def parse_log_level(raw: str) -> int:

@@ -9,7 +9,7 @@ once per shape; an unchecked buffer would have been read wrong. Its ``flatten`` 
 ``collapse_shape`` of exactly the named dimensions, so a view that only merges runs of
 adjacent dimensions (each output size the product of a run of input sizes, symbolically) is
 written as flattens, right to left, and the lowering keeps ``aten.flatten.using_ints`` as
-it is (:data:`LEGAL_OPS`). Views that split a dimension are left alone: torch-mlir lowers
+it is (``torch_to_stablehlo._LINALG_LEGAL``). Views that split a dimension are left alone: torch-mlir lowers
 those correctly. Static shapes are left alone too (the StableHLO path sees the sizes).
 """
 
@@ -21,9 +21,6 @@ import torch
 from torch_neuronx.compiler.passes.rewrite import call_before
 
 aten = torch.ops.aten
-
-#: The torch-mlir ops this pass's output needs kept as backend-legal in dynamic lowerings.
-LEGAL_OPS = ("aten.flatten.using_ints",)
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
