@@ -435,6 +435,60 @@ def found_by_new_users(rank: int) -> None:
         raise RuntimeError(f"all_reduce after a refused call gave {t.tolist()}")
 
 
+def point_to_point_orders(rank: int) -> None:
+    """Send and receive orders that gloo completes, each deadlocked until the group's timeout: the
+    streams waited for a send's completion (the peer's receive) from the moment it was issued, and
+    the next receive waited for that stream. Also: after ``wait()``, the work's future is complete."""
+    size, peer = dist.get_world_size(), 1 - rank
+    x = torch.arange(4.0, device="neuron") + 10 * rank
+    z = torch.empty(4, device="neuron")
+    sent = dist.isend(x, peer)
+    y = torch.ones(3, device="neuron") * 3  # any op between the isend and the receive
+    dist.recv(z, peer)
+    sent.wait()
+    if z.tolist() != (torch.arange(4.0) + 10 * peer).tolist() or y.tolist() != [3.0] * 3:
+        raise RuntimeError(f"isend, an op, recv gave {z.tolist()}, {y.tolist()}")
+    a = torch.full((2,), 1.0 + rank, device="neuron")
+    first = dist.isend(a, peer)
+    b = a * 2 + 1  # the second payload computed between the sends
+    second = dist.isend(b, peer)
+    got_a, got_b = torch.empty(2, device="neuron"), torch.empty(2, device="neuron")
+    dist.recv(got_a, peer)
+    dist.recv(got_b, peer)
+    first.wait()
+    second.wait()
+    if got_a.tolist() != [1.0 + peer] * 2 or got_b.tolist() != [3.0 + 2 * peer] * 2:
+        raise RuntimeError(f"two isends with a computed payload gave {got_a.tolist()}, {got_b.tolist()}")
+    ring_in = torch.empty(3, device="neuron")
+    receiving = dist.irecv(ring_in, (rank - 1) % size)  # the receive first on every rank
+    sending = dist.isend(torch.full((3,), float(rank), device="neuron") + 0, (rank + 1) % size)
+    receiving.wait()
+    sending.wait()
+    if ring_in.tolist() != [float((rank - 1) % size)] * 3:
+        raise RuntimeError(f"irecv then isend around the ring gave {ring_in.tolist()}")
+    tagged = [torch.empty(1, device="neuron") for _ in range(2)]
+    works = [dist.isend(torch.tensor([float(tag)], device="neuron"), peer, tag=tag) for tag in (1, 2)]
+    for tag in (2, 1):  # received in the other order than sent, matched by tag
+        dist.recv(tagged[tag - 1], peer, tag=tag)
+    for work in works:
+        work.wait()
+    if [t.item() for t in tagged] != [1.0, 2.0]:
+        raise RuntimeError(f"receives matched by tag gave {[t.item() for t in tagged]}")
+    for n in (4, 1 << 21):  # inline and queued
+        t = torch.ones(n, device="neuron")
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        future = work.get_future()
+        future.wait()
+        if not future.done() or future.value()[0][:2].tolist() != [float(size)] * 2:
+            raise RuntimeError(f"the future after wait(): done={future.done()}")
+    t = torch.ones(4, device="neuron")
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    if not work.get_future().done():  # a small collective ran inline: ended when wait() returns
+        raise RuntimeError("an inline all_reduce's future was not complete after wait()")
+
+
 def device_id_bound(rank: int) -> None:
     """init_process_group(device_id=neuron:0) (main() passes it for this case) failed: "No backend
     type associated with device type neuron"."""

@@ -127,6 +127,10 @@ def test_point_to_point_messages_longer_or_shorter_than_the_buffer():
     _both_ranks_ok("messages_of_other_sizes")
 
 
+def test_send_and_receive_orders_that_gloo_completes():
+    _both_ranks_ok("point_to_point_orders")
+
+
 def test_ddp_with_the_powersgd_comm_hook():
     _both_ranks_ok("ddp_powersgd_hook")
 

@@ -38,6 +38,10 @@ class CollectiveError(RuntimeError):
     and by the next synchronization of the streams that consume its outputs."""
 
 
+def _setter(event: threading.Event) -> Callable[[torch.futures.Future], None]:
+    return lambda _future: event.set()
+
+
 def _value(future: torch.futures.Future) -> Any:
     """The value of a completed future (raising its error: see :attr:`Task.future`)."""
     return future.value()
@@ -47,7 +51,7 @@ class Task:
     """One collective: what it waits for, what it runs, and how it ended."""
 
     __slots__ = ("kind", "fn", "ready", "outputs", "nbytes", "future", "done", "error", "group", "timeout_s",
-                 "check", "after", "order", "_ending", "reported", "consumers", "_source")
+                 "check", "after", "order", "_ending", "reported", "consumers", "_source", "_settled")
 
     def __init__(self, kind: str, fn: Callable[[], Any], ready: Sequence[streams.Event], outputs: list[Any],
                  nbytes: int, group: str, timeout_s: float, check: agreements.Check | None = None) -> None:
@@ -62,6 +66,11 @@ class Task:
         # reducer took for its gradients: a segfault when a peer died during backward).
         self._source: torch.futures.Future = torch.futures.Future()
         self.future: torch.futures.Future = self._source.then(_value)
+        # Set before any callback a user chains on the future runs (callbacks run in the order
+        # they were added): what ``wait()`` waits for once the task ended, so that the future it
+        # hands out is complete then (its ``value()`` readable, as NCCL's is after ``wait()``).
+        self._settled = threading.Event()
+        self.future.add_done_callback(_setter(self._settled))
         self.done = threading.Event()
         self.error: BaseException | None = None
         self._ending = False
@@ -149,6 +158,13 @@ class Task:
             _completions.put(self._source.set_result, self.outputs)
         self.fn = None  # the collective's closure (and its tensors' memory) goes now
         self.done.set()
+
+    def settle(self) -> None:
+        """Once the task ended: wait for its future to complete (off this thread, see
+        :class:`_Completions`; a moment), so that ``value()`` is readable."""
+        if not self._settled.wait(self.timeout_s):
+            raise CollectiveError(f"{self.describe()} ended, but its future did not complete within "
+                                  f"{self.timeout_s:g} s")
 
     def wait(self) -> None:
         """Block until the collective ended; raise its error."""
@@ -440,16 +456,22 @@ class NeuronWork(dist.Work):
     collective ended. Either way it raises the collective's error when it already failed.
     """
 
-    def __init__(self, task: Task, host_wait: bool) -> None:
+    def __init__(self, task: Task, host_wait: bool, attach: Sequence[streams.Stream] = ()) -> None:
         super().__init__()
         self._task, self._host_wait = task, host_wait
+        self._attach = attach  # a send's or receive's: the streams to order after it at wait()
         self.sources: list[int] = []  # a receive from any source: the rank it came from
 
     def wait(self, timeout: Any = None) -> bool:
         task = self._task
         if self._host_wait:
             task.wait()
-        elif task.error is not None:
+            task.settle()
+        elif self._attach:
+            self._order_current_stream()
+        elif task.done.is_set():
+            task.settle()
+        if not self._host_wait and task.error is not None:
             # Raised here, so not again at the consumers' next synchronization (a later, valid
             # collective's read raised this stale error): the streams forget it.
             task.reported = True
@@ -457,6 +479,17 @@ class NeuronWork(dist.Work):
                 stream._queue.forget_error(task.error)
             raise task.error
         return True
+
+    def _order_current_stream(self) -> None:
+        """A send's or receive's ``wait()``: the current stream of its tensor's device runs the
+        work queued after this point once it ended (CUDA's ``work.wait()``); the host goes on."""
+        task, stream = self._task, streams.current_stream(self._attach[0].device_index)
+        if task.done.is_set():
+            task.settle()
+            return
+        if stream not in task.consumers:
+            task.consumers = (*task.consumers, stream)
+            stream.submit(_await, task)
 
     def is_completed(self) -> bool:
         return self._task.done.is_set()
@@ -531,6 +564,11 @@ def issue(queue: CollectiveQueue, task: Task, neuron: Sequence[Any], consumers: 
         consumers[0].submit(run_direct, queue, task)
         return NeuronWork(task, host_wait=not neuron)
     queue.submit(task)
+    if task.kind in _POINT_TO_POINT:
+        # As NCCL's: the streams wait for a send or receive only at ``wait()`` (a receive's
+        # completion waits on the peer, who may first wait for work this rank queues after it).
+        task.consumers = ()
+        return NeuronWork(task, host_wait=not neuron, attach=consumers[:1])
     for stream in consumers:
         stream.submit(_await, task)
     return NeuronWork(task, host_wait=not neuron)
