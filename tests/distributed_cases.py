@@ -10,6 +10,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _coalescing_manager
 
 
 def peer_dies(rank: int) -> None:
@@ -102,6 +103,25 @@ def mismatched_reduce_op(rank: int) -> None:
     dist.reduce_scatter_tensor(out, torch.tensor([1.0, 5.0, 2.0, 7.0], device="neuron") * (rank + 1),
                                op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
     out.cpu()
+
+
+def mismatched_coalesced_op(rank: int) -> None:
+    """all_reduce_coalesced with SUM on one rank and MAX on the other: summed one tensor and
+    max'ed the other, silently."""
+    ts = [torch.tensor([1.0, 5.0], device="neuron") * (rank + 1), torch.tensor([2.0, -1.0], device="neuron")]
+    dist.all_reduce_coalesced(ts, op=dist.ReduceOp.SUM if rank == 0 else dist.ReduceOp.MAX)
+    ts[0].cpu()
+
+
+def mismatched_coalesced_dtype(rank: int) -> None:
+    """Coalesced gathers whose second tensor's dtype differs across ranks (same element counts)."""
+    dtype = torch.float32 if rank == 0 else torch.int32
+    inputs = [torch.ones(2, device="neuron"), torch.ones(2, dtype=dtype, device="neuron")]
+    outputs = [torch.empty(2 * dist.get_world_size(), dtype=t.dtype, device="neuron") for t in inputs]
+    with _coalescing_manager(device=torch.device("neuron")):
+        for out, inp in zip(outputs, inputs):
+            dist.all_gather_into_tensor(out, inp)
+    outputs[1].cpu()
 
 
 def mismatch_then_valid(rank: int) -> None:
@@ -491,13 +511,63 @@ def point_to_point_orders(rank: int) -> None:
 
 def device_id_bound(rank: int) -> None:
     """init_process_group(device_id=neuron:0) (main() passes it for this case) failed: "No backend
-    type associated with device type neuron"."""
+    type associated with device type neuron"; then the group was unbound (bound_device_id None),
+    so split_group refused to split it; a bound DeviceMesh splits it too."""
+    size = dist.get_world_size()
+    if dist.group.WORLD.bound_device_id != torch.device("neuron", 0):
+        raise RuntimeError(f"bound_device_id is {dist.group.WORLD.bound_device_id}")
     t = torch.ones(3, device="neuron")
     dist.all_reduce(t)
-    sub = dist.new_group(list(range(dist.get_world_size())))
+    sub = dist.new_group(list(range(size)))
     dist.all_reduce(t, group=sub)
-    if t.tolist() != [float(dist.get_world_size() ** 2)] * 3:
+    if t.tolist() != [float(size ** 2)] * 3:
         raise RuntimeError(f"all_reduce in a device-bound group gave {t.tolist()}")
+    alone = dist.split_group(split_ranks=[[r] for r in range(size)])
+    both = dist.split_group(split_ranks=[list(range(size))])
+    x = torch.full((2,), float(rank + 1), device="neuron")
+    dist.all_reduce(x, group=alone)
+    y = x.clone()
+    dist.all_reduce(y, group=both)
+    if x.tolist() != [float(rank + 1)] * 2 or y.tolist() != [float(size * (size + 1) // 2)] * 2:
+        raise RuntimeError(f"all_reduce in split groups gave {x.tolist()}, {y.tolist()}")
+    if dist.get_process_group_ranks(alone) != [rank] or alone.bound_device_id != torch.device("neuron", 0):
+        raise RuntimeError(f"the split group's ranks {dist.get_process_group_ranks(alone)}")
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("neuron", (size,))
+    z = torch.ones(2, device="neuron")
+    dist.all_reduce(z, group=mesh.get_group())
+    if z.tolist() != [float(size)] * 2:
+        raise RuntimeError(f"all_reduce over a bound DeviceMesh gave {z.tolist()}")
+
+
+def coalescing_and_futures(rank: int) -> None:
+    """_coalescing_manager(device=neuron) raised "No backend type associated with device type
+    neuron"; an all_gather's future held [[t0, t1]] where NCCL's and gloo's hold [t0, t1];
+    all_gather_into_tensor into a transposed output was refused (reduce_scatter_tensor's is taken)."""
+    size = dist.get_world_size()
+    a, b = torch.ones(4, device="neuron"), torch.full((2,), 2.0, device="neuron")
+    with _coalescing_manager(device=torch.device("neuron")):
+        dist.all_reduce(a)
+        dist.all_reduce(b)
+    if a.tolist() != [float(size)] * 4 or b.tolist() != [2.0 * size] * 2:
+        raise RuntimeError(f"coalesced all_reduce gave {a.tolist()}, {b.tolist()}")
+    with _coalescing_manager(device=torch.device("neuron"), async_ops=True) as manager:
+        dist.all_reduce(a)
+        dist.broadcast(b, src=0)
+    manager.wait()
+    if a.tolist() != [float(size ** 2)] * 4:
+        raise RuntimeError(f"async coalesced all_reduce gave {a.tolist()}")
+    outs = [torch.empty(2, device="neuron") for _ in range(size)]
+    work = dist.all_gather(outs, torch.full((2,), float(rank), device="neuron"), async_op=True)
+    value = work.get_future().wait()
+    if not all(isinstance(v, torch.Tensor) for v in value) or [v.tolist() for v in value] != \
+            [[float(r)] * 2 for r in range(size)]:
+        raise RuntimeError(f"all_gather's future holds {value}")
+    big = torch.zeros(3, 2 * size, device="neuron")
+    dist.all_gather_into_tensor(big.t(), torch.full((2, 3), float(rank), device="neuron"))
+    want = torch.cat([torch.full((2, 3), float(r)) for r in range(size)]).t()
+    if big.tolist() != want.tolist():
+        raise RuntimeError(f"all_gather_into_tensor into a transposed view gave {big.tolist()}")
 
 
 def main() -> None:

@@ -95,6 +95,8 @@ def _outcomes(proc: subprocess.CompletedProcess) -> dict[int, str]:
     ("mismatched_after_queued", {0: "disagree on the tensor sizes", 1: "disagree on the tensor sizes"}),
     ("bad_reduce_scatter", {0: "input of 8 elements for 2 outputs of 3", 1: "input of 8 elements"}),
     ("mismatched_reduce_op", {0: "roots or reduce ops", 1: "roots or reduce ops"}),
+    ("mismatched_coalesced_op", {0: "roots or reduce ops", 1: "roots or reduce ops"}),
+    ("mismatched_coalesced_dtype", {0: "dtypes, roots", 1: "dtypes, roots"}),
     ("non_contiguous_send", {0: "non-contiguous tensor", 1: "non-contiguous tensor"}),
     ("mismatched_gather", {1: "output of 8 elements for 2 inputs of 5", 0: "CollectiveError"}),
     ("peer_dies", {0: "by peer"}),  # gloo: "Connection closed by peer" or "... reset by peer"
@@ -139,8 +141,12 @@ def test_fsdp_state_dict_broadcast_from_rank0():
     _both_ranks_ok("state_dict_broadcast_from_rank0")
 
 
-def test_a_group_bound_to_a_device():
+def test_a_group_bound_to_a_device_splits():
     _both_ranks_ok("device_id_bound")
+
+
+def test_coalescing_manager_future_values_and_strided_gathers():
+    _both_ranks_ok("coalescing_and_futures")
 
 
 def test_ranks_that_close_their_groups_in_opposite_orders_exit_at_once():

@@ -10,6 +10,7 @@ torch.distributed's own gloo transport (:mod:`.algorithms`, :mod:`.work`, :mod:`
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 import torch.distributed as dist
@@ -31,10 +32,29 @@ def __getattr__(name: str) -> Any:
 
 
 def _create(*args: Any, **kwargs: Any) -> Any:
-    """The backend's creator (torch.distributed calls it per process group): process_group.create."""
+    """The backend's creator (torch.distributed calls it per process group): process_group.create,
+    bound to the device that ``init_process_group`` / ``new_group`` was given as ``device_id``."""
     from torch_neuronx.distributed.process_group import create
 
-    return create(*args, **kwargs)
+    group = create(*args, **kwargs)
+    device = _device_id(sys._getframe(1))
+    if device is not None:
+        group.bound_device_id = device
+    return group
+
+
+def _device_id(frame: Any) -> Any:
+    """The ``device_id`` of the c10d call making a group (``_new_process_group_helper``'s argument):
+    c10d binds the group it made to it, and then replaces that group with ours, unbound (so
+    ``dist.split_group`` refused: "No device associated with the default pg")."""
+    for _ in range(3):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "_new_process_group_helper":
+            device = frame.f_locals.get("device_id")
+            return device if getattr(device, "type", None) == "neuron" else None
+        frame = frame.f_back
+    return None
 
 
 def register() -> None:

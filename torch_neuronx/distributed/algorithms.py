@@ -130,6 +130,11 @@ def _contiguous(t: torch.Tensor) -> torch.Tensor:
 def all_gather_base(pg: dist.ProcessGroup, output: torch.Tensor, input: torch.Tensor, split: bool) -> None:
     """Gather every rank's ``input`` into ``output`` (rank-major). ``split``: in chunks, so that the
     extra memory stays within one chunk per rank."""
+    if not output.is_contiguous():  # (a transposed view): gathered in order into a copy, written back
+        staged = torch.empty(output.shape, dtype=output.dtype)
+        all_gather_base(pg, staged, input, split)
+        output.copy_(staged)
+        return
     size = pg.size()
     out = output.view(size, -1)
     flat_in = input.reshape(-1)

@@ -24,7 +24,7 @@ from torch_neuronx import config
 from torch_neuronx.distributed import algorithms, point_to_point, validate
 from torch_neuronx.distributed.agreements import Agreements
 from torch_neuronx.distributed.options import Options
-from torch_neuronx.distributed.work import CollectiveQueue, NeuronWork, Task, issue, never_compiled
+from torch_neuronx.distributed.work import CoalescedWork, CollectiveQueue, NeuronWork, Task, issue, never_compiled
 from torch_neuronx.runtime import streams
 from torch_neuronx.runtime.tensor import NeuronTensor
 
@@ -58,6 +58,15 @@ def _op_code(op: Any) -> int:
     return int(algorithms.op_and_factor(op)[0])
 
 
+def _first_dtype(tensors: Sequence[torch.Tensor]) -> torch.dtype | None:
+    return tensors[0].dtype if tensors else None
+
+
+def _dtype_codes(tensors: Sequence[torch.Tensor]) -> list[int]:
+    """Every tensor's dtype as a number (the ranks of a multi-tensor collective agree on each)."""
+    return [validate.dtype_code(t.dtype) for t in tensors]
+
+
 def _flatten(values: Any) -> list[torch.Tensor]:
     out: list[torch.Tensor] = []
     for v in values:
@@ -68,14 +77,26 @@ def _flatten(values: Any) -> list[torch.Tensor]:
     return out
 
 
-class _Unsplittable:
-    """What ``ProcessGroupNeuron._get_backend`` answers for ``neuron``: nothing to split or connect
-    eagerly (falsy, as torch tests the split source)."""
+class _DeviceBackend:
+    """What ``ProcessGroupNeuron._get_backend`` answers for ``neuron`` (c10d asks it when a group
+    is bound to a device, ``init_process_group(device_id=neuron:i)``): a group that splits
+    (:meth:`ProcessGroupNeuron.split_group`, which ``dist.split_group`` and a bound
+    ``DeviceMesh`` call), with nothing to connect eagerly or to split on non-members."""
 
-    supports_splitting = False
+    supports_splitting = True
+    options = None  # (c10d copies it into the split's options, which the split ignores)
 
-    def __bool__(self) -> bool:
-        return False
+    def name(self) -> str:
+        return "neuron"
+
+    def eager_connect_single_device(self, device: Any) -> None:
+        """The transport connects when the group is made."""
+
+    def perform_nocolor_split(self, device: Any) -> None:
+        """Ranks outside a new group take no part in making it."""
+
+    def _set_sequence_number_for_group(self) -> None:
+        """Collectives are matched by each group's issue order."""
 
 
 @never_compiled
@@ -84,6 +105,8 @@ class ProcessGroupNeuron(dist.ProcessGroup):
 
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> None:
         super().__init__(rank, size)
+        self._store, self._timeout = store, timeout
+        self._coalesced: list[dist.Work] | None = None  # inside ``_coalescing_manager(device=...)``
         self.options = Options.from_environment()
         self._transport = dist.ProcessGroupGloo(store, rank, size, timeout)
         # the agreement checks travel on connections of their own, so they can run ahead of the data
@@ -137,8 +160,40 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         with "No backend type associated with device type neuron"); the collectives stay this
         group's."""
         if torch.device(device).type == "neuron":
-            return _Unsplittable()
+            return _DeviceBackend()
         return super()._get_backend(device)
+
+    def get_group_store(self) -> dist.Store:
+        """The store this group was made with (c10d keeps a split group's)."""
+        return self._store
+
+    def split_group(self, ranks: Sequence[int], timeout: datetime.timedelta | None = None, opts: Any = None,
+                    group_name: str | None = None, group_desc: str | None = None,
+                    device_types: Any = None) -> ProcessGroupNeuron | None:
+        """A new group of ``ranks`` (this group's ranks; None on a rank outside them), on
+        connections of its own: what ``dist.split_group`` and a ``DeviceMesh`` over a bound group
+        make. Every member calls it with the same ranks and name (c10d's hashed name)."""
+        if self.rank() not in ranks:
+            return None
+        name = group_name or f"split{sorted(ranks)}"
+        group = ProcessGroupNeuron(dist.PrefixStore(f"split/{name}/", self._store), list(ranks).index(self.rank()),
+                                   len(ranks), timeout or self._timeout)
+        group._set_group_name(name)
+        group._set_group_desc(group_desc or f"{self._desc}:split")
+        group.bound_device_id = self.bound_device_id
+        return group
+
+    def _start_coalescing(self, device: Any) -> None:
+        """``_coalescing_manager(device=...)``: the collectives issued until :meth:`_end_coalescing`
+        are waited for together."""
+        if self._coalesced is not None:
+            raise RuntimeError("_coalescing_manager: this process group is already coalescing")
+        self._coalesced = []
+
+    def _end_coalescing(self, device: Any) -> CoalescedWork:
+        """The work of the collectives issued since :meth:`_start_coalescing`."""
+        works, self._coalesced = self._coalesced or [], None
+        return CoalescedWork(works)
 
     def shutdown(self) -> None:
         """``destroy_process_group``: the agreement connections say goodbye and their threads end,
@@ -176,6 +231,8 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         task = Task(kind, fn, ready, outputs, nbytes, self._name or "default", self._timeout_s, check)
         work = issue(self._queue, task, neuron, consumers, blocking=self._blocking, inline=not self.options.host_cc)
         self._after_issue(ready, consumers)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
         return work
 
     def _ready(self, stream: streams.Stream) -> streams.Event:
@@ -214,7 +271,8 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         validate.reduce_op("all_reduce_coalesced", op, tensors)
         plain = [_plain(t) for t in tensors]
         return self._issue("all_reduce_coalesced", tensors, list(tensors), lambda: algorithms.all_reduce(
-            self._transport, plain, op, self.size(), self.options.bucket_bytes), Agreement(None, _numels(tensors)))
+            self._transport, plain, op, self.size(), self.options.bucket_bytes),
+            Agreement(_first_dtype(tensors), [*_numels(tensors), _op_code(op), *_dtype_codes(tensors)]))
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> NeuronWork:
         validate.root("reduce", opts.rootRank, self.size())
@@ -262,7 +320,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             for out, inp in pairs:
                 algorithms.all_gather_base(self._transport, out, inp, split)
         return self._issue("all_gather_coalesced", [*inputs, *outputs], list(outputs), run,
-                           Agreement(inputs[0].dtype if inputs else None, _numels(inputs)))
+                           Agreement(_first_dtype(inputs), [*_numels(inputs), *_dtype_codes(inputs)]))
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -274,9 +332,14 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         def run() -> None:
             for outs, inp in pairs:
                 algorithms.all_gather(self._transport, outs, inp)
-        agree = Agreement(inputs[0].dtype, _numels(output_lists[0]), [inputs[0].numel()],
-                          [[o.numel()] for o in output_lists[0]]) if len(inputs) == 1 else Agreement(None)
-        return self._issue("all_gather", [*inputs, *_flatten(output_lists)], list(output_lists), run, agree)
+        if len(inputs) == 1:
+            agree = Agreement(inputs[0].dtype, _numels(output_lists[0]), [inputs[0].numel()],
+                              [[o.numel()] for o in output_lists[0]])
+        else:  # each rank's own slots hold its inputs (checked here): the slots' sizes must agree
+            validate.own_slots("all_gather", inputs, output_lists, self.rank())
+            agree = Agreement(_first_dtype(inputs), [*_numels(_flatten(output_lists)), *_dtype_codes(inputs)])
+        outputs = _flatten(output_lists)  # the future's value, as NCCL's and gloo's: one flat list
+        return self._issue("all_gather", [*inputs, *outputs], outputs, run, agree)
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> NeuronWork:
@@ -286,8 +349,9 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         def run() -> None:
             for outs, inp in pairs:
                 algorithms.all_gather(self._transport, outs, inp)
-        return self._issue("all_gather_coalesced", [*inputs, *_flatten(output_lists)], list(output_lists), run,
-                           Agreement(None, _numels(inputs)))
+        outputs = _flatten(output_lists)
+        return self._issue("all_gather_coalesced", [*inputs, *outputs], outputs, run,
+                           Agreement(_first_dtype(inputs), [*_numels(inputs), *_dtype_codes(inputs)]))
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> NeuronWork:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -314,7 +378,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             for out, inp in pairs:
                 algorithms.reduce_scatter_base(self._transport, out, inp, op, split)
         return self._issue("reduce_scatter_coalesced", [*inputs, *outputs], list(outputs), run,
-                           Agreement(outputs[0].dtype if outputs else None, [*_numels(outputs), _op_code(op)]))
+                           Agreement(_first_dtype(outputs), [*_numels(outputs), _op_code(op), *_dtype_codes(outputs)]))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -329,8 +393,13 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         def run() -> None:
             for out, ins in pairs:
                 algorithms.reduce_scatter(self._transport, out, ins, op, split)
-        agree = Agreement(outputs[0].dtype, [*_numels(input_lists[0]), _op_code(op)], [outputs[0].numel()],
-                          [[t.numel()] for t in input_lists[0]]) if len(outputs) == 1 else Agreement(None)
+        if len(outputs) == 1:
+            agree = Agreement(outputs[0].dtype, [*_numels(input_lists[0]), _op_code(op)], [outputs[0].numel()],
+                              [[t.numel()] for t in input_lists[0]])
+        else:  # each rank's own slots hold its outputs (checked here): the slots' sizes must agree
+            validate.own_slots("reduce_scatter", outputs, input_lists, self.rank())
+            agree = Agreement(_first_dtype(outputs), [*_numels(_flatten(input_lists)), _op_code(op),
+                                                 *_dtype_codes(outputs)])
         return self._issue("reduce_scatter", [*outputs, *_flatten(input_lists)], list(outputs), run, agree)
 
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> NeuronWork:
@@ -340,7 +409,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         ins = [_plain(i) for i in inputs]
         options = dist.GatherOptions()
         options.rootRank = opts.rootRank
-        return self._issue("gather", [*inputs, *_flatten(output_lists)], list(output_lists),
+        return self._issue("gather", [*inputs, *_flatten(output_lists)], _flatten(output_lists),
                            lambda: self._transport.gather(outs, ins, options).wait(),
                            Agreement(inputs[0].dtype, [inputs[0].numel(), opts.rootRank]))
 

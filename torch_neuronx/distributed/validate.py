@@ -70,7 +70,6 @@ def root(kind: str, rank: int, size: int) -> None:
 def gather_base(kind: str, output: torch.Tensor, input: torch.Tensor, size: int) -> None:
     """``all_gather_into_tensor``: the output holds ``size`` inputs (stacked or concatenated)."""
     _same_dtype(kind, output, input)
-    contiguous(kind, [output])
     if output.numel() != input.numel() * size:
         raise _fail(kind, f"output of {output.numel()} elements for {size} inputs of {input.numel()}")
 
@@ -120,6 +119,16 @@ def _list_per_tensor(kind: str, tensors: Sequence[torch.Tensor], lists: Sequence
             raise _fail(kind, f"{len(members)} {list_name}s for a group of {size} ranks")
         for member in members:
             _same_dtype(kind, member, tensor)
+
+
+def own_slots(kind: str, tensors: Sequence[torch.Tensor], lists: Sequence[Sequence[torch.Tensor]],
+              rank: int) -> None:
+    """The multi-tensor list forms of all_gather and reduce_scatter: this rank's slot of each list
+    is the size of its own tensor (the ranks then agree on every slot's size)."""
+    for i, (tensor, members) in enumerate(zip(tensors, lists)):
+        if members[rank].numel() != tensor.numel():
+            raise _fail(kind, f"tensor {i}: this rank's ({rank}) slot holds {members[rank].numel()} elements, "
+                              f"its own tensor {tensor.numel()}")
 
 
 def rooted_lists(kind: str, lists: Sequence[Sequence[torch.Tensor]], singles: Sequence[torch.Tensor],
@@ -182,7 +191,8 @@ AHEAD = 12
 _DTYPE_CODES: dict[torch.dtype | None, int] = {}
 
 
-def _dtype_code(dtype: torch.dtype | None) -> int:
+def dtype_code(dtype: torch.dtype | None) -> int:
+    """``dtype`` as a number every rank computes alike (-1: none)."""
     code = _DTYPE_CODES.get(dtype)
     if code is None:
         code = _DTYPE_CODES[dtype] = -1 if dtype is None else zlib.crc32(str(dtype).encode()) & 0x7FFFFFFF
@@ -197,7 +207,7 @@ def signature(kind: str, dtype: torch.dtype | None, agreed: Sequence[int], mine:
     own = (*mine, 0, 0, 0, 0)[:4]
     shown = (*agreed[:4], 0, 0, 0, 0)[:4]
     splits = (*sends, *receives) if sends else (0,) * (2 * size)
-    return (kind_code, _dtype_code(dtype), zlib.crc32(",".join(map(str, agreed)).encode()), *own, size,
+    return (kind_code, dtype_code(dtype), zlib.crc32(",".join(map(str, agreed)).encode()), *own, size,
             *shown, 0, *splits)
 
 
@@ -205,7 +215,8 @@ def disagreement(kind: str, rows: torch.Tensor, expected_mine: Sequence[Sequence
     """What the ranks disagree on, from every rank's :func:`signature` (the same verdict on every
     rank, since each sees every row); None when they agree."""
     size = rows.shape[0]
-    for column, what in ((0, "the collective called"), (1, "the dtype"), (2, "the tensor sizes, roots or reduce ops")):
+    for column, what in ((0, "the collective called"), (1, "the dtype"),
+                         (2, "the tensor sizes, dtypes, roots or reduce ops")):
         values = rows[:, column].tolist()
         if len(set(values)) > 1:
             return f"the ranks disagree on {what}: " + _per_rank(rows, column, what)

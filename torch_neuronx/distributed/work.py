@@ -519,6 +519,37 @@ class NeuronWork(dist.Work):
     _source_rank = source_rank  # the name c10d's ``dist.recv(t)`` (no ``src``) calls
 
 
+@never_compiled
+class CoalescedWork(dist.Work):
+    """The work of collectives issued together (``_coalescing_manager(device=...)``): waited for,
+    and their future's value, together (the values of every one, in issue order, one flat list)."""
+
+    def __init__(self, works: Sequence[dist.Work]) -> None:
+        super().__init__()
+        self._works = list(works)
+
+    def wait(self, timeout: Any = None) -> bool:
+        for work in self._works:
+            work.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self._works)
+
+    def is_success(self) -> bool:
+        return all(work.is_success() for work in self._works)
+
+    def exception(self) -> BaseException | None:
+        return next((work.exception() for work in self._works if work.exception() is not None), None)
+
+    def get_future(self) -> torch.futures.Future:
+        return torch.futures.collect_all([work.get_future() for work in self._works]).then(_joined)
+
+
+def _joined(future: torch.futures.Future) -> list[Any]:
+    return [value for each in future.value() for value in each.value()]
+
+
 #: A collective moving at most this many bytes, issued while the streams it is ordered with and its
 #: group's queue are idle, runs in the issuing thread (unless TORCH_NEURONX_ENABLE_HOST_CC=1, whose
 #: collectives overlap compute): the hop to a worker thread and back, whose share of the GIL and
