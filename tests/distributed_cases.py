@@ -198,16 +198,20 @@ def mismatched_later(rank: int) -> None:
         dist.all_reduce(t)
         t.cpu()
     t = torch.ones(4 + rank, device="neuron")
+    start = time.monotonic()
     try:  # (a small collective on idle streams raises at the call; a queued one at the host read)
         dist.all_reduce(t)
         t.cpu()
     except Exception as exc:
+        # rank 0's data ran ahead (inline, in the transport) and waited for a peer that never
+        # joins: it raised only at the group's timeout, though the verdict came at once
+        elapsed = time.monotonic() - start
         try:
             later = torch.ones(4, device="neuron")
             dist.all_reduce(later)
             later.cpu()
         except Exception as again:
-            raise RuntimeError(f"{exc} THEN {again}") from exc
+            raise RuntimeError(f"AFTER {elapsed:.1f} s: {exc} THEN {again}") from exc
         raise
 
 

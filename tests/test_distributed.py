@@ -164,11 +164,14 @@ def test_a_rank_whose_row_changed_waits_for_peers_that_went_ahead():
 
 def test_a_mismatch_after_repeated_collectives_leaves_the_group_unusable():
     """Rank 0 went ahead into the data of a collective rank 1 refused: both raise the mismatch, and
-    the group's later collectives fail at once (its transport is out of step), never hang."""
-    proc = torchrun("distributed_cases.py", "mismatched_later", PG_TIMEOUT="30", timeout=240)
+    the group's later collectives fail at once (its transport is out of step), never hang: the rank
+    that went ahead raises when the verdict comes, not at the group's timeout (60 s here)."""
+    proc = torchrun("distributed_cases.py", "mismatched_later", PG_TIMEOUT="60", timeout=240)
     outcomes = _outcomes(proc)
     for rank in (0, 1):
         assert "THEN" in outcomes.get(rank, "") and "unusable" in outcomes[rank], (outcomes, proc.stderr[-3000:])
+        waited = float(re.search(r"AFTER ([0-9.]+) s", outcomes[rank]).group(1))
+        assert waited < 30, (rank, outcomes[rank])
 
 
 @pytest.mark.parametrize("env, calls", [

@@ -8,8 +8,10 @@ split all-gather and reduce-scatter in chunks, buckets of at most COLLECTIVE_BUC
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -18,8 +20,63 @@ import torch.distributed.distributed_c10d as c10d
 RedOp = dist.ReduceOp.RedOpType
 
 
+class Stopped(RuntimeError):
+    """The collective was stopped while the transport ran it (:class:`Interrupt`)."""
+
+
+class Interrupt:
+    """A way to stop waiting for a collective's transport work from another thread: a rank that
+    ran ahead into a collective whose agreement check then failed waits for peers that never
+    join; :meth:`stop` frees its thread at once (the transport gives up at its own timeout)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._waiting: list[threading.Event] = []
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped, waiting = True, self._waiting
+        for event in waiting:
+            event.set()
+
+    def _wait(self, work: dist.Work) -> None:
+        try:
+            future = work.get_future()
+        except RuntimeError:  # (a transport work without a future: waited for as it is)
+            work.wait()
+            return
+        wake = threading.Event()
+        with self._lock:
+            if self._stopped:
+                raise Stopped("stopped before its transport work")
+            self._waiting.append(wake)
+        future.add_done_callback(lambda _future: wake.set())
+        wake.wait()
+        if not future.done():
+            raise Stopped("stopped while its transport work waited for the peers")
+        work.wait()
+
+
+_running = threading.local()  # the Interrupt of the collective this thread runs, if it can be stopped
+
+
+@contextlib.contextmanager
+def interruptible(interrupt: Interrupt) -> Iterator[None]:
+    """The transport waits of the algorithms run in this block end when ``interrupt`` stops."""
+    _running.interrupt = interrupt
+    try:
+        yield
+    finally:
+        _running.interrupt = None
+
+
 def _wait(work: dist.Work) -> None:
-    work.wait()
+    interrupt = getattr(_running, "interrupt", None)
+    if interrupt is None:
+        work.wait()
+    else:
+        interrupt._wait(work)
 
 
 def _reduce_options(op: RedOp) -> dist.AllreduceOptions:

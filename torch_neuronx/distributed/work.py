@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from torch_neuronx import observe
-from torch_neuronx.distributed import agreements
+from torch_neuronx.distributed import agreements, algorithms
 from torch_neuronx.runtime import streams
 
 _log = logging.getLogger("torch_neuronx.distributed")
@@ -51,7 +51,8 @@ class Task:
     """One collective: what it waits for, what it runs, and how it ended."""
 
     __slots__ = ("kind", "fn", "ready", "outputs", "nbytes", "future", "done", "error", "group", "timeout_s",
-                 "check", "after", "order", "_ending", "reported", "consumers", "_source", "_settled")
+                 "check", "after", "order", "_ending", "reported", "consumers", "_source", "_settled",
+                 "_interrupt")
 
     def __init__(self, kind: str, fn: Callable[[], Any], ready: Sequence[streams.Event], outputs: list[Any],
                  nbytes: int, group: str, timeout_s: float, check: agreements.Check | None = None) -> None:
@@ -76,6 +77,7 @@ class Task:
         self._ending = False
         self.reported = False  # its error was raised to the caller by Work.wait(): not the streams' too
         self.consumers: Sequence[streams.Stream] = ()  # the streams that wait for it
+        self._interrupt: algorithms.Interrupt | None = None  # while it runs ahead of its check
 
     def describe(self) -> str:
         return f"{self.kind} on process group {self.group!r}"
@@ -111,11 +113,12 @@ class Task:
                 except TimeoutError:
                     raise CollectiveError(f"{self.describe()} waited {self.timeout_s:g} s for the neuron work "
                                           "producing its inputs, which did not finish") from None
-            if observe.state.active:
-                with observe.span("collective." + self.kind, self.nbytes, group=self.group):
-                    pending = self.fn()
+            if ahead:  # a failed verdict (on the agreements' thread) stops its transport waits
+                self._interrupt = algorithms.Interrupt()
+                with algorithms.interruptible(self._interrupt):
+                    pending = self._call()
             else:
-                pending = self.fn()
+                pending = self._call()
         except BaseException as exc:  # kept for wait(), the future and the consuming streams
             self._finish(exc)
             return None
@@ -124,6 +127,12 @@ class Task:
             return None
         self.fn = None
         return pending
+
+    def _call(self) -> Any:
+        if observe.state.active:
+            with observe.span("collective." + self.kind, self.nbytes, group=self.group):
+                return self.fn()
+        return self.fn()
 
     def complete(self, pending: dist.Work) -> None:
         """Wait for the transport's work of a point-to-point operation, then end (never raises)."""
@@ -158,6 +167,8 @@ class Task:
             _completions.put(self._source.set_result, self.outputs)
         self.fn = None  # the collective's closure (and its tensors' memory) goes now
         self.done.set()
+        if exc is not None and self._interrupt is not None:
+            self._interrupt.stop()
 
     def settle(self) -> None:
         """Once the task ended: wait for its future to complete (off this thread, see
