@@ -7,6 +7,7 @@ import datetime
 import os
 import sys
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -197,15 +198,35 @@ def mismatched_later(rank: int) -> None:
         t = torch.ones(4, device="neuron")
         dist.all_reduce(t)
         t.cpu()
-    t = torch.ones(4 + rank, device="neuron")
+    _later_mismatch(rank, lambda t: dist.all_reduce(t), size=4 + rank)
+
+
+def mismatched_later_call(rank: int) -> None:
+    """As :func:`mismatched_later`, but rank 1 calls another collective: its transport never
+    joins the all_reduce rank 0 ran ahead into."""
+    for _ in range(3):
+        t = torch.ones(4, device="neuron")
+        dist.all_reduce(t)
+        t.cpu()
+    _later_mismatch(rank, lambda t: dist.broadcast(t, src=0) if rank == 1 else dist.all_reduce(t), size=4)
+
+
+def _later_mismatch(rank: int, call: Any, size: int) -> None:
+    t = torch.ones(size, device="neuron")
     start = time.monotonic()
     try:  # (a small collective on idle streams raises at the call; a queued one at the host read)
-        dist.all_reduce(t)
+        call(t)
         t.cpu()
     except Exception as exc:
         # rank 0's data ran ahead (inline, in the transport) and waited for a peer that never
         # joins: it raised only at the group's timeout, though the verdict came at once
         elapsed = time.monotonic() - start
+        # rank 1 stays alive until rank 0 raised too (a peer that exits frees rank 0 anyway)
+        store = dist.distributed_c10d._get_default_store()
+        if rank == 0:
+            store.set("mismatch seen", "1")
+        else:
+            store.wait(["mismatch seen"], datetime.timedelta(seconds=90))
         try:
             later = torch.ones(4, device="neuron")
             dist.all_reduce(later)

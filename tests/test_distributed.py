@@ -162,11 +162,12 @@ def test_a_rank_whose_row_changed_waits_for_peers_that_went_ahead():
     assert all(outcomes.get(r, "").startswith("OK") for r in (0, 1)), (outcomes, proc.stderr[-3000:])
 
 
-def test_a_mismatch_after_repeated_collectives_leaves_the_group_unusable():
+@pytest.mark.parametrize("case", ["mismatched_later", "mismatched_later_call"])
+def test_a_mismatch_after_repeated_collectives_leaves_the_group_unusable(case):
     """Rank 0 went ahead into the data of a collective rank 1 refused: both raise the mismatch, and
     the group's later collectives fail at once (its transport is out of step), never hang: the rank
     that went ahead raises when the verdict comes, not at the group's timeout (60 s here)."""
-    proc = torchrun("distributed_cases.py", "mismatched_later", PG_TIMEOUT="60", timeout=240)
+    proc = torchrun("distributed_cases.py", case, PG_TIMEOUT="60", timeout=240)
     outcomes = _outcomes(proc)
     for rank in (0, 1):
         assert "THEN" in outcomes.get(rank, "") and "unusable" in outcomes[rank], (outcomes, proc.stderr[-3000:])
