@@ -534,6 +534,23 @@ def point_to_point_orders(rank: int) -> None:
         raise RuntimeError("an inline all_reduce's future was not complete after wait()")
 
 
+def reinit_after_destroy(rank: int) -> None:
+    """destroy_process_group, then init_process_group again, three times (a new group each time):
+    the second or third init hung past the group's timeout in the transports' connection setup,
+    most runs (torchrun's store kept the previous groups' addresses under the same names)."""
+    for i in range(3):
+        dist.destroy_process_group()
+        dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=20))
+        size = dist.get_world_size()
+        t = torch.ones(3, device="neuron") * (rank + i)
+        dist.all_reduce(t)
+        group = dist.new_group(list(range(size)))
+        dist.all_reduce(t, group=group)
+        want = float(size * sum(r + i for r in range(size)))
+        if t.tolist() != [want] * 3:
+            raise RuntimeError(f"incarnation {i}: {t.tolist()}, not {want}")
+
+
 def device_id_bound(rank: int) -> None:
     """init_process_group(device_id=neuron:0) (main() passes it for this case) failed: "No backend
     type associated with device type neuron"; then the group was unbound (bound_device_id None),

@@ -145,6 +145,10 @@ def test_a_group_bound_to_a_device_splits():
     _both_ranks_ok("device_id_bound")
 
 
+def test_init_again_after_destroy():
+    _both_ranks_ok("reinit_after_destroy")
+
+
 def test_coalescing_manager_future_values_and_strided_gathers():
     _both_ranks_ok("coalescing_and_futures")
 

@@ -502,6 +502,19 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             timeout or datetime.timedelta(seconds=self._timeout_s), wait_all_ranks)).wait()
 
 
+_generation = 0  # default groups made in this process (init_process_group after destroy_process_group)
+
+
 def create(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> ProcessGroupNeuron:
-    """The creator ``dist.Backend.register_backend("neuron", ...)`` calls for each new group."""
-    return ProcessGroupNeuron(store, rank, size, timeout)
+    """The creator ``dist.Backend.register_backend("neuron", ...)`` calls for each new group.
+
+    Its transports meet under a store prefix of their own per default group made in this
+    process: torchrun's store outlives ``destroy_process_group``, and a group of the next
+    ``init_process_group`` (c10d reuses its names, and its store barrier passes at once on the
+    keys left behind) read the addresses the previous one left there, and hung past its timeout.
+    Every rank makes its default groups in the same order, so the prefixes agree.
+    """
+    global _generation
+    if dist.distributed_c10d._world.default_pg is None:  # making the default group
+        _generation += 1
+    return ProcessGroupNeuron(dist.PrefixStore(f"generation {_generation}/", store), rank, size, timeout)
