@@ -88,6 +88,20 @@ def test_like_and_new_ops_make_their_result_on_the_device_named(two_devices):
     assert torch.randn_like(x, device="cpu").device == torch.device("cpu")
 
 
+def test_new_tensor_and_the_legacy_constructor_stay_on_the_tensors_device(two_devices):
+    """``x1.new_tensor(data)`` and ``x1.new(data)`` of a neuron:1 tensor landed on neuron:0."""
+    x = torch.ones(2, device="neuron:1")
+    made = {"new_tensor": x.new_tensor([1.0, 2.0]), "new_tensor of a tensor": x.new_tensor(torch.ones(2)),
+            "new of data": x.new([1.0, 2.0]), "new of sizes": x.new(2, 3), "new of nothing": x.new()}
+    for name, tensor in made.items():
+        assert tensor.device == x.device, (name, tensor.device)
+    assert made["new_tensor"].tolist() == [1.0, 2.0] and made["new of sizes"].shape == (2, 3)
+    assert x.new_tensor([1], device="neuron:0").device == torch.device("neuron:0")
+    assert x.new_tensor([1], device="cpu").device == torch.device("cpu")
+    typed = x.new_tensor([1, 2], dtype=torch.float16, requires_grad=True)
+    assert typed.dtype == torch.float16 and typed.requires_grad and typed.device == x.device
+
+
 def test_torch_accelerator_sets_and_reads_the_current_device(two_devices):
     """``torch.accelerator.set_device_index`` and ``device_index`` left neuron's current device
     unchanged, and ``current_device_index`` ignored ``torch.neuron.set_device``."""

@@ -254,6 +254,22 @@ class NeuronTensor(torch.Tensor):
 
         return serialization.reduce(self)
 
+    def new_tensor(self, data: Any, **kwargs: Any) -> torch.Tensor:
+        """A tensor of ``data`` on this tensor's device unless ``device=`` says otherwise (torch's
+        constructor passed the device without its index: ``neuron:0`` for a ``neuron:1`` tensor)."""
+        if kwargs.get("device") is None:
+            kwargs["device"] = self.device
+        return super().new_tensor(data, **kwargs)
+
+    def new(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """The legacy constructor (``x.new(sizes)``, ``x.new(data)``) on this tensor's device, as
+        :meth:`new_tensor`."""
+        if kwargs.get("device") is None:
+            kwargs["device"] = self.device
+        if not args:  # (torch's ignores the device then)
+            return torch.empty(0, dtype=kwargs.get("dtype", self.dtype), device=kwargs["device"])
+        return super().new(*args, **kwargs)
+
     def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
         """A device copy of the values (:mod:`.serialization`)."""
         from torch_neuronx.runtime import serialization
