@@ -126,3 +126,31 @@ def test_a_callable_map_location_decides_where_neuron_tensors_go():
     assert moved.device == torch.device("neuron", 0) and torch.equal(moved.cpu(), x.cpu())
     back = _loaded({"x": x}, map_location=lambda storage, location: storage.to(device="neuron"))["x"]
     assert back.device == torch.device("neuron", 0) and torch.equal(back.cpu(), x.cpu())
+
+
+def _double_in_child(tensors: list, queue: object) -> None:
+    queue.put([(str(t.device), t.dtype, t.requires_grad, (t * 2).detach()) for t in tensors])
+
+
+def test_neuron_tensors_cross_spawned_processes_both_ways():
+    """A neuron tensor in a spawned ``Process``'s arguments killed the child while unpickling
+    ("unable to resize file": the host copy's shared memory was freed before it read it); the
+    child's neuron results come back through a ``Queue``."""
+    import torch.multiprocessing as mp
+
+    sent = [torch.arange(4.0, device="neuron"), torch.ones(2, 3, dtype=torch.bfloat16, device="neuron").t(),
+            torch.tensor(True, device="neuron"), torch.empty(0, 2, device="neuron"),
+            torch.full((3,), 2.0, device="neuron", requires_grad=True)]
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    child = context.Process(target=_double_in_child, args=(sent, queue))
+    child.start()
+    try:
+        got = queue.get(timeout=240)
+    finally:
+        child.join(60)
+    assert child.exitcode == 0
+    for original, (device, dtype, requires_grad, doubled) in zip(sent, got):
+        assert (device, dtype, requires_grad) == (str(original.device), original.dtype, original.requires_grad)
+        assert doubled.device == original.device and doubled.shape == original.shape
+        torch.testing.assert_close(doubled.cpu(), (original.detach() * 2).cpu())

@@ -64,6 +64,7 @@ def _register_serialization() -> None:
     from torch_neuronx.runtime import serialization, storage
 
     storage.install_constructor()
+    serialization.register_for_processes()
     torch.serialization.add_safe_globals([serialization.rebuild])
     torch.serialization.register_package(9, lambda obj: None, serialization.restore_storage)
 

@@ -53,6 +53,30 @@ def reduce(t: NeuronTensor) -> tuple[Any, tuple[Any, ...]]:
     return rebuild, (values, t._index, t.requires_grad, bool(getattr(t, "_is_param", False)))
 
 
+def reduce_for_processes(t: NeuronTensor) -> tuple[Any, tuple[Any, ...]]:
+    """How ``multiprocessing`` pickles a neuron tensor (a ``Process``'s arguments, a ``Queue``): its
+    values as bytes in the message. (Pickled as for ``torch.save``, the host copy went through
+    shared memory that torch's pickler expects the sender to keep alive: freed at once, the
+    receiving process died unpickling it, "unable to resize file".)"""
+    _, (values, index, requires_grad, is_param) = reduce(t)
+    raw = values.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    return rebuild_from_bytes, (raw, values.dtype, tuple(values.shape), index, requires_grad, is_param)
+
+
+def rebuild_from_bytes(raw: bytes, dtype: torch.dtype, shape: tuple[int, ...], index: int, requires_grad: bool,
+                       is_param: bool) -> torch.Tensor:
+    """The tensor :func:`reduce_for_processes` sent."""
+    flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+    return rebuild(flat.view(dtype).reshape(shape), index, requires_grad, is_param)
+
+
+def register_for_processes() -> None:
+    """Pickle neuron tensors for ``multiprocessing`` with :func:`reduce_for_processes`."""
+    from multiprocessing.reduction import ForkingPickler
+
+    ForkingPickler.register(NeuronTensor, reduce_for_processes)
+
+
 def deepcopy(t: NeuronTensor, memo: dict[int, Any]) -> torch.Tensor:
     """``copy.deepcopy(t)``: a new neuron tensor holding a device copy of ``t``'s values."""
     if id(t) in memo:
