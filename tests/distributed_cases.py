@@ -3,7 +3,9 @@ prints ``OK <case> rank <r>`` or ``RAISED <case> rank <r>: <error>``."""
 
 from __future__ import annotations
 
+import copy
 import datetime
+import functools
 import os
 import sys
 import time
@@ -528,10 +530,43 @@ def point_to_point_orders(rank: int) -> None:
         if not future.done() or future.value()[0][:2].tolist() != [float(size)] * 2:
             raise RuntimeError(f"the future after wait(): done={future.done()}")
     t = torch.ones(4, device="neuron")
+    torch.neuron.synchronize()  # idle streams: the small all_reduce runs inline, ended when wait() returns
     work = dist.all_reduce(t, async_op=True)
     work.wait()
-    if not work.get_future().done():  # a small collective ran inline: ended when wait() returns
+    if not work.get_future().done():
         raise RuntimeError("an inline all_reduce's future was not complete after wait()")
+
+
+def sync_batch_norm(rank: int) -> None:
+    """nn.SyncBatchNorm on neuron (its statistics kernels are CUDA-only in ATen): each rank's half
+    of a batch through conv + SyncBatchNorm, forward and backward, two steps, in float32 and
+    bfloat16, against BatchNorm over the whole batch on the CPU (outputs, the input's and the
+    parameters' gradients summed over ranks, running statistics)."""
+    size = dist.get_world_size()
+    for dtype, tol in ((torch.float32, 1e-4), (torch.bfloat16, 3e-2)):
+        torch.manual_seed(0)
+        reference = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(reference)).to("neuron", dtype)
+        # (the reference in float32 over the same values: CPU bfloat16 sums are the coarser ones)
+        for step in range(2):
+            x = torch.randn(4 * size, 3, 6, 6, dtype=dtype)
+            mine = x[4 * rank:4 * (rank + 1)].to("neuron").requires_grad_()
+            whole = x.float().requires_grad_()
+            out = model(mine)
+            (out.float() * torch.arange(out.numel()).reshape(out.shape).to("neuron") / out.numel()).sum().backward()
+            expected = reference(whole)
+            (expected.float() * torch.arange(expected[:4].numel()).reshape(expected[:4].shape).repeat(size, 1, 1, 1)
+             / expected[:4].numel()).sum().backward()
+            check = functools.partial(torch.testing.assert_close, atol=tol, rtol=tol)
+            check(out.cpu().float(), expected[4 * rank:4 * (rank + 1)].detach(), msg=f"{dtype} step {step} output")
+            check(mine.grad.cpu().float(), whole.grad[4 * rank:4 * (rank + 1)], msg=f"{dtype} step {step} input grad")
+            for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+                summed = p.grad.clone()
+                dist.all_reduce(summed)
+                check(summed.cpu().float(), q.grad, msg=f"{dtype} step {step} {name} grad")
+                p.grad, q.grad = None, None
+            for name in ("running_mean", "running_var"):
+                check(getattr(model[1], name).cpu().float(), getattr(reference[1], name), msg=f"{dtype} {name}")
 
 
 def reinit_after_destroy(rank: int) -> None:

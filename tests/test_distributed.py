@@ -145,6 +145,10 @@ def test_a_group_bound_to_a_device_splits():
     _both_ranks_ok("device_id_bound")
 
 
+def test_sync_batch_norm_matches_batch_norm_over_the_whole_batch():
+    _both_ranks_ok("sync_batch_norm")
+
+
 def test_init_again_after_destroy():
     _both_ranks_ok("reinit_after_destroy")
 

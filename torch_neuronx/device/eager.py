@@ -33,6 +33,7 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import return_and_correct_aliasing
 
 from torch_neuronx import config, observe
+from torch_neuronx.compiler.decompositions import batch_norm_sync
 from torch_neuronx.compiler.options import compile_only_enabled
 from torch_neuronx.device import (
     choice,
@@ -230,6 +231,20 @@ def _native_batch_norm(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return out, mean, invstd
 
 
+def _gather_stats(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``batch_norm_gather_stats_with_counts`` (SyncBatchNorm), which writes the running statistics
+    that its schema does not say it writes (as ATen's CUDA kernel does): the merged statistics
+    compiled, the running ones updated after."""
+    bound = dict(zip(("input", "mean", "invstd", "running_mean", "running_var", "momentum", "eps", "counts"),
+                     args), **kwargs)
+    mean, invstd = _run_compiled(aten.batch_norm_gather_stats_with_counts.default, args, kwargs)
+    for running, new in batch_norm_sync.running_statistics(
+            bound["running_mean"], bound["running_var"], bound["mean"], bound["invstd"], bound["momentum"],
+            bound["eps"], bound["counts"]):
+        _queue_copy(running, new, "aten::batch_norm_gather_stats_with_counts")
+    return mean, invstd
+
+
 def _foreach_copy_(args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """``_foreach_copy_(dsts, srcs)`` (FSDP2's all-gather copy-in): queued copies when every pair is on
     one device, otherwise each pair copied as ``copy_`` does."""
@@ -332,6 +347,7 @@ _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
     aten.logspace.out: _host_factory_out(aten.logspace.out),
     aten._foreach_copy_.default: _foreach_copy_,
     aten.native_batch_norm.default: _native_batch_norm,
+    aten.batch_norm_gather_stats_with_counts.default: _gather_stats,
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,
     aten._local_scalar_dense.default: _host_op(_local_scalar_dense),

@@ -598,9 +598,9 @@ def issue(queue: CollectiveQueue, task: Task, neuron: Sequence[Any], consumers: 
     task.consumers = consumers
     if inline and _inline(queue, task, consumers):
         queue.execute(task)
-        if task.error is not None:
+        if task.error is not None:  # the consumers' next synchronization raises it, unless wait() did
             for stream in consumers:
-                stream.submit(_await, task)
+                stream._queue.record_error(task.error)
         return NeuronWork(task, host_wait=not neuron)
     if len(consumers) == 1 and task.kind not in _POINT_TO_POINT and queue.direct(task, consumers[0]):
         consumers[0].submit(run_direct, queue, task)

@@ -257,6 +257,13 @@ class _Queue:
             finally:
                 self._waiting -= 1
 
+    def record_error(self, error: BaseException) -> None:
+        """Make ``error`` the one the next synchronization raises (unless an earlier one is
+        pending), as if a task had raised it: work that failed before it was queued."""
+        with self._lock:
+            if self._error is None:
+                self._error = error
+
     def forget_error(self, error: BaseException) -> None:
         """Drop ``error`` if it is the one this stream would report (it was reported elsewhere)."""
         with self._lock:

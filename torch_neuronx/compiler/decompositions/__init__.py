@@ -10,6 +10,7 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 - :mod:`.bools`: scatter-adds and clamps of bool tensors in int32 (torch saturates).
 - :mod:`.sorting`: sorts, ``topk``, medians and selections with torch's NaN and tie rules.
 - :mod:`.moments`: ``var`` and ``std`` with any ``correction``.
+- :mod:`.batch_norm_sync`: ``nn.SyncBatchNorm``'s statistics kernels (CUDA-only in ATen).
 - :mod:`.average_pooling`: 2-d average pooling and its backward.
 - :mod:`.special`: ``lgamma``, ``digamma``, ``polygamma``, ``i0``/``i1`` and their scaled forms,
   ``frexp``, ``exp2``, ``kaiser_window``, and (written in :mod:`.erf`) ``erfc``, ``erfcx``,
@@ -72,6 +73,7 @@ from torch_neuronx.compiler.decompositions import (
     arithmetic,
     attention,
     average_pooling,
+    batch_norm_sync,
     bessel,
     bools,
     composites,
@@ -121,6 +123,7 @@ def _table(with_fma: bool) -> dict:
     ours = bools.wrapped({**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
             **general.DECOMPOSITIONS, **arithmetic.DECOMPOSITIONS, **sorting.DECOMPOSITIONS,
             **moments.DECOMPOSITIONS, **summation.DECOMPOSITIONS, **average_pooling.DECOMPOSITIONS,
+            **batch_norm_sync.DECOMPOSITIONS,
             **attention.DECOMPOSITIONS,
             **special.DECOMPOSITIONS,
             **pooling.DECOMPOSITIONS,
