@@ -41,3 +41,23 @@ def test_plain_resizing_runs_on_the_eager_device_forward_and_backward():
             out.square().sum().backward()
         torch.testing.assert_close(out.cpu(), F.interpolate(x, **kw), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(got.grad.cpu(), expected.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_uint8_images_resize_compiled_and_eager_within_one_of_torch():
+    """Antialiased uint8 resizing (torchvision's ``Resize`` of an image tensor) failed to lower
+    ("failed to legalize ... _upsample_bilinear2d_aa"); a bicubic one that overshoots must clamp
+    between its two passes, as torch's fixed-point kernel does (11 off otherwise)."""
+    g = torch.Generator().manual_seed(0)
+    image = torch.randint(0, 256, (1, 3, 40, 50), dtype=torch.uint8, generator=g)
+    image[..., ::7, :] = 255  # edges that make bicubic lobes overshoot
+    for mode in ("bilinear", "bicubic"):
+        for size in ((20, 24), (80, 33)):
+            def fn(x, mode=mode, size=size):
+                return F.interpolate(x, size=size, mode=mode, antialias=True)
+            expected = fn(image)
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, backend="neuron")(image)
+            eager = fn(image.to("neuron")).cpu()
+            for got in (compiled, eager):
+                assert got.dtype == torch.uint8 and got.shape == expected.shape
+                assert (got.int() - expected.int()).abs().max() <= 1, (mode, size)

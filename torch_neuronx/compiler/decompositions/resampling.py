@@ -8,8 +8,9 @@ fixed weighted sum of input rows, then likewise for columns. The weights are tak
 from torch's own kernel at trace time, by resizing the identity (each basis vector's
 response is one column of the weight matrix), and enter the graph as constants
 (:mod:`.literals`); the resize is then ``W_h @ x @ W_w^T`` and its backward
-``W_h^T @ g @ W_w``. Floating-point inputs only (torch's uint8 kernel rounds in
-fixed point; such inputs keep the op as it is).
+``W_h^T @ g @ W_w``. A uint8 image is resized in float32 as torch's uint8 kernel does it in
+fixed point: along the width, rounded and clamped to 0..255, then along the height (within 1 of
+it); other integer inputs keep the op as it is.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ def _matrices(kernel: Callable, input_size: Sequence[int], output_size: Sequence
 def _resize(kernel: Callable) -> Callable:
     def resize(x: torch.Tensor, output_size: Sequence[int], align_corners: bool, scales_h: float | None = None,
                scales_w: float | None = None) -> torch.Tensor:
+        if x.dtype == torch.uint8:  # (images): torch's two passes, each rounded and clamped to 0..255
+            rows, columns = _matrices(kernel, x.shape, output_size, align_corners, scales_h, scales_w,
+                                      x.new_empty((), dtype=torch.float32))
+            across = torch.matmul(x.to(torch.float32), columns.T).round().clamp(0, 255)
+            return torch.matmul(rows, across).round().clamp(0, 255).to(torch.uint8)
         if not x.is_floating_point():
             return NotImplemented
         rows, columns = _matrices(kernel, x.shape, output_size, align_corners, scales_h, scales_w, x)
