@@ -6,7 +6,8 @@ raised ``NotImplementedError``. As CUDA's autocast does (``aten/src/ATen/autocas
 every op falls through unchanged, except three lists: ops that run in the autocast dtype
 (matrix products, convolutions, recurrent cells, attention), ops that run in float32
 (reductions, norms, losses, pointwise ops that lose range in half precision), and ops
-whose floating inputs are promoted to their widest dtype. Only floating tensors on the
+whose floating inputs are promoted to their widest dtype; ``binary_cross_entropy`` is refused
+with CUDA's message. Only floating tensors on the
 neuron device other than float64 are cast, as CUDA casts only its eligible tensors.
 """
 
@@ -38,12 +39,22 @@ FLOAT32 = (
     "cdist", "renorm", "logsumexp", "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
     "upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d", "upsample_bicubic2d",
     "cumprod", "cumsum", "prod", "prod.dim_int", "sum", "sum.dim_IntList", "softmax.int",
-    "log_softmax.int", "norm.Scalar", "norm.ScalarOpt_dim", "cross_entropy_loss",
+    "log_softmax.int", "norm.Scalar", "norm.ScalarOpt_dim", "cross_entropy_loss", "rms_norm",
+    "linalg_vector_norm",
 )
 PROMOTE = (
     "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sampler", "index_put",
-    "tensordot", "scatter_add", "stack", "cat", "index_copy",
+    "tensordot", "scatter_add", "stack", "cat", "index_copy", "vdot",
 )
+#: Ops autocast refuses, with CUDA's message.
+BANNED = {
+    "binary_cross_entropy": (
+        "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
+        "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
+        "In this case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits\n"
+        "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
+        "safe to autocast."),
+}
 
 _library: torch.library.Library | None = None
 
@@ -102,4 +113,14 @@ def register() -> None:
             for op in _overloads(name):
                 library.impl(op._schema.name.split("::")[1] + (f".{op._overloadname}"
                              if op._overloadname != "default" else ""), _kernel(op, policy), _KEY)
+    for name, message in BANNED.items():
+        for op in _overloads(name):
+            library.impl(op._schema.name.split("::")[1], _refusal(message), _KEY)
     _library = (library, fallthrough)  # type: ignore[assignment]
+
+
+def _refusal(message: str) -> Callable[..., Any]:
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(message)
+
+    return refuse
