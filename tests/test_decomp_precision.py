@@ -138,6 +138,8 @@ def _pointwise(dtype: torch.dtype) -> dict:
         "add_alpha": (lambda a, b: torch.add(a, b, alpha=0.3), (x, y)),
         "lerp": (lambda a, b: torch.lerp(a, b, 0.3), (x, y)),
         "gelu": (lambda a, b: F.gelu(b), (x, y)),
+        "sigmoid": (lambda a, b: torch.sigmoid(b * 4), (x, y)),  # an ulp off in a quarter of values
+        "ldexp": (lambda a, b: torch.ldexp(b, torch.tensor(3)), (x, y)),  # 2 ** 3 from an approximate exp2
     }
 
 
