@@ -116,6 +116,30 @@ def test_neuron_storages_are_made_copied_and_read():
         torch.UntypedStorage([1, 2], device="neuron")
 
 
+def test_neuron_storages_index_slice_and_pickle():
+    """``storage[i]`` and ``storage[i:j]`` of a neuron tensor's storage raised ("Attempted to set
+    the storage of a tensor on device cpu to a storage on ... neuron:0"), ``pickle`` of it raised
+    an AttributeError; a slice shares the memory, a pickled copy does not."""
+    x = (torch.arange(6.0).to("neuron") + 1) * 1  # queued work writes it first
+    storage = x.untyped_storage()
+    raw = torch.arange(1.0, 7.0).untyped_storage()
+    assert [storage[i] for i in (0, 5, -1)] == [raw[i] for i in (0, 5, -1)]
+    part = storage[8:16]
+    assert part.device == storage.device and part.nbytes() == 8
+    assert torch.equal(torch.empty(0).set_(part.cpu()), torch.tensor([3.0, 4.0]))
+    x.add_(10)
+    assert torch.equal(torch.empty(0).set_(part.cpu()), torch.tensor([13.0, 14.0]))  # shares the memory
+    with pytest.raises(IndexError):
+        storage[24]
+    with pytest.raises(RuntimeError, match="only a step of 1"):
+        storage[0:8:2]
+    copied = pickle.loads(pickle.dumps(storage))
+    assert copied.device == storage.device and copied.nbytes() == 24
+    x.add_(1)
+    assert torch.equal(torch.empty(0).set_(copied.cpu()), torch.arange(11.0, 17.0))
+    assert raw[1:3].nbytes() == 2 and raw[4] == 0  # CPU storages as torch has them
+
+
 def test_a_callable_map_location_decides_where_neuron_tensors_go():
     """``map_location=lambda s, loc: s`` (torch's documented way to load onto the CPU) kept neuron
     tensors on ``neuron``, and a function moving storages to a device was ignored for them."""

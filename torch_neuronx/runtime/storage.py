@@ -66,6 +66,8 @@ def storage_of(allocation: Allocation) -> torch.UntypedStorage:
         storage.cpu = functools.partial(_cpu_method, weakref.ref(allocation))
         storage.copy_ = functools.partial(_copy_method, weakref.ref(allocation), storage)
         storage._neuron_allocation = weakref.ref(allocation)  # for ``t.set_(storage, ...)``
+        storage.__reduce_ex__ = functools.partial(_reduce_method, weakref.ref(allocation))  # (pickle looks it
+        # up on the object)
         allocation.storage = storage
     return storage
 
@@ -136,6 +138,54 @@ def _copy_method(allocation_ref: weakref.ref, storage: torch.UntypedStorage, sou
     return storage
 
 
+def _reduce_method(allocation_ref: weakref.ref, protocol: int) -> tuple[Any, tuple[Any, ...]]:
+    """``pickle`` of a neuron tensors' storage: its bytes on the host, rebuilt on its device."""
+    allocation = _alive(allocation_ref, "pickle")
+    host = torch.empty(0, dtype=torch.uint8).set_(_cpu_method(allocation_ref))
+    return rebuild_storage, (host.numpy().tobytes(), allocation.index)  # (torch 2.13 cannot unpickle
+    # a CPU storage it pickled: "UntypedStorage has no attribute 'dtype'")
+
+
+def rebuild_storage(raw: bytes, index: int) -> torch.UntypedStorage:
+    """A neuron storage holding the bytes ``raw`` on ``neuron:index``."""
+    storage = new_storage(torch.UntypedStorage, len(raw), device=_device(index))
+    if raw:
+        storage.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8).untyped_storage())
+    return storage
+
+
+def _getitem(storage: torch.UntypedStorage, idx: Any) -> Any:
+    """``storage[i]`` (a byte) and ``storage[i:j]`` (a storage over the same device memory) of a
+    neuron tensors' storage (torch's own set a CPU tensor to it, which it refuses); other storages
+    as torch has them."""
+    allocation = allocation_of(storage)
+    if allocation is None:
+        return _base_getitem(storage, idx)
+    if isinstance(idx, slice):
+        start, stop, step = idx.indices(allocation.nbytes)
+        if step != 1:
+            raise RuntimeError(f"Trying to slice with a step of {step}, but only a step of 1 is supported")
+        if allocation.memory is None:
+            raise RuntimeError("slicing a neuron storage whose memory was freed (resized to 0 bytes)")
+        view = _raw_storage(allocation.address + start, max(stop - start, 0), allocation.index)
+        view._neuron_owner = allocation  # the memory lives while the slice does
+        view.cpu = functools.partial(_slice_cpu, allocation, start, max(stop - start, 0))
+        return view
+    i = int(idx)
+    if not -allocation.nbytes <= i < allocation.nbytes:
+        raise IndexError(f"index {i} out of range for storage of size {allocation.nbytes}")
+    _wait_for_writers(allocation)
+    return int(memory.block_view(allocation.address + i % allocation.nbytes, 1)[0])
+
+
+def _slice_cpu(allocation: Allocation, start: int, nbytes: int) -> torch.UntypedStorage:
+    """``cpu()`` of a slice of a neuron storage: a host copy of its bytes, after their writers."""
+    if not nbytes or allocation.memory is None:
+        return torch.UntypedStorage(0)
+    _wait_for_writers(allocation)
+    return memory.block_view(allocation.address + start, nbytes).clone().untyped_storage()
+
+
 def new_storage(cls: type, *args: Any, device: Any = None, **kwargs: Any) -> torch.UntypedStorage:
     """``torch.UntypedStorage(nbytes, device="neuron")`` (installed by the device as the class's
     ``__new__``): device memory of ``nbytes`` in a storage that keeps it (PyTorch would allocate
@@ -156,11 +206,14 @@ def new_storage(cls: type, *args: Any, device: Any = None, **kwargs: Any) -> tor
 
 
 _base_new = torch._C.StorageBase.__new__
+_base_getitem = torch.UntypedStorage.__getitem__
 
 
 def install_constructor() -> None:
-    """Route ``torch.UntypedStorage(..., device="neuron")`` to :func:`new_storage`."""
+    """Route ``torch.UntypedStorage(..., device="neuron")`` to :func:`new_storage`, and indexing
+    of neuron storages to :func:`_getitem`."""
     torch.UntypedStorage.__new__ = new_storage
+    torch.UntypedStorage.__getitem__ = _getitem
 
 
 def resize_storage_bytes(args: Sequence[Any], kwargs: dict[str, Any]) -> None:
