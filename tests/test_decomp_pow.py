@@ -80,3 +80,22 @@ def test_integer_powers_wrap_as_torchs(dtype):
     for got in results:
         for g, e in zip(got, expected):
             assert g.dtype == e.dtype and torch.equal(g.cpu(), e), (dtype, g.cpu(), e)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_powers_of_a_number_exponent_are_right_in_every_dtype(dtype):
+    """float64 ``x ** 2.5`` (and 4, 1.5, 0.25; ``float_power``) gave 1.0 everywhere on the eager
+    device: torch-mlir folded the decomposition's ``full_like(x, 2.5) == 0`` to true, reading the
+    float64 splat wrong (some exponents, some runs; once cached, in every later process)."""
+    values = [0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, -3.3, _INF, -_INF, _NAN, 1e-300]
+    x = torch.tensor(values, dtype=dtype)
+    for exponent in (4, 2.5, 1.5, 0.25, 1 / 3, -3, 7.0, 0):
+        expected = x ** exponent
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda t, e=exponent: t ** e, backend="neuron")(x)
+        for got in ((x.to("neuron") ** exponent).cpu(), compiled):
+            torch.testing.assert_close(got, expected, equal_nan=True, rtol=1e-6, atol=0, msg=f"x ** {exponent}")
+            finite = ~expected.isnan()
+            assert torch.equal(got[finite].signbit(), expected[finite].signbit()), exponent
+    assert torch.allclose(torch.float_power(x.float().to("neuron"), 2.5).cpu(), torch.float_power(x.float(), 2.5),
+                          equal_nan=True)

@@ -330,6 +330,21 @@ def pow_scalar(a, b: torch.Tensor) -> torch.Tensor:
 _POW_AS_IS = frozenset({0.0, 1.0, 2.0, 3.0, -1.0, -2.0, 0.5, -0.5})
 
 
+def _pow_finite_number(a: torch.Tensor, b: float) -> torch.Tensor:
+    """:func:`pow_tensor` for a finite Python exponent, its cases decided from the number (never
+    from comparisons of a constant tensor of it, which torch-mlir folds wrong: float64 ``b == 0``
+    of a splat of 2.5 folded to true, and every power came out 1.0)."""
+    if b == 0:
+        return torch.ones_like(a)
+    magnitude = aten.pow.Tensor_Tensor(a.abs(), torch.full_like(a, b))
+    integral = float(b).is_integer()
+    if integral and math.fmod(b, 2) != 0:  # odd: the sign of the base, (-0) ** 3 is -0
+        magnitude = torch.where(a.signbit(), -magnitude, magnitude)
+    undefined = a.isnan() if integral else a.isnan() | ((a < 0) & a.isfinite())  # (-8) ** (1/3)
+    result = torch.where(undefined, torch.nan, magnitude)
+    return torch.where(a == 1, torch.ones((), dtype=a.dtype), result)
+
+
 def pow_tensor_scalar(a: torch.Tensor, b) -> torch.Tensor:
     """``aten.pow`` of a tensor raised to a Python number: the exponents torch computes with
     multiplications, sqrt or rsqrt lower as they are; others as :func:`pow_tensor` does (``x ** 7.0``
@@ -345,7 +360,7 @@ def pow_tensor_scalar(a: torch.Tensor, b) -> torch.Tensor:
     if not dtype.is_floating_point or b in _POW_AS_IS:
         return NotImplemented
     if math.isfinite(b):
-        return pow_tensor(a, torch.full_like(a, b, dtype=dtype))
+        return _pow_finite_number(a.to(dtype), b)
     magnitude = a.to(dtype).abs()
     if math.isnan(b):
         result = torch.full_like(magnitude, math.nan)

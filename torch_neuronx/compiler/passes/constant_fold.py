@@ -3,7 +3,8 @@
 torch-mlir's folders get float splat comparisons wrong: ``torch.full((3,), 2.0) > 0``
 folds to all-false, and ``torch.full((3,), 0.0) > 0`` crashes the process (both in
 ``torchdynamo-export-to-torch-backend-pipeline``); ``sign`` and ``trunc`` of a
-positive constant fold to negative values. Such subgraphs come from user code and
+positive constant fold to negative values; a float64 splat compared with 0 folded to true.
+``*_like`` and ``new_*`` fills of a static shape count as constants. Such subgraphs come from user code and
 from decompositions alike. This pass evaluates every op whose inputs are all
 constants with torch's own kernels (exact semantics) and, where the result is a
 splat, hands torch-mlir an ``aten.full`` (a literal its folders handle); where it is
@@ -62,8 +63,30 @@ def _splat(t: torch.Tensor) -> Any | None:
     return first.item() if bool(same.all()) else None
 
 
+#: Ops whose values are a constant though they take a tensor (for its shape): with a static shape,
+#: an ``aten.full`` (the eager device's ``x ** 2.5`` compares ``full_like(x, 2.5)`` with 0, which
+#: torch-mlir folded to true for float64: every power came out 1.0).
+_FILLS = {aten.full_like.default: lambda node: node.args[1], aten.zeros_like.default: lambda node: 0,
+          aten.ones_like.default: lambda node: 1, aten.new_full.default: lambda node: node.args[2],
+          aten.new_zeros.default: lambda node: 0, aten.new_ones.default: lambda node: 1}
+
+
+def _fills_as_constants(gm: torch.fx.GraphModule) -> None:
+    """Each ``*_like`` / ``new_*`` fill of a static shape and a number becomes an ``aten.full``."""
+    for node in list(gm.graph.nodes):
+        fill = _FILLS.get(node.target) if node.op == "call_function" else None
+        value = node.meta.get("val")
+        if fill is None or not isinstance(value, torch.Tensor) or value.dtype in _UNSIGNED:
+            continue
+        number = fill(node)
+        if type(number) not in (int, float, bool) or not all(type(size) is int for size in value.shape):
+            continue  # (a symbolic size or fill value: not a constant)
+        replace_with_call(gm, node, aten.full.default, (list(value.shape), number), {"dtype": value.dtype})
+
+
 def constant_fold(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Replace ops computed from constants only by their values (see the module docstring)."""
+    _fills_as_constants(gm)
     constant: set[torch.fx.Node] = set()
     for node in gm.graph.nodes:
         if _foldable(node, constant):
