@@ -521,6 +521,18 @@ def point_to_point_orders(rank: int) -> None:
         work.wait()
     if [t.item() for t in tagged] != [1.0, 2.0]:
         raise RuntimeError(f"receives matched by tag gave {[t.item() for t in tagged]}")
+    # blocking sends of tags 1 then 2; the receives posted for tag 2 first (each tag's receives
+    # are posted in order, other tags' do not wait behind them, as gloo matches by tag)
+    if rank == 0:
+        for tag in (1, 2):
+            dist.send(torch.tensor([float(tag)], device="neuron"), 1, tag=tag)
+    else:
+        second, first = torch.empty(1, device="neuron"), torch.empty(1, device="neuron")
+        works = [dist.irecv(second, 0, tag=2), dist.irecv(first, 0, tag=1)]
+        for work in works:
+            work.wait()
+        if (first.item(), second.item()) != (1.0, 2.0):
+            raise RuntimeError(f"irecv of tag 2, then of tag 1, gave {first.item()}, {second.item()}")
     for n in (4, 1 << 21):  # inline and queued
         t = torch.ones(n, device="neuron")
         work = dist.all_reduce(t, async_op=True)

@@ -208,7 +208,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
     # -- issuing ------------------------------------------------------------------------------
 
     def _issue(self, kind: str, tensors: Sequence[torch.Tensor], outputs: list[Any],
-               fn: Callable[[], Any], agree: Agreement | None = None) -> NeuronWork:
+               fn: Callable[[], Any], agree: Agreement | None = None, channel: int = 0) -> NeuronWork:
         """Queue ``fn`` (the algorithm on host views) in this group's order, after the neuron work
         producing ``tensors`` and before the work that consumes them; with ``agree``, the ranks
         check that they called the same collective on matching sizes (:class:`.agreements.Agreements`:
@@ -229,6 +229,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             ready = [self._ready(s) for s in consumers]
         nbytes = sum(t.nbytes for t in tensors)
         task = Task(kind, fn, ready, outputs, nbytes, self._name or "default", self._timeout_s, check)
+        task.channel = channel
         work = issue(self._queue, task, neuron, consumers, blocking=self._blocking, inline=not self.options.host_cc)
         self._after_issue(ready, consumers)
         if self._coalesced is not None:
@@ -482,7 +483,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         validate.single("recv", tensors)
         plain = _plain(tensors[0])
         return self._issue("recv", tensors, list(tensors),
-                           lambda: point_to_point.recv(self._transport, plain, src, tag))
+                           lambda: point_to_point.recv(self._transport, plain, src, tag), channel=tag)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> NeuronWork:
         validate.contiguous("recv", tensors)
@@ -490,7 +491,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         plain = _plain(tensors[0])
         sources: list[int] = []
         work = self._issue("recv", tensors, list(tensors),
-                           lambda: point_to_point.recv_anysource(self._transport, plain, tag, sources))
+                           lambda: point_to_point.recv_anysource(self._transport, plain, tag, sources), channel=tag)
         work.sources = sources  # what ``_source_rank()`` answers once the receive ran
         return work
 

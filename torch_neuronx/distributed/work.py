@@ -52,7 +52,7 @@ class Task:
 
     __slots__ = ("kind", "fn", "ready", "outputs", "nbytes", "future", "done", "error", "group", "timeout_s",
                  "check", "after", "order", "_ending", "reported", "consumers", "_source", "_settled",
-                 "_interrupt")
+                 "_interrupt", "channel")
 
     def __init__(self, kind: str, fn: Callable[[], Any], ready: Sequence[streams.Event], outputs: list[Any],
                  nbytes: int, group: str, timeout_s: float, check: agreements.Check | None = None) -> None:
@@ -78,6 +78,7 @@ class Task:
         self.reported = False  # its error was raised to the caller by Work.wait(): not the streams' too
         self.consumers: Sequence[streams.Stream] = ()  # the streams that wait for it
         self._interrupt: algorithms.Interrupt | None = None  # while it runs ahead of its check
+        self.channel: int = 0  # a receive's tag: receives of one tag are posted in issue order
 
     def describe(self) -> str:
         return f"{self.kind} on process group {self.group!r}"
@@ -301,7 +302,7 @@ class CollectiveQueue:
         self._name = name
         self._run = _Fifo(f"neuron collectives {name}", self._start)
         self._pending = _Fifo(f"neuron sends {name}", lambda item: item[0].complete(item[1]))
-        self._receiving = _Fifo(f"neuron receives {name}", lambda item: item[0].complete(item[1]))
+        self._receiving: dict[int, _Fifo] = {}  # per tag: see :meth:`_receives`
         self._broken: BaseException | None = None
         self._broken_from = 0  # the order of the first collective that fails with ``_broken``
         self._issued = 0  # collectives admitted so far
@@ -317,7 +318,8 @@ class CollectiveQueue:
     def name(self, value: str) -> None:
         self._name = value
         self._run.name, self._pending.name = f"neuron collectives {value}", f"neuron sends {value}"
-        self._receiving.name = f"neuron receives {value}"
+        for tag, fifo in self._receiving.items():
+            fifo.name = f"neuron receives {value} tag {tag}"
 
     def _admit(self, task: Task) -> bool:
         with self._lock:
@@ -388,7 +390,19 @@ class CollectiveQueue:
         if check is not None and check.breaks:
             self._break(check, task)
         if pending is not None:
-            (self._receiving if task.kind == "recv" else self._pending).put((task, pending))
+            (self._receives(task.channel) if task.kind == "recv" else self._pending).put((task, pending))
+
+    def _receives(self, tag: int) -> _Fifo:
+        """The thread that posts the receives of ``tag``, in issue order (a receive's header, then
+        its data: on each pair, messages of one tag arrive in the order they were sent). Receives
+        of other tags do not wait behind it, as gloo matches them by tag: a receive posted first
+        for tag 2 held up a later one for tag 1 whose sender sent tag 1 first, until the timeout."""
+        with self._lock:
+            fifo = self._receiving.get(tag)
+            if fifo is None:
+                fifo = self._receiving[tag] = _Fifo(f"neuron receives {self._name} tag {tag}",
+                                                    lambda item: item[0].complete(item[1]))
+            return fifo
 
     def _break(self, check: agreements.Check, task: Task) -> None:
         """``check`` failed while a rank ran ahead: fail ``task`` and everything queued after it."""
@@ -418,7 +432,7 @@ class CollectiveQueue:
         _completions.reset_after_fork()
         self._run.reset_after_fork()
         self._pending.reset_after_fork()
-        self._receiving.reset_after_fork()
+        self._receiving = {}
         self._in_fifo, self._direct = 0, None
 
 
