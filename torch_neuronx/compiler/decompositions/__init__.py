@@ -10,6 +10,7 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 - :mod:`.bools`: scatter-adds and clamps of bool tensors in int32 (torch saturates).
 - :mod:`.sorting`: sorts, ``topk``, medians and selections with torch's NaN and tie rules.
 - :mod:`.moments`: ``var`` and ``std`` with any ``correction``.
+- :mod:`.float64_exp_log`: float64 ``expm1``, ``log1p`` and the functions built on them, accurate near zero.
 - :mod:`.batch_norm_sync`: ``nn.SyncBatchNorm``'s statistics kernels (CUDA-only in ATen).
 - :mod:`.average_pooling`: 2-d average pooling and its backward.
 - :mod:`.special`: ``lgamma``, ``digamma``, ``polygamma``, ``i0``/``i1`` and their scaled forms,
@@ -79,6 +80,7 @@ from torch_neuronx.compiler.decompositions import (
     composites,
     convolution,
     copies,
+    float64_exp_log,
     float64_math,
     foreach,
     general,
@@ -137,5 +139,5 @@ def _table(with_fma: bool) -> dict:
             **segments.DECOMPOSITIONS, **histograms.DECOMPOSITIONS, **losses.DECOMPOSITIONS,
             **orthogonal.DECOMPOSITIONS, **polynomials.DECOMPOSITIONS, **bessel.DECOMPOSITIONS,
             **special_functions.DECOMPOSITIONS, **incomplete_gamma.DECOMPOSITIONS,
-            **float64_math.DECOMPOSITIONS, **extra})
+            **float64_math.DECOMPOSITIONS, **float64_exp_log.DECOMPOSITIONS, **extra})
     return precision.wrapped(ours)
