@@ -389,7 +389,8 @@ def small_collectives_run_inline(rank: int) -> None:
     from torch_neuronx.distributed import work as work_module
     t = torch.full((4,), float(rank + 1), device="neuron")
     t.cpu()  # the stream is idle now
-    work = dist.all_reduce(t, async_op=True)
+    # (the group's own method, as a call without async_op reaches it: async_op=True ones are queued)
+    work = dist.distributed_c10d._get_default_group().allreduce([t])
     if not (work.is_completed() and torch.neuron.current_stream().query()):
         raise RuntimeError("a small collective on idle streams was queued")
     big = torch.ones(work_module.INLINE_BYTES // 4 + 1, device="neuron")
@@ -543,10 +544,46 @@ def point_to_point_orders(rank: int) -> None:
             raise RuntimeError(f"the future after wait(): done={future.done()}")
     t = torch.ones(4, device="neuron")
     torch.neuron.synchronize()  # idle streams: the small all_reduce runs inline, ended when wait() returns
-    work = dist.all_reduce(t, async_op=True)
+    work = dist.distributed_c10d._get_default_group().allreduce([t])  # (as a call without async_op)
     work.wait()
     if not work.get_future().done():
         raise RuntimeError("an inline all_reduce's future was not complete after wait()")
+
+
+def async_orders_across_groups(rank: int) -> None:
+    """Async collectives of two groups over the same ranks, issued in opposite orders on the two
+    ranks (legal: each group sees one order), on neuron tensors and small CPU ones: both ranks
+    waited for the group timeout (the first held the stream or thread the other needed). A CPU
+    collective with async_op=True returns at once, and ``wait(timeout)`` keeps its timeout."""
+    first, second = dist.new_group([0, 1]), dist.new_group([0, 1])
+    for device in ("neuron", "cpu"):
+        a = torch.ones(4, device=device) * (rank + 1)
+        b = torch.ones(4, device=device) * (rank + 10)
+        pairs = [(a, first), (b, second)]
+        works = [dist.all_reduce(t, group=g, async_op=True) for t, g in (pairs if rank == 0 else pairs[::-1])]
+        for work in works:
+            work.wait()
+        if a.tolist() != [3.0] * 4 or b.tolist() != [21.0] * 4:
+            raise RuntimeError(f"{device}: async all_reduces in opposite orders gave {a.tolist()}, {b.tolist()}")
+    late = torch.ones(4)
+    if rank == 1:
+        time.sleep(3)
+    start = time.monotonic()
+    work = dist.all_reduce(late, async_op=True)
+    returned = time.monotonic() - start
+    if rank == 0:
+        if returned > 1.5:
+            raise RuntimeError(f"a CPU all_reduce with async_op=True returned after {returned:.1f} s")
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=0.5))
+        except Exception as exc:  # noqa: BLE001
+            if "timed out" not in str(exc):
+                raise
+        else:
+            raise RuntimeError("wait(timeout=0.5 s) on a collective a peer joins 3 s late returned")
+    work.wait()
+    if late.tolist() != [2.0] * 4:
+        raise RuntimeError(f"the late all_reduce gave {late.tolist()}")
 
 
 def sync_batch_norm(rank: int) -> None:

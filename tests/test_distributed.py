@@ -145,6 +145,10 @@ def test_a_group_bound_to_a_device_splits():
     _both_ranks_ok("device_id_bound")
 
 
+def test_async_collectives_of_two_groups_in_opposite_orders():
+    _both_ranks_ok("async_orders_across_groups")
+
+
 def test_sync_batch_norm_matches_batch_norm_over_the_whole_batch():
     _both_ranks_ok("sync_batch_norm")
 

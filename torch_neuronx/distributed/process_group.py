@@ -24,7 +24,15 @@ from torch_neuronx import config
 from torch_neuronx.distributed import algorithms, point_to_point, validate
 from torch_neuronx.distributed.agreements import Agreements
 from torch_neuronx.distributed.options import Options
-from torch_neuronx.distributed.work import CoalescedWork, CollectiveQueue, NeuronWork, Task, issue, never_compiled
+from torch_neuronx.distributed.work import (
+    CoalescedWork,
+    CollectiveQueue,
+    NeuronWork,
+    Task,
+    issue,
+    never_compiled,
+    ready_point,
+)
 from torch_neuronx.runtime import streams
 from torch_neuronx.runtime.tensor import NeuronTensor
 
@@ -208,7 +216,8 @@ class ProcessGroupNeuron(dist.ProcessGroup):
     # -- issuing ------------------------------------------------------------------------------
 
     def _issue(self, kind: str, tensors: Sequence[torch.Tensor], outputs: list[Any],
-               fn: Callable[[], Any], agree: Agreement | None = None, channel: int = 0) -> NeuronWork:
+               fn: Callable[[], Any], agree: Agreement | None = None, channel: int = 0,
+               opts: Any = None) -> NeuronWork:
         """Queue ``fn`` (the algorithm on host views) in this group's order, after the neuron work
         producing ``tensors`` and before the work that consumes them; with ``agree``, the ranks
         check that they called the same collective on matching sizes (:class:`.agreements.Agreements`:
@@ -230,7 +239,8 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         nbytes = sum(t.nbytes for t in tensors)
         task = Task(kind, fn, ready, outputs, nbytes, self._name or "default", self._timeout_s, check)
         task.channel = channel
-        work = issue(self._queue, task, neuron, consumers, blocking=self._blocking, inline=not self.options.host_cc)
+        work = issue(self._queue, task, neuron, consumers, blocking=self._blocking, inline=not self.options.host_cc,
+                     asynchronous=bool(getattr(opts, "asyncOp", False)))
         self._after_issue(ready, consumers)
         if self._coalesced is not None:
             self._coalesced.append(work)
@@ -242,7 +252,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         ``recv`` must not wait for the ``send`` before it to complete)."""
         position = stream.position
         before, after = self._awaits.get(stream, (0, -1))
-        return streams.Event.at(stream, before if position == after else position)
+        return streams.Event.at(stream, ready_point(stream, before if position == after else position))
 
     def _after_issue(self, ready: Sequence[streams.Event], consumers: Sequence[streams.Stream]) -> None:
         for event, stream in zip(ready, consumers):
@@ -264,7 +274,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         plain = [_plain(t) for t in tensors]
         return self._issue("all_reduce", tensors, list(tensors), lambda: algorithms.all_reduce(
             self._transport, plain, op, self.size(), self.options.bucket_bytes),
-            Agreement(tensors[0].dtype if tensors else None, [*_numels(tensors), _op_code(op)]))
+            Agreement(tensors[0].dtype if tensors else None, [*_numels(tensors), _op_code(op)]), opts=opts)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> NeuronWork:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -273,7 +283,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         plain = [_plain(t) for t in tensors]
         return self._issue("all_reduce_coalesced", tensors, list(tensors), lambda: algorithms.all_reduce(
             self._transport, plain, op, self.size(), self.options.bucket_bytes),
-            Agreement(_first_dtype(tensors), [*_numels(tensors), _op_code(op), *_dtype_codes(tensors)]))
+            Agreement(_first_dtype(tensors), [*_numels(tensors), _op_code(op), *_dtype_codes(tensors)]), opts=opts)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any) -> NeuronWork:
         validate.root("reduce", opts.rootRank, self.size())
@@ -282,7 +292,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         plain = _plain(tensors[0])
         return self._issue("reduce", tensors, list(tensors), lambda: algorithms.reduce(
             self._transport, plain, opts.rootRank, opts.reduceOp, self.size()),
-            Agreement(tensors[0].dtype, [*_numels(tensors), opts.rootRank, _op_code(opts.reduceOp)]))
+            Agreement(tensors[0].dtype, [*_numels(tensors), opts.rootRank, _op_code(opts.reduceOp)]), opts=opts)
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> NeuronWork:
         validate.root("broadcast", opts.rootRank, self.size())
@@ -290,7 +300,8 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         plain = [_plain(t) for t in tensors]
         return self._issue("broadcast", tensors, list(tensors),
                            lambda: algorithms.broadcast(self._transport, plain, opts.rootRank),
-                           Agreement(tensors[0].dtype if tensors else None, [*_numels(tensors), opts.rootRank]))
+                           Agreement(tensors[0].dtype if tensors else None, [*_numels(tensors), opts.rootRank]),
+                           opts=opts)
 
     # -- gathers and scatters -----------------------------------------------------------------
 
@@ -306,7 +317,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         out, inp = _plain(output), _plain(input)
         return self._issue("all_gather", [input, output], [output],
                            lambda: algorithms.all_gather_base(self._transport, out, inp, split),
-                           Agreement(input.dtype, [input.numel()]))
+                           Agreement(input.dtype, [input.numel()]), opts=opts)
 
     all_gather_single = _allgather_base
 
@@ -321,7 +332,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             for out, inp in pairs:
                 algorithms.all_gather_base(self._transport, out, inp, split)
         return self._issue("all_gather_coalesced", [*inputs, *outputs], list(outputs), run,
-                           Agreement(_first_dtype(inputs), [*_numels(inputs), *_dtype_codes(inputs)]))
+                           Agreement(_first_dtype(inputs), [*_numels(inputs), *_dtype_codes(inputs)]), opts=opts)
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
 
@@ -340,7 +351,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             validate.own_slots("all_gather", inputs, output_lists, self.rank())
             agree = Agreement(_first_dtype(inputs), [*_numels(_flatten(output_lists)), *_dtype_codes(inputs)])
         outputs = _flatten(output_lists)  # the future's value, as NCCL's and gloo's: one flat list
-        return self._issue("all_gather", [*inputs, *outputs], outputs, run, agree)
+        return self._issue("all_gather", [*inputs, *outputs], outputs, run, agree, opts=opts)
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> NeuronWork:
@@ -352,7 +363,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
                 algorithms.all_gather(self._transport, outs, inp)
         outputs = _flatten(output_lists)
         return self._issue("all_gather_coalesced", [*inputs, *outputs], outputs, run,
-                           Agreement(_first_dtype(inputs), [*_numels(inputs), *_dtype_codes(inputs)]))
+                           Agreement(_first_dtype(inputs), [*_numels(inputs), *_dtype_codes(inputs)]), opts=opts)
 
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> NeuronWork:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -362,7 +373,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         out, inp = _plain(output), _plain(input)
         return self._issue("reduce_scatter", [input, output], [output],
                            lambda: algorithms.reduce_scatter_base(self._transport, out, inp, op, split),
-                           Agreement(output.dtype, [output.numel(), _op_code(op)]))
+                           Agreement(output.dtype, [output.numel(), _op_code(op)]), opts=opts)
 
     reduce_scatter_single = _reduce_scatter_base
 
@@ -379,7 +390,8 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             for out, inp in pairs:
                 algorithms.reduce_scatter_base(self._transport, out, inp, op, split)
         return self._issue("reduce_scatter_coalesced", [*inputs, *outputs], list(outputs), run,
-                           Agreement(_first_dtype(outputs), [*_numels(outputs), _op_code(op), *_dtype_codes(outputs)]))
+                           Agreement(_first_dtype(outputs), [*_numels(outputs), _op_code(op), *_dtype_codes(outputs)]),
+                           opts=opts)
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
@@ -401,7 +413,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
             validate.own_slots("reduce_scatter", outputs, input_lists, self.rank())
             agree = Agreement(_first_dtype(outputs), [*_numels(_flatten(input_lists)), _op_code(op),
                                                  *_dtype_codes(outputs)])
-        return self._issue("reduce_scatter", [*outputs, *_flatten(input_lists)], list(outputs), run, agree)
+        return self._issue("reduce_scatter", [*outputs, *_flatten(input_lists)], list(outputs), run, agree, opts=opts)
 
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> NeuronWork:
         validate.root("gather", opts.rootRank, self.size())
@@ -412,7 +424,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         options.rootRank = opts.rootRank
         return self._issue("gather", [*inputs, *_flatten(output_lists)], _flatten(output_lists),
                            lambda: self._transport.gather(outs, ins, options).wait(),
-                           Agreement(inputs[0].dtype, [inputs[0].numel(), opts.rootRank]))
+                           Agreement(inputs[0].dtype, [inputs[0].numel(), opts.rootRank]), opts=opts)
 
     def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any) -> NeuronWork:
         validate.root("scatter", opts.rootRank, self.size())
@@ -430,7 +442,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
                     out.copy_(stage)
 
         return self._issue("scatter", [*outputs, *_flatten(input_lists)], list(outputs), run,
-                           Agreement(outputs[0].dtype, [outputs[0].numel(), opts.rootRank]))
+                           Agreement(outputs[0].dtype, [outputs[0].numel(), opts.rootRank]), opts=opts)
 
     # -- all to all ---------------------------------------------------------------------------
 
@@ -446,7 +458,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
                                                                       self.size())
         return self._issue("all_to_all", [input, output], [output], lambda: algorithms.all_to_all_single(
             self._transport, out, inp, receives, sends, native),
-            Agreement(input.dtype, [math.prod(input.shape[1:])], sends=sends, receives=receives))
+            Agreement(input.dtype, [math.prod(input.shape[1:])], sends=sends, receives=receives), opts=opts)
 
     all_to_all_single = alltoall_base
 
@@ -465,7 +477,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
                 o.copy_(received[offset:offset + o.numel()].view(o.shape))
                 offset += o.numel()
         return self._issue("all_to_all", [*inputs, *outputs], list(outputs), run,
-                           Agreement(inputs[0].dtype, [], sends=_numels(inputs), receives=_numels(outputs)))
+                           Agreement(inputs[0].dtype, [], sends=_numels(inputs), receives=_numels(outputs)), opts=opts)
 
     # -- point to point and barrier -----------------------------------------------------------
 
@@ -496,7 +508,7 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         return work
 
     def barrier(self, opts: Any = None) -> NeuronWork:
-        return self._issue("barrier", [], [], lambda: self._transport.barrier().wait())
+        return self._issue("barrier", [], [], lambda: self._transport.barrier().wait(), opts=opts)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         self._issue("barrier", [], [], lambda: self._transport.monitored_barrier(

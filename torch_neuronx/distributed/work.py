@@ -484,12 +484,15 @@ class NeuronWork(dist.Work):
     def __init__(self, task: Task, host_wait: bool, attach: Sequence[streams.Stream] = ()) -> None:
         super().__init__()
         self._task, self._host_wait = task, host_wait
-        self._attach = attach  # a send's or receive's: the streams to order after it at wait()
+        self._attach = attach  # deferred (see :func:`issue`): the streams to order after it at wait()
         self.sources: list[int] = []  # a receive from any source: the rank it came from
 
     def wait(self, timeout: Any = None) -> bool:
         task = self._task
         if self._host_wait:
+            seconds = timeout.total_seconds() if isinstance(timeout, datetime.timedelta) else 0.0
+            if seconds > 0 and not task.done.wait(seconds):  # as gloo's ``wait(timeout)``
+                raise CollectiveError(f"{task.describe()}: timed out after {seconds:g} s (work.wait(timeout))")
             task.wait()
             task.settle()
         elif self._attach:
@@ -506,15 +509,20 @@ class NeuronWork(dist.Work):
         return True
 
     def _order_current_stream(self) -> None:
-        """A send's or receive's ``wait()``: the current stream of its tensor's device runs the
-        work queued after this point once it ended (CUDA's ``work.wait()``); the host goes on."""
-        task, stream = self._task, streams.current_stream(self._attach[0].device_index)
+        """A deferred work's ``wait()`` (see :func:`issue`): the current stream of its tensors'
+        device, and the streams it was ordered with when issued, run the work queued after this
+        point once it ended (CUDA's ``work.wait()``); the host goes on."""
+        task = self._task
+        for stream in task.consumers:  # waited for: later collectives on these streams wait for it
+            _async_awaits.clear(stream)
         if task.done.is_set():
             task.settle()
             return
-        if stream not in task.consumers:
-            task.consumers = (*task.consumers, stream)
-            stream.submit(_await, task)
+        current = streams.current_stream(self._attach[0].device_index)
+        for stream in dict.fromkeys([current, *self._attach]):
+            if stream not in task.consumers:
+                task.consumers = (*task.consumers, stream)
+                stream.submit(_await, task)
 
     def is_completed(self) -> bool:
         return self._task.done.is_set()
@@ -575,6 +583,37 @@ def _joined(future: torch.futures.Future) -> list[Any]:
     return [value for each in future.value() for value in each.value()]
 
 
+class _AsyncAwaits:
+    """Per stream, the span of its queue that holds only the waits for async collectives not yet
+    waited for (``async_op=True``), when nothing was queued after them: a later collective's inputs
+    were ready before that span, so it waits for the stream up to its start only. (Two groups'
+    async collectives issued in opposite orders on two ranks: the second waited for the first's
+    end on the stream, the first's peer for the second's: both ranks hung until the timeout.)"""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._spans: dict[tuple[int, int], tuple[int, int]] = {}
+
+    def add(self, stream: streams.Stream, before: int, after: int) -> None:
+        key = (stream.device_index, stream.id)
+        with self._lock:
+            start, end = self._spans.get(key, (before, -1))
+            self._spans[key] = (start if end == before else before, after)
+
+    def clear(self, stream: streams.Stream) -> None:
+        with self._lock:
+            self._spans.pop((stream.device_index, stream.id), None)
+
+    def ready_point(self, stream: streams.Stream, position: int) -> int:
+        """Where on ``stream`` a collective issued at ``position`` waits (see the class)."""
+        span = self._spans.get((stream.device_index, stream.id))
+        return span[0] if span is not None and span[1] == position else position
+
+
+_async_awaits = _AsyncAwaits()
+ready_point = _async_awaits.ready_point
+
+
 #: A collective moving at most this many bytes, issued while the streams it is ordered with and its
 #: group's queue are idle, runs in the issuing thread (unless TORCH_NEURONX_ENABLE_HOST_CC=1, whose
 #: collectives overlap compute): the hop to a worker thread and back, whose share of the GIL and
@@ -593,7 +632,7 @@ def _inline(queue: CollectiveQueue, task: Task, consumers: Sequence[streams.Stre
 
 
 def issue(queue: CollectiveQueue, task: Task, neuron: Sequence[Any], consumers: Sequence[streams.Stream],
-          blocking: bool, inline: bool = False) -> NeuronWork:
+          blocking: bool, inline: bool = False, asynchronous: bool = False) -> NeuronWork:
     """Put ``task`` in its group's order and make ``consumers`` (streams) wait for it: on the one
     consuming stream's worker when :meth:`CollectiveQueue.direct` allows, else in the FIFO.
 
@@ -602,6 +641,12 @@ def issue(queue: CollectiveQueue, task: Task, neuron: Sequence[Any], consumers: 
     small collective issued while its streams and its group's queue are idle runs now in this
     thread (:data:`INLINE_BYTES`); its error is still the consumers' (raised by ``wait()`` and at
     their next synchronization), as if it had been queued.
+
+    Sends, receives and ``asynchronous`` collectives (``async_op=True``) are NCCL's: they go
+    through the FIFO (never inline or on a stream's worker, which would hold the thread while
+    the peers' matching call may wait for other work of this rank: two groups' async collectives
+    issued in opposite orders on two ranks deadlocked), and the streams wait for them from the
+    work's ``wait()`` on.
     """
     if blocking:
         pending = task.run()
@@ -610,21 +655,27 @@ def issue(queue: CollectiveQueue, task: Task, neuron: Sequence[Any], consumers: 
         task.wait()
         return NeuronWork(task, host_wait=True)
     task.consumers = consumers
-    if inline and _inline(queue, task, consumers):
+    deferred = asynchronous or task.kind in _POINT_TO_POINT
+    if inline and not deferred and _inline(queue, task, consumers):
         queue.execute(task)
         if task.error is not None:  # the consumers' next synchronization raises it, unless wait() did
             for stream in consumers:
                 stream._queue.record_error(task.error)
         return NeuronWork(task, host_wait=not neuron)
-    if len(consumers) == 1 and task.kind not in _POINT_TO_POINT and queue.direct(task, consumers[0]):
+    if len(consumers) == 1 and not deferred and queue.direct(task, consumers[0]):
         consumers[0].submit(run_direct, queue, task)
         return NeuronWork(task, host_wait=not neuron)
     queue.submit(task)
-    if task.kind in _POINT_TO_POINT:
-        # As NCCL's: the streams wait for a send or receive only at ``wait()`` (a receive's
-        # completion waits on the peer, who may first wait for work this rank queues after it).
+    if task.kind in _POINT_TO_POINT:  # the streams wait for it at ``wait()`` (a receive's
+        # completion waits on the peer, who may first wait for work this rank queues after it)
         task.consumers = ()
-        return NeuronWork(task, host_wait=not neuron, attach=consumers[:1])
+        return NeuronWork(task, host_wait=not neuron, attach=consumers)
+    if deferred:  # its streams wait for it now, but later collectives do not (see ``ready_point``)
+        for stream in consumers:
+            before = stream.position
+            stream.submit(_await, task)
+            _async_awaits.add(stream, before, stream.position)
+        return NeuronWork(task, host_wait=not neuron, attach=consumers)
     for stream in consumers:
         stream.submit(_await, task)
     return NeuronWork(task, host_wait=not neuron)
