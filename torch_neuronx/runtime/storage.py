@@ -117,10 +117,16 @@ def _cpu_method(allocation_ref: weakref.ref) -> torch.UntypedStorage:
     """``UntypedStorage.cpu()``: a host copy of the device memory, after the work that writes it (torch's
     own copies the bytes through a tensor of a storage device it refuses)."""
     allocation = _alive(allocation_ref, "cpu()")
-    if not allocation.nbytes or allocation.memory is None:
-        return torch.UntypedStorage(allocation.nbytes if allocation.memory is not None else 0)
+    return _host_copy(allocation, 0, allocation.nbytes).untyped_storage()
+
+
+def _host_copy(allocation: Allocation, start: int, nbytes: int) -> torch.Tensor:
+    """A host copy (uint8) of ``nbytes`` of the allocation's memory from ``start``, after the work
+    that writes it; zeros for memory resized to 0 bytes."""
+    if not nbytes or allocation.memory is None:
+        return torch.zeros(nbytes if allocation.memory is not None else 0, dtype=torch.uint8)
     _wait_for_writers(allocation)
-    return memory.block_view(allocation.address, allocation.nbytes).clone().untyped_storage()
+    return memory.block_view(allocation.address + start, nbytes).clone()
 
 
 def _copy_method(allocation_ref: weakref.ref, storage: torch.UntypedStorage, source: Any,
@@ -141,9 +147,9 @@ def _copy_method(allocation_ref: weakref.ref, storage: torch.UntypedStorage, sou
 def _reduce_method(allocation_ref: weakref.ref, protocol: int) -> tuple[Any, tuple[Any, ...]]:
     """``pickle`` of a neuron tensors' storage: its bytes on the host, rebuilt on its device."""
     allocation = _alive(allocation_ref, "pickle")
-    host = torch.empty(0, dtype=torch.uint8).set_(_cpu_method(allocation_ref))
-    return rebuild_storage, (host.numpy().tobytes(), allocation.index)  # (torch 2.13 cannot unpickle
-    # a CPU storage it pickled: "UntypedStorage has no attribute 'dtype'")
+    raw = _host_copy(allocation, 0, allocation.nbytes).numpy().tobytes()
+    return rebuild_storage, (raw, allocation.index)  # (torch 2.13 cannot unpickle a CPU storage it
+    # pickled: "UntypedStorage has no attribute 'dtype'")
 
 
 def rebuild_storage(raw: bytes, index: int) -> torch.UntypedStorage:
@@ -169,21 +175,13 @@ def _getitem(storage: torch.UntypedStorage, idx: Any) -> Any:
             raise RuntimeError("slicing a neuron storage whose memory was freed (resized to 0 bytes)")
         view = _raw_storage(allocation.address + start, max(stop - start, 0), allocation.index)
         view._neuron_owner = allocation  # the memory lives while the slice does
-        view.cpu = functools.partial(_slice_cpu, allocation, start, max(stop - start, 0))
+        view.cpu = lambda: _host_copy(allocation, start, max(stop - start, 0)).untyped_storage()
         return view
     i = int(idx)
     if not -allocation.nbytes <= i < allocation.nbytes:
         raise IndexError(f"index {i} out of range for storage of size {allocation.nbytes}")
     _wait_for_writers(allocation)
     return int(memory.block_view(allocation.address + i % allocation.nbytes, 1)[0])
-
-
-def _slice_cpu(allocation: Allocation, start: int, nbytes: int) -> torch.UntypedStorage:
-    """``cpu()`` of a slice of a neuron storage: a host copy of its bytes, after their writers."""
-    if not nbytes or allocation.memory is None:
-        return torch.UntypedStorage(0)
-    _wait_for_writers(allocation)
-    return memory.block_view(allocation.address + start, nbytes).clone().untyped_storage()
 
 
 def new_storage(cls: type, *args: Any, device: Any = None, **kwargs: Any) -> torch.UntypedStorage:

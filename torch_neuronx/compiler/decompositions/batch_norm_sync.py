@@ -99,10 +99,9 @@ def running_statistics(running_mean: torch.Tensor | None, running_var: torch.Ten
                        mean: torch.Tensor, invstd: torch.Tensor, momentum: float, eps: float,
                        counts: torch.Tensor) -> Sequence[tuple[torch.Tensor, torch.Tensor]]:
     """(running statistic, its new value) pairs: the momentum update with the unbiased variance."""
-    _, variance, total = merged_statistics(mean, invstd, eps, counts)
+    global_mean, variance, total = merged_statistics(mean, invstd, eps, counts)
     pairs = []
     if running_mean is not None:
-        global_mean = batch_norm_gather_stats_with_counts(None, mean, invstd, None, None, momentum, eps, counts)[0]
         pairs.append((running_mean, running_mean * (1 - momentum) + global_mean.to(running_mean.dtype) * momentum))
     if running_var is not None:
         unbiased = variance * total / (total - 1).clamp_min(1)

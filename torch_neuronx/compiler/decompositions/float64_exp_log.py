@@ -44,7 +44,7 @@ def _expm1(x: torch.Tensor) -> torch.Tensor:
 def _log1p(x: torch.Tensor) -> torch.Tensor:
     u = 1 + x
     accurate = torch.log(u) * x / (u - 1)
-    return torch.where(u == 1, x, torch.where(u == math.inf, x, accurate))
+    return torch.where((u == 1) | (u == math.inf), x, accurate)
 
 
 def expm1(x: torch.Tensor) -> torch.Tensor:
