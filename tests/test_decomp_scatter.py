@@ -250,3 +250,47 @@ def test_masked_scatter_with_a_short_source_raises_as_eager():
             run(x, mask, torch.arange(5.0))
         long_enough = torch.arange(14.0)
         assert torch.equal(run(x, mask, long_enough), f(x, mask, long_enough))
+
+
+_SEPARATED = [  # index tensors with full dimensions between them (torch-mlir cannot lower these)
+    lambda i, j: (i, Ellipsis, j),
+    lambda i, j: (i, slice(None), j),
+    lambda i, j: (slice(None), i, slice(None), j),
+    lambda i, j: (i, slice(None), slice(None), j),
+    lambda i, j: (i.reshape(2, 1), slice(None), j.reshape(1, 2)),  # broadcast to 2x2
+]
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("pattern", range(len(_SEPARATED)))
+def test_index_put_with_separated_index_tensors(pattern, accumulate):
+    """``x[i, :, j] = v`` (values per element, negative and repeated indices): eager's values on
+    the eager device without a CPU fallback, and compiled, forward and backward."""
+    import warnings
+
+    torch.manual_seed(pattern)
+    i, j = torch.tensor([0, -1]), torch.tensor([-2, -2] if accumulate else [3, -2])
+    x = torch.randn(3, 4, 5, 6)
+    key = _SEPARATED[pattern](i, j)
+    shape = x[key].shape
+    values = torch.randn(shape)
+    aten_key = [k if isinstance(k, torch.Tensor) else None for k in key]
+    if Ellipsis in key:
+        aten_key = [aten_key[0], None, None, aten_key[-1]]
+
+    def put(x, values):
+        y = x * 2
+        if accumulate:  # aten's own form: None for a full dimension
+            torch.ops.aten.index_put_(y, aten_key, values, True)
+        else:
+            y[key] = values
+        return y
+
+    expected = put(x, values)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no CPU fallback
+        got = put(x.to("neuron"), values.to("neuron")).cpu()
+    torch.testing.assert_close(got, expected)
+    _check(put, x.clone().requires_grad_(), values.clone().requires_grad_())
+    row = torch.randn(shape[-1])  # one row broadcast over the selection
+    torch.testing.assert_close(put(x.to("neuron"), row.to("neuron")).cpu(), put(x, row))

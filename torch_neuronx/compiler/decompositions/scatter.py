@@ -378,6 +378,35 @@ def index_put_mask(x: torch.Tensor, indices: list, values: torch.Tensor, accumul
     return torch.where(selected, row, x)
 
 
+def _index_put_separated(x: torch.Tensor, indices: list, values: torch.Tensor,
+                         accumulate: bool) -> torch.Tensor:
+    """``x[i, :, j] = v``: index tensors with a full dimension between them, as indices of adjacent dims.
+
+    torch-mlir cannot lower an ``index_put`` whose index list has a ``None`` between two
+    tensors. Such indices put their broadcast dims first in the indexed view (``x[i, :, j]``
+    is ``B + rest``), which is exactly the view of ``x`` with the indexed dims moved to the
+    front, indexed by the same tensors: the write goes there, and the dims move back.
+    """
+    present = [i for i, index in enumerate(indices) if index is not None]
+    if len(present) < 2 or present[-1] - present[0] + 1 == len(present):
+        return NotImplemented  # adjacent: lowered as it is
+    if any(indices[i].dtype in (torch.bool, torch.uint8) for i in present):
+        return NotImplemented
+    order = present + [d for d in range(x.dim()) if d not in present]
+    moved = x.permute(order)
+    written = aten.index_put.default(moved, [indices[i] for i in present], values.to(x.dtype), accumulate)
+    inverse = [order.index(d) for d in range(x.dim())]
+    return written.permute(inverse).clone(memory_format=torch.contiguous_format)
+
+
+def index_put(x: torch.Tensor, indices: list, values: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
+    """``aten.index_put`` in the forms torch-mlir cannot lower: a boolean mask, separated index tensors."""
+    result = index_put_mask(x, indices, values, accumulate)
+    if result is NotImplemented:
+        result = _index_put_separated(x, indices, values, accumulate)
+    return result
+
+
 #: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.scatter_reduce.two: scatter_reduce,
@@ -394,5 +423,5 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.masked_scatter_backward.default: masked_scatter_backward,
     aten.embedding_renorm.default: embedding_renorm,
     aten.histc.default: histc,
-    aten.index_put.default: index_put_mask,
+    aten.index_put.default: index_put,
 }
