@@ -543,3 +543,17 @@ def test_indexing_with_a_0d_tensor_runs_as_inductor_runs_it():
     expected = x.clone()
     expected[1] = 7.0
     assert torch.equal(_run(assign, x.clone(), torch.tensor(1)), expected)
+
+
+def test_the_lowering_worker_ends_cleanly_at_exit(tmp_path):
+    """A process that lowered a graph in the worker exits without resource warnings (``python -W
+    always`` showed the worker "still running" and its pipes unclosed)."""
+    env = dict(os.environ, TORCH_NEURONX_NEFF_CACHE_DIR=str(tmp_path), TORCH_NEURONX_LOWER_IN_SUBPROCESS="1")
+    code = ("import torch, torch_neuronx\n"
+            "f = torch.compile(lambda t: torch.tanh(t) * 3 + 0.25, backend='neuron')\n"
+            "print(f(torch.zeros(5)).sum().item())\n")
+    run = subprocess.run([sys.executable, "-W", "always", "-c", code], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == "1.25"
+    assert "ResourceWarning" not in run.stderr, run.stderr[-2000:]

@@ -18,6 +18,7 @@ no protection).
 
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import subprocess
@@ -59,11 +60,23 @@ class _Worker:
         torch_to_stablehlo.write_message(self.process.stdin, message)
         return torch_to_stablehlo.read_message(self.process.stdout, time.monotonic() + timeout)
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 0.0) -> None:
+        """End the worker: closing its stdin ends its loop; after ``grace`` seconds it is killed."""
         if self.owner != os.getpid():
             return  # a forked child: the parent's worker is not ours to stop
+        for pipe in (self.process.stdin, self.process.stdout):
+            try:
+                if pipe is not None:
+                    pipe.close()
+            except Exception:
+                pass
         try:
-            self.process.kill()
+            self.process.wait(timeout=grace)
+        except Exception:
+            pass
+        try:
+            if self.process.poll() is None:
+                self.process.kill()
             self.process.wait(timeout=10)
         except Exception:
             pass
@@ -86,6 +99,15 @@ def _current() -> _Worker:
             _worker.stop()
         _worker = _Worker()
     return _worker
+
+
+@atexit.register
+def _shutdown() -> None:
+    """At exit the worker ends with its pipes closed (no zombie, no unclosed-file warnings)."""
+    global _worker
+    if _worker is not None:
+        _worker.stop(grace=2.0)
+        _worker = None
 
 
 def prestart() -> None:
