@@ -108,3 +108,54 @@ def test_pdist_every_p_forward_and_backward():
     got_grad, = torch.autograd.grad((got * weights).sum(), x)
     torch.testing.assert_close(got, expected)
     torch.testing.assert_close(got_grad, expected_grad)
+
+
+def _on_the_device_matches_cpu(fn, *leaves, rtol=1e-5, atol=2e-5):
+    """``fn`` and its gradients on the eager device (no op falls back to the CPU) against the CPU."""
+    import warnings
+
+    expected = fn(*leaves)
+    weights = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), leaves)
+    moved = [t.detach().to("neuron").requires_grad_() for t in leaves]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no CPU fallback
+        got = fn(*moved)
+        got_grads = torch.autograd.grad((got * weights.to("neuron")).sum(), moved)
+    torch.testing.assert_close(got.cpu(), expected, rtol=rtol, atol=atol)
+    for g, e in zip(got_grads, expected_grads, strict=True):
+        torch.testing.assert_close(g.cpu(), e, rtol=1e-4, atol=5e-5)
+
+
+@pytest.mark.parametrize("mode, paddings", [
+    ("bilinear", ("border", "reflection")),  # clamp's backward formula is in-place
+    pytest.param("nearest", ("zeros", "border", "reflection"), marks=_SLOW),
+    pytest.param("bicubic", ("zeros", "border", "reflection"), marks=_SLOW),
+])
+def test_grid_sample_backward_runs_on_the_eager_device(mode, paddings):
+    """``grid_sampler_2d_backward`` fell back to the CPU on the eager device (its pullback now runs
+    there, clamp's in-place backward formula included)."""
+    torch.manual_seed(1)
+    x = torch.randn(1, 2, 5, 6, requires_grad=True)
+    grid = (torch.rand(1, 4, 3, 2) * 2.4 - 1.2).requires_grad_()
+
+    def fn(x, grid):
+        return torch.stack([F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=False)
+                            for padding in paddings])
+
+    _on_the_device_matches_cpu(fn, x, grid)
+
+
+def test_pdist_forward_and_backward_run_on_the_eager_device():
+    torch.manual_seed(2)
+    points = torch.randn(6, 4, requires_grad=True)
+    _on_the_device_matches_cpu(lambda p: torch.stack([torch.pdist(p, q) for q in (2, 3.5)]), points)
+
+
+@_SLOW
+def test_volumetric_grid_sample_backward_runs_on_the_eager_device():
+    torch.manual_seed(2)
+    x = torch.randn(1, 2, 3, 4, 5, requires_grad=True)
+    grid = (torch.rand(1, 2, 3, 2, 3) * 2.4 - 1.2).requires_grad_()
+    _on_the_device_matches_cpu(lambda x, g: F.grid_sample(x, g, padding_mode="reflection", align_corners=False),
+                               x, grid)

@@ -17,7 +17,8 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
   ``frexp``, ``exp2``, ``kaiser_window``, and (written in :mod:`.erf`) ``erfc``, ``erfcx``,
   ``erfinv``; :mod:`.cephes` holds the polynomial helpers they share.
 - :mod:`.spectral`: ``torch.fft`` as DFT matrix products; :mod:`.foreach`: the ``_foreach_*``
-  ops; :mod:`.functional`: ``torch.nn.functional`` calls rewritten in the Dynamo graph;
+  ops; :mod:`.functional`: ``torch.nn.functional`` calls rewritten in the Dynamo graph
+  (and the eager backwards of grid sampling and ``pdist`` as their pullbacks);
   :mod:`.sampling`: random ops as host draws; :mod:`.literals`: constants computed at trace time.
 - :mod:`.attention`: the fast-path attention ops and every fused kernel of
   ``scaled_dot_product_attention`` (CPU flash, flash, memory-efficient, cuDNN,
@@ -83,6 +84,7 @@ from torch_neuronx.compiler.decompositions import (
     float64_exp_log,
     float64_math,
     foreach,
+    functional,
     general,
     histograms,
     incomplete_gamma,
@@ -134,7 +136,7 @@ def _table(with_fma: bool) -> dict:
             **sampling.DECOMPOSITIONS, **convolution.DECOMPOSITIONS, **resampling.DECOMPOSITIONS,
             **scans.DECOMPOSITIONS,
             **rnn.DECOMPOSITIONS, **recurrent_layers.DECOMPOSITIONS, **indexing.DECOMPOSITIONS, **copies.DECOMPOSITIONS,
-            **composites.DECOMPOSITIONS,
+            **composites.DECOMPOSITIONS, **functional.DECOMPOSITIONS,
             **linalg.DECOMPOSITIONS,
             **segments.DECOMPOSITIONS, **histograms.DECOMPOSITIONS, **losses.DECOMPOSITIONS,
             **orthogonal.DECOMPOSITIONS, **polynomials.DECOMPOSITIONS, **bessel.DECOMPOSITIONS,

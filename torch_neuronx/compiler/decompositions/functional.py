@@ -3,7 +3,9 @@
 Some ops have a forward decomposition but no decomposable backward (``grid_sampler_2d``'s
 and ``_pdist_forward``'s backwards are fused kernels with no lowering anywhere). Replacing the functional call
 itself by a composition of differentiable ops lets autograd derive the backward from
-that composition while aot_autograd traces, so forward and backward both lower.
+that composition while aot_autograd traces, so forward and backward both lower. On the eager
+device the fused ops themselves arrive (``grid_sampler_2d_backward``, ``_pdist_backward``): their
+decompositions here compute the same pullbacks with ``torch.autograd.grad`` while the kernel is traced.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch._decomp import decompositions as torch_decompositions
 
-from torch_neuronx.compiler.decompositions import indexing
+from torch_neuronx.compiler.decompositions import indexing, recurrent_layers
 
 
 def grid_sample(input: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear", padding_mode: str = "zeros",
@@ -108,10 +110,7 @@ def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     differentiable ops (its fused backward has no lowering)."""
     if input.dim() != 2:
         return torch.pdist(input, p)
-    n = input.shape[0]
-    first, second = torch.triu_indices(n, n, 1, device=input.device)
-    difference = input.index_select(0, first) - input.index_select(0, second)
-    distances = torch.linalg.vector_norm(difference, ord=p, dim=1)
+    distances = _pdist_rows(input, p)
     return _with_zero_gradient(distances, input) if p == 0 else distances
 
 
@@ -131,3 +130,69 @@ def substitute(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     replaced = torch.fx.GraphModule(gm, graph)
     replaced.meta.update(gm.meta)
     return replaced
+
+
+def _sampler_vjp(forward: Callable, grad_output: torch.Tensor, input: torch.Tensor, grid: torch.Tensor,
+                 output_mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The gradients of ``forward(input, grid)`` for ``grad_output``, those ``output_mask`` asks for."""
+    with recurrent_layers.autograd_dispatch(), torch.enable_grad():
+        leaves = input.detach().requires_grad_(), grid.detach().requires_grad_()
+        grad_input, grad_grid = torch.autograd.grad(forward(*leaves), leaves, grad_output, allow_unused=True)
+    grad_input = torch.zeros_like(input) if grad_input is None else grad_input
+    grad_grid = torch.zeros_like(grid) if grad_grid is None else grad_grid
+    return (grad_input if output_mask[0] else None, grad_grid if output_mask[1] else None)
+
+
+def grid_sampler_2d_backward(grad_output: torch.Tensor, input: torch.Tensor, grid: torch.Tensor,
+                             interpolation_mode: int, padding_mode: int, align_corners: bool,
+                             output_mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``aten.grid_sampler_2d_backward`` (an eager op's backward on the device) as the pullback of
+    torch's forward decomposition, whose ops all lower."""
+    def forward(i: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return torch_decompositions._grid_sampler_2d(i, g, interpolation_mode, padding_mode, align_corners)
+
+    return _sampler_vjp(forward, grad_output, input, grid, output_mask)
+
+
+def grid_sampler_3d_backward(grad_output: torch.Tensor, input: torch.Tensor, grid: torch.Tensor,
+                             interpolation_mode: int, padding_mode: int, align_corners: bool,
+                             output_mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``aten.grid_sampler_3d_backward`` as the pullback of :func:`grid_sample_3d` (bilinear, nearest)."""
+    modes = {v: k for k, v in F.GRID_SAMPLE_INTERPOLATION_MODES.items()}
+    paddings = {v: k for k, v in F.GRID_SAMPLE_PADDING_MODES.items()}
+    if modes.get(interpolation_mode) not in ("bilinear", "nearest"):
+        return NotImplemented
+
+    def forward(i: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        return grid_sample_3d(i, g, modes[interpolation_mode], paddings[padding_mode], align_corners)
+
+    return _sampler_vjp(forward, grad_output, input, grid, output_mask)
+
+
+def _pdist_rows(input: torch.Tensor, p: float) -> torch.Tensor:
+    n = input.shape[0]
+    first, second = torch.triu_indices(n, n, 1, device=input.device)
+    difference = input.index_select(0, first) - input.index_select(0, second)
+    return torch.linalg.vector_norm(difference, ord=p, dim=1)
+
+
+def pdist_forward(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
+    """``aten._pdist_forward`` (``torch.pdist`` on the eager device) as :func:`pdist`'s composition."""
+    return _pdist_rows(input, p)
+
+
+def pdist_backward(grad: torch.Tensor, input: torch.Tensor, p: float, pdist: torch.Tensor) -> torch.Tensor:
+    """``aten._pdist_backward`` as the pullback of :func:`pdist_forward` (zeros for ``p == 0``)."""
+    with recurrent_layers.autograd_dispatch(), torch.enable_grad():
+        leaf = input.detach().requires_grad_()
+        (found,) = torch.autograd.grad(_pdist_rows(leaf, p), leaf, grad, allow_unused=True)
+    return torch.zeros_like(input) if found is None else found
+
+
+#: Backwards of eager ops that have no lowering, as pullbacks of their differentiable compositions.
+DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
+    torch.ops.aten.grid_sampler_2d_backward.default: grid_sampler_2d_backward,
+    torch.ops.aten.grid_sampler_3d_backward.default: grid_sampler_3d_backward,
+    torch.ops.aten._pdist_forward.default: pdist_forward,
+    torch.ops.aten._pdist_backward.default: pdist_backward,
+}

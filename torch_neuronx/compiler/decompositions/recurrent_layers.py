@@ -67,7 +67,7 @@ _AUTOGRAD_KEYS = (torch._C.DispatchKey.AutogradFunctionality, torch._C.DispatchK
                   torch._C.DispatchKey.AutogradNestedTensor, torch._C.DispatchKey.ADInplaceOrView)
 
 
-def _autograd_dispatch() -> torch._C._ForceDispatchKeyGuard:
+def autograd_dispatch() -> torch._C._ForceDispatchKeyGuard:
     """Autograd's dispatch keys back on: a custom op's implementation (and a decomposition traced in
     its place, or one run from a ``__torch_dispatch__``) runs below autograd, where
     ``torch.autograd.grad`` finds no graph."""
@@ -80,7 +80,7 @@ def _autograd_dispatch() -> torch._C._ForceDispatchKeyGuard:
 def _gradients(mode: str, grads: Sequence[torch.Tensor], input: torch.Tensor,  # noqa: A002
                hx: Sequence[torch.Tensor], params: Sequence[torch.Tensor], has_biases: bool,
                num_layers: int, bidirectional: bool, batch_first: bool) -> list[torch.Tensor]:
-    with _autograd_dispatch(), torch.enable_grad():
+    with autograd_dispatch(), torch.enable_grad():
         leaves = [t.detach().requires_grad_() for t in (input, *hx, *params)]
         results = _run(mode, leaves[0], leaves[1:1 + len(hx)], leaves[1 + len(hx):], has_biases, num_layers,
                        bidirectional, batch_first)

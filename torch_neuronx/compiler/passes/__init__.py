@@ -24,6 +24,7 @@ from torch_neuronx.compiler.passes.expand_sizes import expand_sizes_kept
 from torch_neuronx.compiler.passes.host_checks import checks_to_outputs
 from torch_neuronx.compiler.passes.host_devices import devices_to_host
 from torch_neuronx.compiler.passes.index_bounds import index_bounds_checked
+from torch_neuronx.compiler.passes.inplace_temporaries import inplace_temporaries_to_functional
 from torch_neuronx.compiler.passes.output_layouts import outputs_in_memory_order
 from torch_neuronx.compiler.passes.pointwise_views import pointwise_views_unviewed
 from torch_neuronx.compiler.passes.random_inputs import random_ops_to_inputs
@@ -35,6 +36,7 @@ from torch_neuronx.compiler.passes.zero_divisors import zero_divisors_checked
 Pass = Callable[[torch.fx.GraphModule], torch.fx.GraphModule]
 
 PIPELINE: list[Pass] = [
+    inplace_temporaries_to_functional,  # first: the other passes see value semantics only
     cond_to_select,  # first: the other passes see the branches' ops (their checks gated by the branch taken)
     devices_to_host,  # first: graphs of neuron tensors name the device in their factories
     complex_to_real,  # first: the other passes and the importer see real tensors only
