@@ -16,14 +16,7 @@ def _check_every_padding(x: torch.Tensor, grid: torch.Tensor, mode: str) -> None
         return torch.stack([F.grid_sample(x, grid, mode=mode, padding_mode=padding, align_corners=corners)
                             for padding in ("zeros", "border", "reflection") for corners in (False, True)])
 
-    expected = fn(x, grid)
-    weights = torch.randn_like(expected)
-    expected_grads = torch.autograd.grad((expected * weights).sum(), [x, grid])
-    got = torch.compile(fn, backend="neuron")(x, grid)
-    got_grads = torch.autograd.grad((got * weights).sum(), [x, grid])
-    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
-    for g, e in zip(got_grads, expected_grads, strict=True):
-        torch.testing.assert_close(g, e, rtol=1e-4, atol=5e-5)
+    _check_every_padding_of(fn, x, grid)
 
 
 # bicubic's 16 taps per point and 3-d bilinear's 8 take one to two minutes each on two cores.
@@ -159,3 +152,36 @@ def test_volumetric_grid_sample_backward_runs_on_the_eager_device():
     grid = (torch.rand(1, 2, 3, 2, 3) * 2.4 - 1.2).requires_grad_()
     _on_the_device_matches_cpu(lambda x, g: F.grid_sample(x, g, padding_mode="reflection", align_corners=False),
                                x, grid)
+
+
+def test_grid_points_on_pixels_and_edges_get_eagers_gradients():
+    """An identity ``affine_grid`` puts grid points exactly on pixels and edges, where the
+    gradient is one-sided: which side, and the clamp's gradient on the edge (0 in torch's kernels,
+    1 in autograd's clamp), made the grid's gradient up to 9 off there, compiled and on the
+    eager device (inductor's too)."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 2, 3, 4, requires_grad=True)
+    grids = [torch.cat([F.affine_grid(torch.eye(2, 3)[None], (1, 2, 5, 7), align_corners=corners),
+                        torch.full((1, 1, 7, 2), 1.0), torch.full((1, 1, 7, 2), -1.0)], 1)
+             for corners in (False, True)]
+    grid = torch.cat(grids).requires_grad_()  # a batch of two grids; x is expanded to match
+    combos = [(padding, corners) for padding in ("zeros", "border", "reflection") for corners in (False, True)]
+
+    def fn(x, grid):
+        return torch.stack([F.grid_sample(x.expand(2, -1, -1, -1), grid, padding_mode=padding, align_corners=c)
+                            for padding, c in combos])
+
+    _check_every_padding_of(fn, x, grid)
+    _on_the_device_matches_cpu(lambda x, g: F.grid_sample(x.expand(2, -1, -1, -1), g, padding_mode="border",
+                                                           align_corners=True), x, grid)
+
+
+def _check_every_padding_of(fn, x, grid):
+    expected = fn(x, grid)
+    weights = torch.randn_like(expected)
+    expected_grads = torch.autograd.grad((expected * weights).sum(), [x, grid])
+    got = torch.compile(fn, backend="neuron")(x, grid)
+    got_grads = torch.autograd.grad((got * weights).sum(), [x, grid])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    for g, e in zip(got_grads, expected_grads, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=5e-5)

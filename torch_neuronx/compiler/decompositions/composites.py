@@ -56,7 +56,7 @@ def grid_sampler_3d(input: torch.Tensor, grid: torch.Tensor, interpolation_mode:
     mode = _MODES.get(interpolation_mode)
     if mode not in ("bilinear", "nearest") or padding_mode not in _PADDINGS:
         return NotImplemented
-    return functional.grid_sample_3d(input, grid, mode, _PADDINGS[padding_mode], align_corners)
+    return functional.grid_sample_nd(input, grid, mode, _PADDINGS[padding_mode], align_corners)
 
 
 def addbmm(x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: float = 1,

@@ -10,6 +10,9 @@ decompositions here compute the same pullbacks with ``torch.autograd.grad`` whil
 
 from __future__ import annotations
 
+import functools
+import itertools
+import operator
 import warnings
 from collections.abc import Callable
 
@@ -22,7 +25,8 @@ from torch_neuronx.compiler.decompositions import indexing, recurrent_layers
 
 def grid_sample(input: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear", padding_mode: str = "zeros",
                 align_corners: bool | None = None) -> torch.Tensor:
-    """``F.grid_sample`` as differentiable ops: 4-d inputs by torch's own decomposition, 5-d by ours.
+    """``F.grid_sample`` as differentiable ops: bilinear (trilinear) and nearest by :func:`grid_sample_nd`,
+    4-d bicubic by torch's own decomposition.
 
     5-d inputs support what eager does there: bilinear (trilinear) and nearest, every padding.
     """
@@ -35,21 +39,41 @@ def grid_sample(input: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear",
                       "since 1.3.0. Please specify align_corners=True if the old behavior is desired. "
                       "See the documentation of grid_sample for details.", stacklevel=2)
         align_corners = False
-    if volumetric:
-        out = grid_sample_3d(input, grid, mode, padding_mode, align_corners)
-    else:
+    if mode == "bicubic":  # its clamps act on integer taps only: no gradient passes them
         out = torch_decompositions._grid_sampler_2d(
             input, grid=grid, interpolation_mode=F.GRID_SAMPLE_INTERPOLATION_MODES[mode],
             padding_mode=F.GRID_SAMPLE_PADDING_MODES[padding_mode], align_corners=align_corners)
+    else:
+        out = grid_sample_nd(input, grid, mode, padding_mode, align_corners)
     return _with_zero_gradient(out, grid) if mode == "nearest" else out
 
 
-def _source_index(coords: torch.Tensor, size: int, padding_mode: str, align_corners: bool) -> torch.Tensor:
+def _clip(coords: torch.Tensor, size: int) -> torch.Tensor:
+    """``coords`` clamped to ``[0, size - 1]`` with the gradient of torch's kernels: 1 strictly inside,
+    0 on the edges and beyond (autograd's clamp passes the gradient on the edges, where the
+    interpolation's slope toward the zero-weighted neighbour outside then gave a wrong gradient)."""
+    inside = (coords > 0) & (coords < size - 1)
+    return torch.where(inside, coords, coords.detach().clamp(0, size - 1))
+
+
+def _unnormalize(coords: torch.Tensor, size: int, align_corners: bool, volumetric: bool) -> torch.Tensor:
+    """Grid coordinates in [-1, 1] to input positions, rounded as torch's CPU kernels round them: a
+    point landing on a pixel lands exactly there or just before it, and which of the two decides
+    the one-sided gradient there (2-d: the vectorized kernel's ``(c + 1) * s - 0.5``; 3-d: the
+    scalar kernel's ``((c + 1) * size - 1) / 2``)."""
+    if volumetric:
+        return (coords + 1) / 2 * (size - 1) if align_corners else ((coords + 1) * size - 1) / 2
+    if align_corners:
+        return (coords + 1) * ((size - 1) / 2)
+    return (coords + 1) * (size / 2) - 0.5
+
+
+def _source_index(coords: torch.Tensor, size: int, padding_mode: str, align_corners: bool,
+                  volumetric: bool) -> torch.Tensor:
     """Grid coordinates in [-1, 1] to input positions, padded as torch's grid sampler pads them."""
-    scale = (size * 0.5 - 0.5) if align_corners else size * 0.5
-    coords = coords * scale + (size * 0.5 - 0.5)
+    coords = _unnormalize(coords, size, align_corners, volumetric)
     if padding_mode == "border":
-        return coords.clamp(0, size - 1)
+        return _clip(coords, size)
     if padding_mode == "reflection":
         low, high = (0.0, size - 1.0) if align_corners else (-0.5, size - 0.5)
         if high == low:
@@ -59,41 +83,43 @@ def _source_index(coords: torch.Tensor, size: int, padding_mode: str, align_corn
         extra = torch.fmod(distance, span)
         flips = (distance / span).floor()
         reflected = torch.where(torch.fmod(flips, 2) == 0, extra + low, span + low - extra)
-        return reflected.clamp(0, size - 1)
+        return _clip(reflected, size)
     return coords
 
 
-def grid_sample_3d(input: torch.Tensor, grid: torch.Tensor, mode: str, padding_mode: str,
-                    align_corners: bool) -> torch.Tensor:
-    """Volumetric ``grid_sample`` (``N, C, D, H, W`` input, ``N, D', H', W', 3`` grid of x, y, z).
+def grid_sample_nd(input: torch.Tensor, grid: torch.Tensor, mode: str, padding_mode: str,
+                   align_corners: bool) -> torch.Tensor:
+    """Bilinear (trilinear) or nearest ``grid_sample`` of a 4-d or 5-d input (grid of x, y[, z]).
 
     Corners are weighted and summed in the order of torch's CPU kernel (top/bottom, then
-    north/south, then west/east), each weight the product of its x, y and z factors.
+    north/south, then west/east), each weight the product of its x, y (and z) factors.
     """
-    n, c, depth, height, width = input.shape
-    sizes = (width, height, depth)
-    ix, iy, iz = (_source_index(grid[..., i], sizes[i], padding_mode, align_corners) for i in range(3))
-    batch = torch.arange(n, device=input.device).view(n, 1, 1, 1, 1)
-    channel = torch.arange(c, device=input.device).view(1, c, 1, 1, 1)
+    n, c, *spatial = input.shape
+    sizes = spatial[::-1]  # x indexes the last dimension
+    volumetric = len(sizes) == 3
+    points = [_source_index(grid[..., i], sizes[i], padding_mode, align_corners, volumetric)
+              for i in range(len(sizes))]
+    batch = torch.arange(n, device=input.device).view(n, *([1] * (len(sizes) + 1)))
+    channel = torch.arange(c, device=input.device).view(1, c, *([1] * len(sizes)))
 
-    def gather(xs: torch.Tensor, ys: torch.Tensor, zs: torch.Tensor, weight: torch.Tensor | float) -> torch.Tensor:
-        inside = (xs >= 0) & (xs < width) & (ys >= 0) & (ys < height) & (zs >= 0) & (zs < depth)
-        xs, ys, zs = (torch.where(inside, t, 0).to(torch.int64).unsqueeze(1) for t in (xs, ys, zs))
+    def gather(at: list[torch.Tensor], weight: torch.Tensor | float) -> torch.Tensor:
+        inside = functools.reduce(operator.and_, ((p >= 0) & (p < size) for p, size in zip(at, sizes, strict=True)))
+        index = [torch.where(inside, p, 0).to(torch.int64).unsqueeze(1) for p in at]
         weight = torch.where(inside, weight, 0).unsqueeze(1)
-        return input[batch, channel, zs, ys, xs] * weight
+        return input[(batch, channel, *index[::-1])] * weight
 
     if mode == "nearest":
-        return gather(ix.round(), iy.round(), iz.round(), 1.0)
-    x0, y0, z0 = ix.floor(), iy.floor(), iz.floor()
-    x1, y1, z1 = x0 + 1, y0 + 1, z0 + 1
-    factors = {"x": ((x0, x1 - ix), (x1, ix - x0)), "y": ((y0, y1 - iy), (y1, iy - y0)),
-               "z": ((z0, z1 - iz), (z1, iz - z0))}
+        return gather([p.round() for p in points], 1.0)
+    corners = []
+    for p in points:
+        low = p.floor()
+        corners.append(((low, low + 1 - p), (low + 1, p - low)))
     out = None
-    for zs, wz in factors["z"]:
-        for ys, wy in factors["y"]:
-            for xs, wx in factors["x"]:
-                term = gather(xs, ys, zs, wx * wy * wz)
-                out = term if out is None else out + term
+    for choice in itertools.product(*corners[::-1]):  # z (or y) outermost, x innermost
+        at = [position for position, _ in choice[::-1]]
+        weight = functools.reduce(operator.mul, [factor for _, factor in choice[::-1]])
+        term = gather(at, weight)
+        out = term if out is None else out + term
     return out
 
 
@@ -147,8 +173,13 @@ def grid_sampler_2d_backward(grad_output: torch.Tensor, input: torch.Tensor, gri
                              interpolation_mode: int, padding_mode: int, align_corners: bool,
                              output_mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``aten.grid_sampler_2d_backward`` (an eager op's backward on the device) as the pullback of
-    torch's forward decomposition, whose ops all lower."""
+    :func:`grid_sample_nd` (bilinear, nearest) or torch's forward decomposition (bicubic)."""
+    modes = {v: k for k, v in F.GRID_SAMPLE_INTERPOLATION_MODES.items()}
+    paddings = {v: k for k, v in F.GRID_SAMPLE_PADDING_MODES.items()}
+
     def forward(i: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        if modes.get(interpolation_mode) in ("bilinear", "nearest"):
+            return grid_sample_nd(i, g, modes[interpolation_mode], paddings[padding_mode], align_corners)
         return torch_decompositions._grid_sampler_2d(i, g, interpolation_mode, padding_mode, align_corners)
 
     return _sampler_vjp(forward, grad_output, input, grid, output_mask)
@@ -157,14 +188,14 @@ def grid_sampler_2d_backward(grad_output: torch.Tensor, input: torch.Tensor, gri
 def grid_sampler_3d_backward(grad_output: torch.Tensor, input: torch.Tensor, grid: torch.Tensor,
                              interpolation_mode: int, padding_mode: int, align_corners: bool,
                              output_mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """``aten.grid_sampler_3d_backward`` as the pullback of :func:`grid_sample_3d` (bilinear, nearest)."""
+    """``aten.grid_sampler_3d_backward`` as the pullback of :func:`grid_sample_nd` (bilinear, nearest)."""
     modes = {v: k for k, v in F.GRID_SAMPLE_INTERPOLATION_MODES.items()}
     paddings = {v: k for k, v in F.GRID_SAMPLE_PADDING_MODES.items()}
     if modes.get(interpolation_mode) not in ("bilinear", "nearest"):
         return NotImplemented
 
     def forward(i: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        return grid_sample_3d(i, g, modes[interpolation_mode], paddings[padding_mode], align_corners)
+        return grid_sample_nd(i, g, modes[interpolation_mode], paddings[padding_mode], align_corners)
 
     return _sampler_vjp(forward, grad_output, input, grid, output_mask)
 
