@@ -170,3 +170,39 @@ def test_an_error_in_a_neuron_backward_pass_is_raised_as_itself():
         y.register_hook(lambda g: g[torch.tensor([10], device=g.device)])
         with pytest.raises(IndexError, match="index 10 is out of bounds"):
             y.sum().backward()
+
+
+class _HookFailed(Exception):
+    pass
+
+
+def _raise(*_):
+    raise _HookFailed("raised by the user's hook")
+
+
+@pytest.mark.parametrize("where", ["tensor", "non_leaf", "post_accumulate", "module", "module_pre"])
+def test_an_exception_raised_by_a_backward_hook_arrives_as_itself(where):
+    """A user's hook raising on neuron tensors gave "SystemError: ... returned NULL without setting an
+    exception" (the engine's device bookkeeping ran Python with the exception pending)."""
+    layer = torch.nn.Linear(3, 2).to("neuron")
+    x = torch.randn(4, 3, device="neuron", requires_grad=True)
+    if where == "tensor":
+        x.register_hook(_raise)
+    elif where == "post_accumulate":
+        layer.weight.register_post_accumulate_grad_hook(_raise)
+    elif where == "module":
+        layer.register_full_backward_hook(_raise)
+    elif where == "module_pre":
+        layer.register_full_backward_pre_hook(_raise)
+    y = layer(x)
+    if where == "non_leaf":
+        y.register_hook(_raise)
+    with pytest.raises(_HookFailed, match="raised by the user's hook"):
+        y.sum().backward()
+    z = torch.randn(4, 3, device="neuron", requires_grad=True)
+    handle = z.register_hook(lambda g: g * 2)  # a hook that returns still works, and is removable
+    (z * 3).sum().backward()
+    torch.testing.assert_close(z.grad.cpu(), torch.full((4, 3), 6.0))
+    handle.remove()
+    (z * 3).sum().backward()
+    torch.testing.assert_close(z.grad.cpu(), torch.full((4, 3), 9.0))

@@ -13,8 +13,9 @@ reports only that (the failure behind issue 15's ``UnsafeIndexBackward0`` was a
 device mismatch nobody could see). A plain subclass on a PrivateUse1 device does
 the same; on ``cpu`` the exception arrives.
 
-So :func:`note` keeps the first exception a neuron op raises inside a backward
-pass, and :func:`install` wraps autograd's one entry into the engine
+So :func:`note` keeps the first exception a neuron op or a user's backward hook (on a
+tensor, after accumulation, on a module: their registrations wrap them) raises inside a
+backward pass, and :func:`install` wraps autograd's one entry into the engine
 (``_engine_run_backward``, which ``backward()`` and ``autograd.grad`` call): when
 the engine fails with that SystemError and an exception was kept, the kept one is
 raised instead.
@@ -63,7 +64,7 @@ def _run_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             lost = entry[1]
             if lost is None or _LOST not in str(err):
                 raise
-            lost.add_note("(raised by a neuron op in the backward pass; PyTorch's engine had lost it)")
+            lost.add_note("(raised in the backward pass of neuron tensors; PyTorch's engine had lost it)")
             raise lost from None
         finally:
             with _lock:
@@ -87,8 +88,51 @@ def _check_devices(outputs: Any, grads: Any) -> None:
             raise RuntimeError(f"invalid gradient at index {i} - expected device {want} but got {have}")
 
 
+def _kept(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """``hook`` (a user's backward hook), its exception kept by :func:`note` as it propagates."""
+    if getattr(hook, "_neuron_kept", False):
+        return hook
+
+    @functools.wraps(hook)
+    def kept(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return hook(*args, **kwargs)
+        except BaseException as exc:
+            note(exc)
+            raise
+
+    kept._neuron_kept = True  # type: ignore[attr-defined]
+    return kept
+
+
+def _registering_kept(register: Callable[..., Any]) -> Callable[..., Any]:
+    """``Tensor.register_hook`` (or its post-accumulate form) registering :func:`_kept` hooks."""
+    @functools.wraps(register)
+    def wrapper(self: torch.Tensor, hook: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return register(self, _kept(hook), *args, **kwargs)
+
+    return wrapper
+
+
+def _hooks_kept() -> None:
+    """Hooks on tensors and modules' backward hooks keep their exceptions (see the module)."""
+    import torch.utils.hooks
+
+    for name in ("register_hook", "register_post_accumulate_grad_hook"):
+        setattr(torch.Tensor, name, _registering_kept(getattr(torch.Tensor, name)))
+    backward_hook = torch.utils.hooks.BackwardHook
+    original_init = backward_hook.__init__
+
+    @functools.wraps(original_init)
+    def init(self: Any, module: Any, user_hooks: list, user_pre_hooks: list) -> None:
+        original_init(self, module, [_kept(h) for h in user_hooks], [_kept(h) for h in user_pre_hooks])
+
+    backward_hook.__init__ = init
+
+
 def install() -> None:
-    """Wrap autograd's entry into the engine (under both names it is called by); idempotent."""
+    """Wrap autograd's entry into the engine (under both names it is called by) and the
+    registration of backward hooks; idempotent."""
     global _installed
     if _installed:
         return
@@ -98,4 +142,5 @@ def install() -> None:
     wrapped = torch._disable_dynamo(_run_backward(torch.autograd.graph._engine_run_backward))
     torch.autograd.graph._engine_run_backward = wrapped
     torch.autograd._engine_run_backward = wrapped
+    _hooks_kept()
     _installed = True
