@@ -67,3 +67,31 @@ def test_empty_file_is_rejected(tmp_path):
     path.write_bytes(b"")
     with pytest.raises(neff.NeffFormatError, match="empty"):
         neff.load(path)
+
+
+def test_a_loaded_neff_does_not_change_when_its_file_is_rewritten(tmp_path):
+    """A file rewritten in place after loading (``cp`` onto a shared cache, a truncation) gave the
+    loaded, mapped NEFF the new bytes (another model's results, or SIGBUS): loading reads it, into
+    page-aligned memory (IREE takes the payload in place)."""
+    import ctypes
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "module.neff"
+    path.write_bytes(make())
+    loaded = neff.load(path)
+    with open(path, "r+b") as f:  # same inode, new bytes
+        f.seek(len(make()) - len(PAYLOAD))
+        f.write(bytes(len(PAYLOAD)))
+    assert bytes(loaded.payload) == PAYLOAD
+    address = ctypes.addressof(ctypes.c_char.from_buffer(loaded.payload))
+    assert address % neff.PAYLOAD_ALIGNMENT == 0
+    path.write_bytes(make())
+    code = ("import os, sys\nfrom torch_neuronx.format import neff\n"
+            "loaded = neff.load(sys.argv[1])\nos.truncate(sys.argv[1], 64)\n"
+            "print(sum(bytes(loaded.payload)))\n")
+    run = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ))
+    assert run.returncode == 0, run.stderr[-2000:]  # SIGBUS: -7
+    assert int(run.stdout) == sum(PAYLOAD)

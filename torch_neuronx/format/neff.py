@@ -115,16 +115,36 @@ def decode(data: bytes | memoryview, *, path: str | None = None, verify: bool = 
 
 
 def load(path: str | os.PathLike[str], *, verify: bool = True) -> Neff:
-    """Map a NEFF file read-only and verify it; the payload view stays valid while referenced."""
+    """Read a NEFF file into memory and verify it.
+
+    Read, not mapped: the runtime reads a loaded payload on every call, and a mapped file
+    rewritten in place afterwards (``cp`` or ``rsync --inplace`` onto a shared cache) gave a
+    running model another model's results, and SIGBUS once truncated. The checksum checked
+    here covers the bytes every later call uses.
+    """
     path = os.fspath(path)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size == 0:
             raise NeffFormatError(f"NEFF file {path} is empty")
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    return decode(mapped, path=path, verify=verify)
+        data = mmap.mmap(-1, size)  # private, page-aligned: the payload keeps its 4 KiB alignment
+        got = f.readinto(data)
+    if got != size:
+        raise NeffFormatError(f"NEFF file {path} changed while it was read ({got} of {size} bytes)")
+    return decode(data, path=path, verify=verify)
 
 
 def read_header(path: str | os.PathLike[str]) -> NeffHeader:
-    """Read only the header (no checksum pass), for listings."""
-    return load(path, verify=False).header
+    """Read only the header (no checksum pass, the payload mapped, not read), for listings."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size == 0:
+            raise NeffFormatError(f"NEFF file {path} is empty")
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return decode(mapped, path=path, verify=False).header
+    finally:
+        try:
+            mapped.close()
+        except BufferError:  # a view still exported (cannot happen: the header is copied)
+            pass

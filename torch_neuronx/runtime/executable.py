@@ -189,7 +189,7 @@ class Executable:
         self.neff = module
         self.device = device(driver)
         try:
-            # wrap_buffer reads the payload in place (the NEFF is mmapped or held in memory);
+            # wrap_buffer reads the payload in place (the NEFF is held in memory, page-aligned);
             # the payload starts 4 KiB-aligned in the container so IREE accepts it.
             vm_module = rt.VmModule.wrap_buffer(self.device.instance, module.payload)
         except Exception:
