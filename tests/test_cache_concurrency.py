@@ -220,3 +220,43 @@ def test_two_nodes_on_one_shared_dir_compile_at_most_once_each(work):
     assert len({r["sha"] for r in results}) == 1
     report = maintenance.verify(str(work / "shared_neff_cache"))
     assert report.checked == 1 and report.bad == [] and report.leftovers == []
+
+
+DRIVER_WORKER = r"""
+import os, sys, time
+from iree_add import ADD_MLIR
+from torch_neuronx.compiler import driver, targets
+from torch_neuronx.format import neff
+
+go = sys.argv[1]
+open(go + f".ready-{os.getpid()}", "w").close()
+while not os.path.exists(go):
+    time.sleep(0.005)
+cpu = targets.resolve("cpu")
+for _ in range(3):
+    data = driver.compile_neff(driver.CompileJob(stablehlo=ADD_MLIR, target=cpu, flags=cpu.flags,
+                                                 key="c" * 64, graph_name="add"))
+    neff.decode(data)  # verified
+print("ok")
+"""
+
+
+def test_processes_compiling_one_key_at_once_without_the_cache_each_get_their_neff(work):
+    """With the cache off nothing serializes compiles of one key: processes compiling it at once
+    shared one work directory and deleted each other's files (FileNotFoundError, an empty
+    payload); each now compiles in its own, and the kept one is the key's documented directory."""
+    env = dict(os.environ, TORCH_NEURONX_DEBUG_DIR=str(work / "debug"),
+               TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS="1",
+               PYTHONPATH=os.pathsep.join([str(pathlib.Path(__file__).parent), os.environ.get("PYTHONPATH", "")]))
+    go = str(work / "go")
+    procs = [subprocess.Popen([sys.executable, "-c", DRIVER_WORKER, go], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    _children.extend(procs)
+    _wait_for(go + ".ready-*", count=3, timeout=120)
+    pathlib.Path(go).touch()
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0 and out.strip() == "ok", err[-3000:]
+    kept = sorted(os.listdir(work / "debug" / "neuronx-cc"))
+    assert kept == ["c" * 32], kept
+    assert os.path.exists(work / "debug" / "neuronx-cc" / ("c" * 32) / "module.neff")

@@ -12,7 +12,9 @@ leaves there, as neuronx-cc does:
 
 The directory is removed after a successful compile unless
 TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS=1; after a failure it is kept and
-the error gives its path.
+the error gives its path. The compiler works in a private ``{hash}.partial-{pid}-{thread}``
+directory, moved to ``{hash}`` when kept, so processes compiling one key at once (with the
+cache off nothing serializes them) never share one.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import logging
 import os
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -186,9 +189,42 @@ def compile_neff(job: CompileJob) -> bytes:
     flag sets for ``job.flags`` (:attr:`Target.flag_fallbacks`) in turn, until one compiles;
     every attempt is in ``compiler_args.txt`` and ``log-neuron-cc.txt``.
     """
-    workdir = work_dir(job.key)
+    final = work_dir(job.key)
+    # A private directory while compiling: processes (or threads) compiling the same key at once,
+    # as they do with the cache off, deleted each other's files in a shared one.
+    workdir = f"{final}.partial-{os.getpid()}-{threading.get_ident()}"
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir, exist_ok=True)
+    try:
+        data = _compile_in(job, workdir)
+    except NeuronCompileError as err:
+        published = _publish(workdir, final)
+        if err.artifacts == workdir:
+            err.artifacts = published
+        raise
+    except BaseException:
+        _publish(workdir, final)
+        raise
+    preserve = job.preserve if job.preserve is not None else config.get("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS")
+    if preserve:
+        _publish(workdir, final)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return data
+
+
+def _publish(workdir: str, final: str) -> str:
+    """Move ``workdir`` to the key's documented place (replacing an older one); where it ends up."""
+    shutil.rmtree(final, ignore_errors=True)
+    try:
+        os.rename(workdir, final)
+    except OSError:  # another process published there in between: ours stays where it is
+        return workdir
+    return final
+
+
+def _compile_in(job: CompileJob, workdir: str) -> bytes:
+    """:func:`compile_neff`'s work in ``workdir``."""
     _write(os.path.join(workdir, "module.mlir"), job.stablehlo)
     version = compiler_version(job.target)
     started = time.perf_counter()
@@ -217,7 +253,4 @@ def compile_neff(job: CompileJob) -> bytes:
         {"target": job.target.name, "compiler_version": version, "key": job.key, **metadata},
         indent=2) + "\n")
     _log.info("compiled %s in %.2f s (%d bytes)", job.graph_name, elapsed, len(data))
-    preserve = job.preserve if job.preserve is not None else config.get("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS")
-    if not preserve:
-        shutil.rmtree(workdir, ignore_errors=True)
     return data
