@@ -63,6 +63,30 @@ def test_malformed_value_warns_once_and_uses_default(monkeypatch, caplog):
     assert "ten minutes" in warnings[0] and "decimal integer" in warnings[0]
 
 
+@pytest.mark.parametrize("name,raw,default,says", [
+    # a count or range built every index before its check (1e23: a raw OverflowError, 0-99999999: minutes)
+    ("TORCH_NEURONX_VISIBLE_DEVICES", "99999999999999999999999", (), "at most 128 devices"),
+    ("TORCH_NEURONX_VISIBLE_DEVICES", "0-99999999999", (), "at most 128 devices"),
+    ("TORCH_NEURONX_VISIBLE_DEVICES", "0,1-200", (), "at most 128 devices"),
+    # a huge timeout broke every compile ("OverflowError: timestamp out of range")
+    ("TORCH_NEURONX_LOWERING_TIMEOUT", "99999999999", 1200, "at most 1000000 seconds"),
+    ("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "1" + "0" * 30, 1200, "at most 1000000 seconds"),
+])
+def test_huge_values_warn_and_take_the_default(name, raw, default, says, monkeypatch, caplog):
+    monkeypatch.setenv(name, raw)
+    with caplog.at_level(logging.WARNING, logger="torch_neuronx.config"):
+        assert config.get(name) == default
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert name in warning and says in warning
+
+
+def test_the_largest_accepted_values_are_taken(monkeypatch):
+    monkeypatch.setenv("TORCH_NEURONX_VISIBLE_DEVICES", "0-127")
+    assert len(config.get("TORCH_NEURONX_VISIBLE_DEVICES")) == 128
+    monkeypatch.setenv("TORCH_NEURONX_LOWERING_TIMEOUT", "1000000")
+    assert config.get("TORCH_NEURONX_LOWERING_TIMEOUT") == 1000000
+
+
 def test_malformed_bool_names_accepted_values(monkeypatch, caplog):
     monkeypatch.setenv("TORCH_NEURONX_COMPILE_ONLY", "maybe")
     with caplog.at_level(logging.WARNING, logger="torch_neuronx.config"):

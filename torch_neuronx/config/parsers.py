@@ -66,6 +66,17 @@ def parse_non_negative_int(raw: str) -> int:
     return value
 
 
+_MAX_SECONDS = 1_000_000  # about 11 days: the system's waits (poll's milliseconds) overflow far above
+
+
+def parse_seconds(raw: str) -> int:
+    """Parse a timeout in whole seconds: a non-negative integer of at most :data:`_MAX_SECONDS`."""
+    value = parse_non_negative_int(raw)
+    if value > _MAX_SECONDS:
+        raise ConfigValueError(f"expected at most {_MAX_SECONDS} seconds")
+    return value
+
+
 _MAX_DEVICES = 128  # torch.device's index is an int8: neuron:0 to neuron:127
 
 
@@ -78,7 +89,8 @@ def parse_device_list(raw: str) -> tuple[int, ...]:
         count = int(text)
         if count < 1:
             raise ConfigValueError("a device count must be at least 1")
-        return _at_most_max(tuple(range(count)))
+        _at_most_max(count)  # before the indices are built (a huge count)
+        return tuple(range(count))
     indices: list[int] = []
     for part in text.split(","):
         first, dash, last = part.strip().partition("-")
@@ -87,16 +99,16 @@ def parse_device_list(raw: str) -> tuple[int, ...]:
         span = range(int(first), int(last if dash else first) + 1)
         if not span:
             raise ConfigValueError(f"empty range {part.strip()!r}")
+        _at_most_max(len(indices) + span.stop - span.start)  # before the indices are built
         indices.extend(span)
     if len(set(indices)) != len(indices):
         raise ConfigValueError("a device is listed twice")
-    return _at_most_max(tuple(indices))
+    return tuple(indices)
 
 
-def _at_most_max(devices: tuple[int, ...]) -> tuple[int, ...]:
-    if len(devices) > _MAX_DEVICES:
+def _at_most_max(count: int) -> None:
+    if count > _MAX_DEVICES:
         raise ConfigValueError(f"at most {_MAX_DEVICES} devices (torch keeps a device index in 8 bits)")
-    return devices
 
 
 def parse_log_level(raw: str) -> int:

@@ -20,6 +20,7 @@ from torch_neuronx.config.parsers import (
     parse_non_negative_int,
     parse_only_one_enables,
     parse_path,
+    parse_seconds,
     parse_str,
     parse_strict_01,
 )
@@ -112,7 +113,7 @@ register(
         _CACHE, parse_bool),
     Var("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "int", 1200,
         "Seconds to wait for the per-key compile lock before giving up.",
-        _CACHE, parse_non_negative_int),
+        _CACHE, parse_seconds),
     Var("TORCH_NEURONX_NEFF_KEY_FROM_HLO", "bool", True,
         "When 1 (the default), the persistent NEFF key is derived from the lowered HLO bytes plus "
         "compiler config (instead of the in-memory base_key). Lets benign Python edits re-trace and "
@@ -298,7 +299,7 @@ register(
     Var("TORCH_NEURONX_LOWERING_TIMEOUT", "int", 1200,
         "Seconds one graph's lowering may take in the worker process before it is stopped and the "
         "graph fails with a NeuronCompileError of stage lowering.",
-        _OURS, parse_non_negative_int, ours=True),
+        _OURS, parse_seconds, ours=True),
     Var("TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES", "bool", True,
         "When 1 (the default), a torch.compile inference graph whose dimensions Dynamo marks dynamic "
         "(a second batch size, mark_dynamic, dynamic=True) is traced once with those sizes symbolic "
