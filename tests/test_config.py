@@ -360,6 +360,27 @@ def test_a_directory_that_cannot_be_made_warns_once_and_takes_the_default(tmp_pa
         directories.directory("TORCH_NEURONX_DEBUG_DIR")
 
 
+def test_a_default_another_user_made_first_gives_way_to_this_users_own(tmp_path, monkeypatch, caplog):
+    """A second user on a shared machine: the default ``/tmp/neuron_backend`` exists, made by another
+    user (not writable here; a file stands in for it, as root can write anything), and every
+    compile raised UnusableDirectoryError; this user's sibling of the default is used instead."""
+    import getpass
+
+    from torch_neuronx.config import directories
+
+    taken = tmp_path / "neuron_backend"
+    taken.write_text("")
+    monkeypatch.setitem(config._REGISTRY, "TORCH_NEURONX_DEBUG_DIR", dataclasses.replace(
+        config.var("TORCH_NEURONX_DEBUG_DIR"), default=str(taken)))
+    monkeypatch.delenv("TORCH_NEURONX_DEBUG_DIR", raising=False)
+    with caplog.at_level(logging.WARNING, logger="torch_neuronx.config"):
+        for _ in range(2):
+            assert directories.directory("TORCH_NEURONX_DEBUG_DIR") == f"{taken}-{getpass.getuser()}"
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "TORCH_NEURONX_DEBUG_DIR" in warning and "this user's" in warning
+    assert (tmp_path / f"neuron_backend-{getpass.getuser()}").is_dir()
+
+
 def test_unusable_debug_and_lock_directories_still_compile_and_say_which_variable(tmp_path):
     """A compile with TORCH_NEURONX_DEBUG_DIR and TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR through a file:
     the artifacts and the compiler's work directory go to the default debug directory, the compile
