@@ -98,3 +98,31 @@ def test_normal_of_tensors_draws_fresh_values_with_the_given_moments():
         torch.testing.assert_close(got.mean(1), expected.mean(1), atol=0.05, rtol=0)
         torch.testing.assert_close(got.std(1), expected.std(1), atol=0.05, rtol=0)
     assert not any(torch.equal(a, b) for a, b in zip(first, second))
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_checkpointed_dropout_compiles_and_its_backward_sees_the_forwards_mask(reentrant):
+    """``torch.utils.checkpoint`` around dropout: aot_autograd replays the generator for the
+    recompute with higher-order ops torch-mlir cannot import (every such graph failed); the
+    draws are saved instead, so the gradient follows the very mask the forward used."""
+    from torch.utils.checkpoint import checkpoint
+
+    def f(x, w):
+        return checkpoint(lambda t: F.dropout(torch.tanh(t @ w), 0.5, training=True), x, use_reentrant=reentrant)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="neuron")
+    x = torch.randn(16, 8, requires_grad=True)
+    w = torch.randn(8, 8, requires_grad=True)
+    masks = []
+    for _ in range(2):
+        y = compiled(x, w)
+        mask = (y != 0).float()
+        grad_x, grad_w = torch.autograd.grad(y.sum(), (x, w))
+        hidden = x.detach() @ w.detach()
+        upstream = mask * 2 * (1 - torch.tanh(hidden) ** 2)  # dropout's scale, tanh's derivative
+        torch.testing.assert_close(y, torch.tanh(hidden) * mask * 2)
+        torch.testing.assert_close(grad_x, upstream @ w.detach().T)
+        torch.testing.assert_close(grad_w, x.detach().T @ upstream)
+        masks.append(mask)
+    assert not torch.equal(masks[0], masks[1])  # a fresh mask per call

@@ -50,6 +50,25 @@ if "TORCH_CACHING_PRECOMPILE" in os.environ:
     torch._dynamo.config.caching_precompile = bool(config.get("TORCH_CACHING_PRECOMPILE"))
 
 
+
+def _partition(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+    """aot_autograd's min-cut partition, with the random ops of checkpointed regions saved.
+
+    Recomputing a random op in the backward (``torch.utils.checkpoint`` around dropout) needs
+    the generator state replayed: the partitioner wraps such ops in ``run_and_save_rng_state``
+    and ``run_with_rng_state``, which torch-mlir cannot import (every such graph failed). Their
+    values are saved instead (a mask's worth of memory), and the region around them is still
+    recomputed from them: the backward sees the forward's very draws.
+    """
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    for node in joint_module.graph.nodes:
+        tags = getattr(node.target, "tags", ())
+        if torch.Tag.nondeterministic_seeded in tags and node.meta.get("recompute") in (
+                CheckpointPolicy.MUST_RECOMPUTE, CheckpointPolicy.PREFER_RECOMPUTE):
+            node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+    return min_cut_rematerialization_partition(joint_module, joint_inputs, **kwargs)
+
 def _model_name(options: CompileOptions) -> str:
     if options.model_name:
         return options.model_name
@@ -109,7 +128,7 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                 fw_compiler=compiler("forward"),
                 bw_compiler=compiler("backward"),
                 inference_compiler=compiler("inference"),
-                partition_fn=min_cut_rematerialization_partition,
+                partition_fn=_partition,
                 decompositions=decompositions.table(),
                 keep_inference_input_mutations=False,
             )
