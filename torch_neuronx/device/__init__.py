@@ -37,7 +37,17 @@ def register() -> bool:
 
     _setup_privateuseone_for_python_backend("neuron", module, NeuronHooks(), NeuronDeviceGuard())
     _register_kernels()
-    from torch_neuronx.device import accelerator, autocast, backward_errors, eager, lazy, module_moves, pinned, swap
+    from torch_neuronx.device import (
+        accelerator,
+        autocast,
+        backward_errors,
+        eager,
+        lazy,
+        linearize,
+        module_moves,
+        pinned,
+        swap,
+    )
     from torch_neuronx.runtime import hops, tensor
 
     hops.install()
@@ -50,6 +60,7 @@ def register() -> bool:
     swap.install()
     lazy.install()
     module_moves.install()
+    linearize.install()
     _register_serialization()
     _registered = True
     return True
