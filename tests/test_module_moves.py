@@ -133,3 +133,24 @@ def test_a_compiled_model_whose_data_was_read_still_moves():
     float(model[0].weight.data.norm())
     model.to("neuron")
     assert model[0].weight.device.type == "neuron"
+
+
+def test_a_module_whose_parameters_are_weakly_referenced_moves_like_on_cuda():
+    """``torch.export`` keeps weak references to a model's parameters: moving the exported module
+    (or the model) to ``neuron`` raised "Couldn't swap Linear.weight" (torch refuses to swap a
+    weakly referenced tensor); the parameters move in place, as CUDA's do, the weak references
+    still reaching them."""
+    import weakref
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 3))
+    x = torch.randn(9, 6)
+    expected = model(x)
+    batch = torch.export.Dim("batch", min=2, max=64)
+    exported = torch.export.export(model, (torch.randn(5, 6),), dynamic_shapes={"input": {0: batch}})
+    watched = weakref.ref(model[0].weight)
+    module = exported.module().to("neuron")
+    assert watched() is model[0].weight and watched().device.type == "neuron"  # shared, moved in place
+    torch.testing.assert_close(module(x.to("neuron")).cpu(), expected)
+    model.to("cpu")
+    torch.testing.assert_close(model(x), expected)

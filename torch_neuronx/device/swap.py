@@ -11,7 +11,8 @@ same program works (the parameter's data is replaced in place), so it must here.
 the two tensors is a neuron tensor, the swap is done anyway, and the gradient node of the old
 contents, which that graph would accumulate into, is poisoned first (torch's own hook for the
 case it allows): a backward through the graph from before the move raises a clear error instead
-of computing gradients nobody receives. Every other refusal (weak references, different slots)
+of computing gradients nobody receives. A parameter something holds a weak reference to
+(``torch.export`` keeps one to each) is swapped too. Every other refusal (different slots)
 stays torch's.
 """
 
@@ -50,12 +51,19 @@ def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
     try:
         return _original(t1, t2)
     except RuntimeError as exc:
-        if not (_refused_for_references(exc) and (_is_neuron(t1) or _is_neuron(t2))):
+        if not ((_refused_for_references(exc) or _refused_for_weakrefs(exc)) and (_is_neuron(t1) or _is_neuron(t2))):
             raise
     for t in (t1, t2):
-        if t.is_leaf and t.requires_grad:
+        if t.is_leaf and t.requires_grad and t._use_count() > 1:
             torch.autograd.graph.get_gradient_edge(t).node.register_prehook(_poisoned)
     _swap(t1, t2)
+
+
+def _refused_for_weakrefs(exc: RuntimeError) -> bool:
+    """torch refuses to swap a tensor something holds a weak reference to (``torch.export`` keeps
+    one to each parameter): the holder sees the swapped contents, as it would see CUDA's in-place
+    replacement, so a move to or from ``neuron`` proceeds."""
+    return "because it has weakref associated with it" in str(exc)
 
 
 def _swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
