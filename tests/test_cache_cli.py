@@ -190,3 +190,28 @@ def test_explain_shows_the_flag_that_was_added():
     said = explain._change("flags", flags, [*flags, "--iree-opt-level=O1"])
     assert said == "flags: removed [], added ['--iree-opt-level=O1']"
     assert explain._change("target", "cpu", "cuda") == "target: was 'cpu', now 'cuda'"
+
+
+def test_clear_and_prune_of_a_read_only_cache_fail_saying_so(root, built, tmp_path):
+    """On a read-only mount nothing can be removed: ``clear`` and ``prune`` reported success (exit 0).
+    A read-only tmpfs is the real thing; where this machine cannot mount one, the test is skipped."""
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mount)], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {made.stderr.decode(errors='replace').strip()}")
+    try:
+        env = {**os.environ, "TORCH_NEURONX_NEFF_CACHE_DIR": str(mount / "neff")}
+        os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = str(mount / "neff")
+        try:
+            _populate(built, "a")
+        finally:
+            os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = str(root)
+        subprocess.run(["mount", "-o", "remount,ro", str(mount)], check=True)
+        for args in (("clear",), ("prune", "--max-bytes", "0"), ("prune", "--older-than", "0s")):
+            proc = _cli(*args, env=env)
+            assert proc.returncode == 1, (args, proc.stdout, proc.stderr)
+            assert "not writable" in proc.stderr, (args, proc.stderr)
+        assert "1 entries" in _cli("ls", env=env).stdout
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)

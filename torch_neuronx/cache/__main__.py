@@ -128,7 +128,20 @@ def cmd_prune(args: argparse.Namespace) -> int:
     left = list(layout.iter_entries(args.dir))
     print(f"removed {len(removed)} entries ({_human(sum(e.size for e in removed))}); "
           f"{len(left)} entries ({_human(sum(e.size for e in left))}) remain in {args.dir}")
+    now = time.time()
+    stuck = [e for e in left if args.older_than is not None and now - e.atime > args.older_than]
+    over = args.max_bytes is not None and sum(e.size for e in left) > args.max_bytes
+    if stuck or over:
+        return _not_removed(args.dir, "prune could not remove the entries it selected")
     return 0
+
+
+def _not_removed(root: str, what: str) -> int:
+    """Say that entries could not be removed (a read-only mount, another user's files); status 1."""
+    writable = os.access(root, os.W_OK)
+    print(f"error: {what} from {root}" + ("" if writable else " (the directory is not writable)"),
+          file=sys.stderr)
+    return 1
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -153,10 +166,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def cmd_clear(args: argparse.Namespace) -> int:
     count, size = maintenance.clear(args.dir)
     print(f"removed {count} entries ({_human(size)}) from {args.dir}")
+    status = 0
+    left = sum(1 for _ in layout.iter_entries(args.dir))
+    if left:
+        status = _not_removed(args.dir, f"{left} entries could not be removed")
     if args.hlo:
         hlo_dir = args.hlo_dir or store.hlo_cache_dir()
         print(f"removed {maintenance.clear_hlo(hlo_dir)} HLO entries from {hlo_dir}")
-    return 0
+    return status
 
 
 def build_parser() -> argparse.ArgumentParser:
