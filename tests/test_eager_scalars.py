@@ -132,3 +132,35 @@ def test_a_loop_over_integer_steps_compiles_once():
     assert len(eager._kernels) == before
     ints = torch.arange(6).to("neuron")
     assert torch.equal((ints * 3 + 2**40).cpu(), torch.arange(6) * 3 + 2**40)
+
+
+_NUMBER_OPS = {
+    "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "lt": lambda a, b: a < b, "ge": lambda a, b: a >= b,
+    "add": lambda a, b: a + b, "add_": lambda a, b: a.clone().add_(b), "mul": lambda a, b: a * b,
+    "remainder": lambda a, b: a % b, "fmod": torch.fmod, "floordiv": lambda a, b: a // b,
+    "full_like": torch.full_like, "fill_": lambda a, b: a.clone().fill_(b),
+    "where": lambda a, b: torch.where(a > 0, a, b), "sub": lambda a, b: a - b,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.float16])
+def test_numbers_of_another_kind_than_the_tensor_give_eagers_values_and_errors(dtype):
+    """A number the tensor's dtype cannot hold: ``bool_mask == 2`` was the mask (2 made True),
+    ``bool + True`` a xor, ``full_like(mask, 2)`` False, ``int % 2.5`` an int64 ``% 2``,
+    ``where(h > 0, h, 1e10)`` of float16 raised, ``full_like(int8, 300)`` wrapped to 44, ``mask - 1``
+    computed: the CPU's values, dtypes and errors."""
+    values = {torch.bool: [True, False, True], torch.float16: [2.0, 65504.0, -0.1]}.get(dtype, [7, 100, 0])
+    t = torch.tensor(values, dtype=dtype)
+    for number in (2, 2.5, True, 300) if dtype != torch.float16 else (2.5, 1e10):
+        for name, op in _NUMBER_OPS.items():
+            try:
+                expected = op(t, number)
+            except RuntimeError as exc:
+                with pytest.raises(RuntimeError) as raised:
+                    op(t.to("neuron"), number).cpu()
+                if "not implemented for" not in str(exc):  # a CPU kernel's name: no such kernel here
+                    assert str(raised.value).startswith(str(exc)[:40]), (name, number, str(exc))
+                continue
+            got = op(t.to("neuron"), number).cpu()
+            assert got.dtype == expected.dtype, (name, number)
+            torch.testing.assert_close(got, expected, equal_nan=True, msg=f"{name} of {dtype} and {number}")

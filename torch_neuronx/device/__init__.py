@@ -112,9 +112,19 @@ def _register_kernels() -> None:
     _library.impl("one_hot", torch._disable_dynamo(_one_hot), "AutogradPrivateUse1")
     recurrent.register(_library)
     _library.impl("_local_scalar_dense", torch._disable_dynamo(_local_scalar_dense), "PrivateUse1")
+    _library.impl("scalar_tensor", torch._disable_dynamo(_scalar_tensor), "PrivateUse1")
     _fallback_library = torch.library.Library("_", "IMPL")  # a fallback lives in the global namespace
     _fallback_library.fallback(torch._disable_dynamo(_factory_fallback), "PrivateUse1")
     _libraries.append(_fallback_library)
+
+
+def _scalar_tensor(value, dtype=None, layout=None, device=None, pin_memory=None):
+    """``torch.scalar_tensor`` (``torch.where(c, h, 1e10)`` makes one of its number) converts
+    unchecked, as on the CPU (float16 1e10 is inf); torch's composite is ``empty().fill_()``, whose
+    checked conversion raised."""
+    import torch
+
+    return torch.scalar_tensor(value, dtype=dtype).to(device)
 
 
 def _local_scalar_dense(x):

@@ -29,6 +29,8 @@ _SPECS = {
     "clamp_max.default": ("self", ("max",)), "clamp_max_.default": ("self", ("max",)),
     "addcmul.default": ("self", ("value",)), "addcmul_.default": ("self", ("value",)),
     "addcdiv.default": ("self", ("value",)), "addcdiv_.default": ("self", ("value",)),
+    "full_like.default": ("self", ("fill_value",)),
+    "pow.Tensor_Scalar": ("self", ("exponent",)), "pow_.Scalar": ("self", ("exponent",)),
 }
 
 
@@ -46,7 +48,10 @@ CHECKED = _resolve()
 #: Out-of-place ops whose result takes the promoted type of tensor and scalar: ``uint8.clamp(-2.5,
 #: 4.5)`` computes in float, with nothing to check (it raised the overflow error).
 _PROMOTING = frozenset((aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default,
-                        aten.where.ScalarOther, aten.where.ScalarSelf))
+                        aten.where.ScalarOther, aten.where.ScalarSelf, aten.pow.Tensor_Scalar))
+#: Ops that convert a number to a floating-point result type unchecked (``where(h > 0, h, 1e10)`` of a
+#: float16 ``h`` is inf, not an error).
+_UNCHECKED_FLOAT = frozenset((aten.where.ScalarOther, aten.where.ScalarSelf))
 
 
 def _safe(value: Any, dtype: torch.dtype) -> bool:
@@ -73,5 +78,9 @@ def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         if not isinstance(value, int | float):
             continue
         dtype = torch.result_type(target, value) if func in _PROMOTING else target.dtype
+        if func in _UNCHECKED_FLOAT and dtype.is_floating_point:
+            continue
+        if func is aten.full_like.default and kwargs.get("dtype") is not None:
+            dtype = kwargs["dtype"]
         if not _safe(value, dtype):
             torch.empty(2, dtype=dtype).fill_(value)  # torch's checked conversion (one value skips it)

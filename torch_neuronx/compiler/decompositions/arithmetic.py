@@ -29,6 +29,8 @@ def remainder(a, b):
         a, b = _promoted(a, b)
         mod = _fmod_float(a, b)  # torch: fmod, then moved into the divisor's sign
         return torch.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        a, b = _promoted(a, b)  # a bool tensor % 300 is an int64 remainder
     return a - aten.div.Tensor_mode(a, b, rounding_mode="floor") * b
 
 
@@ -88,7 +90,9 @@ def div_mode(a, b, *, rounding_mode: str | None = None):
 
 
 def remainder_scalar(a, b):
-    return remainder(a, torch.scalar_tensor(b, dtype=a.dtype, device=a.device))
+    # The number in the type the op computes in: an integer tensor % 2.5 is a float32 remainder
+    # (a 2.5 made int64 gave 7 % 2.5 = 1 where torch gives 2.0).
+    return remainder(a, promoted_scalar(b, a))
 
 
 @calls_itself
@@ -96,11 +100,12 @@ def fmod(a, b):
     """C's remainder (the dividend's sign); torch-mlir lowers no ``fmod`` with a scalar divisor."""
     if a.is_floating_point() or b.is_floating_point():
         return _fmod_float(*_promoted(a, b))
+    a, b = _promoted(a, b)
     return a - aten.div.Tensor_mode(a, b, rounding_mode="trunc") * b
 
 
 def fmod_scalar(a, b):
-    return fmod(a, torch.scalar_tensor(b, dtype=a.dtype, device=a.device))
+    return fmod(a, promoted_scalar(b, a))
 
 
 def promoted_scalar(value, like: torch.Tensor) -> torch.Tensor:

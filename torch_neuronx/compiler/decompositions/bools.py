@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from torch_neuronx.compiler.errors import InvalidInputError
+
 aten = torch.ops.aten
 
 #: The ops whose bool form runs in int32 (their other decompositions apply on the way).
@@ -46,6 +48,88 @@ def in_int32(op: Any, previous: Callable | None) -> Callable:
     return decomposition
 
 
+def _is_bool(value: Any) -> bool:
+    return isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool)
+
+
+def _compared_in_promoted_type(op: Any) -> Callable:
+    """``bool_tensor == 2``: torch compares in the promoted type (int64: all False); torch-mlir
+    converted the number to bool (True: the tensor itself)."""
+    def decomposition(x: Any, other: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dtype == torch.bool and not isinstance(other, bool):
+            return op(x.to(torch.result_type(x, other)), other)
+        return NotImplemented
+    return decomposition
+
+
+def _add(x: Any, other: Any, *, alpha: Any = 1) -> Any:
+    """Bool addition saturates (``True + True`` is True, a logical or); torch-mlir added bits (xor)."""
+    if _is_bool(x) and _is_bool(other):
+        other = other if isinstance(other, torch.Tensor) else torch.scalar_tensor(other, dtype=torch.bool,
+                                                                                     device=x.device)
+        return torch.logical_or(x, other) if alpha else x.clone()
+    return NotImplemented
+
+
+def _sub(x: Any, other: Any, *, alpha: Any = 1) -> Any:
+    if _is_bool(x) and _is_bool(other):
+        raise InvalidInputError("Subtraction, the `-` operator, with two bool tensors is not supported. "
+                                "Use the `^` or `logical_xor()` operator instead.")
+    if _is_bool(x) or _is_bool(other):
+        raise InvalidInputError(
+            "Subtraction, the `-` operator, with a bool tensor is not supported. If you are trying to "
+            "invert a mask, use the `~` or `logical_not()` operator instead.")
+    return NotImplemented
+
+
+def _bool_fill(value: Any, dtype: Any) -> Any:
+    """A fill value as a bool tensor holds it: nonzero is True (torch-mlir kept the low bit: 2 was False)."""
+    return bool(value) if dtype == torch.bool and isinstance(value, int | float) else value
+
+
+def _full(size: Any, fill_value: Any, *, dtype: Any = None, **kwargs: Any) -> Any:
+    if dtype == torch.bool and not isinstance(fill_value, bool):
+        return aten.full.default(size, _bool_fill(fill_value, dtype), dtype=dtype, **kwargs)
+    return NotImplemented
+
+
+def _full_like(x: Any, fill_value: Any, *, dtype: Any = None, **kwargs: Any) -> Any:
+    target = x.dtype if dtype is None else dtype
+    if target == torch.bool and not isinstance(fill_value, bool):
+        return aten.full_like.default(x, _bool_fill(fill_value, target), dtype=dtype, **kwargs)
+    return NotImplemented
+
+
+def _fill(x: Any, value: Any) -> Any:
+    if x.dtype == torch.bool and isinstance(value, int | float) and not isinstance(value, bool):
+        return aten.fill.Scalar(x, bool(value))
+    return NotImplemented
+
+
+def _first(*decompositions: Callable | None) -> Callable:
+    """The first of ``decompositions`` that does not return NotImplemented."""
+    chain = [d for d in decompositions if d is not None]
+
+    def decomposition(*args: Any, **kwargs: Any) -> Any:
+        for d in chain:
+            result = d(*args, **kwargs)
+            if result is not NotImplemented:
+                return result
+        return NotImplemented
+    return decomposition
+
+
+#: Ops of bool tensors and Python numbers, and their forms with torch's values.
+_SCALARS: dict[Any, Callable] = {
+    **{op: _compared_in_promoted_type(op) for op in (aten.eq.Scalar, aten.ne.Scalar, aten.lt.Scalar,
+                                                      aten.le.Scalar, aten.gt.Scalar, aten.ge.Scalar)},
+    aten.add.Tensor: _add, aten.add.Scalar: _add, aten.sub.Tensor: _sub, aten.sub.Scalar: _sub,
+    aten.full.default: _full, aten.full_like.default: _full_like, aten.fill.Scalar: _fill,
+}
+
+
 def wrapped(table: dict) -> dict:
-    """``table`` with each op of :data:`OPS` computing its bool form in int32."""
-    return {**table, **{op: in_int32(op, table.get(op)) for op in OPS}}
+    """``table`` with each op of :data:`OPS` computing its bool form in int32, and bool tensors'
+    arithmetic with numbers as torch computes it (:data:`_SCALARS`)."""
+    table = {**table, **{op: in_int32(op, table.get(op)) for op in OPS}}
+    return {**table, **{op: _first(fix, table.get(op)) for op, fix in _SCALARS.items()}}
