@@ -253,8 +253,8 @@ def atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``aten.atan2`` with IEEE's zeros and infinities (IREE's approximation gives NaN for them)."""
     if y.is_complex() or x.is_complex():
         return NotImplemented
+    dtype = torch.result_type(y, x)  # before broadcasting: a 0-d float64 does not widen float32
     y, x = torch.broadcast_tensors(y, x)
-    dtype = torch.promote_types(y.dtype, x.dtype)
     if not dtype.is_floating_point:  # integers and bools: torch's default float
         dtype = torch.get_default_dtype()
     y, x = y.to(dtype), x.to(dtype)
@@ -378,7 +378,8 @@ def pow_tensor_scalar(a: torch.Tensor, b) -> torch.Tensor:
 
 def hypot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``aten.hypot`` without overflow: the larger magnitude times sqrt(1 + ratio**2); inf wins over NaN."""
-    a, b = torch.broadcast_tensors(a.abs(), b.abs())
+    dtype = torch.result_type(a, b)  # before broadcasting: a 0-d float64 does not widen float32
+    a, b = torch.broadcast_tensors(a.abs().to(dtype), b.abs().to(dtype))
     big, small = torch.maximum(a, b), torch.minimum(a, b)
     ratio = torch.where(big == 0, 0.0, small / big)
     result = big * torch.sqrt(1 + ratio * ratio)

@@ -20,6 +20,8 @@ def any_dims(x, dim=None, keepdim=False):
     """``aten.any.dims`` (which torch-mlir does not lower) as a count of the nonzero elements
     (counting the values themselves missed 0.5, NaN, and a -1 next to a 1)."""
     dims = list(dim) if dim is not None else None
+    if dims == []:  # no dims: each element by itself (a sum over [] is over every dim)
+        return _truth(x, x != 0)
     return _truth(x, aten.sum.dim_IntList((x != 0).to(torch.int32), dims, keepdim) > 0)
 
 
@@ -39,6 +41,8 @@ def _all_dims(x, dims: list[int], keepdim: bool) -> torch.Tensor:
 
 def all_dims(x, dim=None, keepdim=False):
     """``aten.all.dims``, as a count of the zero elements (see :func:`any_dims`)."""
+    if dim is not None and len(dim) == 0:  # no dims: each element by itself
+        return _truth(x, x != 0)
     return _all_dims(x, list(dim) if dim is not None else list(range(x.dim())), keepdim)
 
 

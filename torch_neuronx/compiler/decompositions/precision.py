@@ -40,7 +40,7 @@ def _overloads(*names: str) -> tuple[Any, ...]:
 #: The ops torch computes in float32 for narrow inputs (reductions, scans, moments,
 #: normalizations, convolutions, bags, scatters, composite pointwise ops), forward and backward.
 OPS = _overloads(
-    "sum.default", "sum.dim_IntList", "nansum.default", "mean.default", "mean.dim", "cumsum.default",
+    "sum.default", "sum.dim_IntList", "nansum.default", "mean.default", "mean.dim",
     "prod.default", "prod.dim_int", "var.correction", "var_mean.correction", "std.correction",
     "std_mean.correction", "linalg_vector_norm.default",
     "native_layer_norm.default", "native_layer_norm_backward.default",

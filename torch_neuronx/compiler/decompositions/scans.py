@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from torch_neuronx.compiler.decompositions.general import calls_itself
 from torch_neuronx.compiler.decompositions.precision import NARROW
 
 aten = torch.ops.aten
@@ -53,6 +54,25 @@ def cumsum_scalar(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -
     if dtype is None and not (x.is_floating_point() or x.is_complex()):
         dtype = torch.int64
     return (x if dtype is None else x.to(dtype)).clone()
+
+
+@calls_itself
+def cumsum(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``aten.cumsum``: of a 0-d tensor, :func:`cumsum_scalar`; a float32 one along more than
+    :data:`_LONG_SCAN` elements, in float64 and rounded once, as torch's CPU kernel accumulates
+    (float32 running sums drifted: 100000 times 0.1 came to 9998.56, torch 10000.0)."""
+    if not x.dim():
+        return cumsum_scalar(x, dim, dtype)
+    out = x.dtype if dtype is None else dtype
+    if out in NARROW and x.dtype in (out, *NARROW):  # torch accumulates these in float32, rounded once
+        return aten.cumsum.default(x.to(torch.float32), dim).to(out)
+    if out == torch.float32 and x.dtype in (torch.float32, *NARROW) and x.shape[dim] > _LONG_SCAN:
+        return aten.cumsum.default(x.to(torch.float64), dim).to(torch.float32)
+    return NotImplemented
+
+
+#: Scans longer than this accumulate float32 in float64 (shorter ones lose under an ulp or two).
+_LONG_SCAN = 64
 
 
 def _cumulative_extreme(x: torch.Tensor, dim: int, later_wins: Callable) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,7 +139,7 @@ def logcumsumexp(x: torch.Tensor, dim: int) -> torch.Tensor:
 #: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.cumprod.default: cumprod,
-    aten.cumsum.default: cumsum_scalar,
+    aten.cumsum.default: cumsum,
     aten.cummax.default: cummax,
     aten.cummin.default: cummin,
     aten.logcumsumexp.default: logcumsumexp,

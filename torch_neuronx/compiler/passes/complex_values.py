@@ -218,8 +218,25 @@ class Emitter:
         return self(aten.where.ScalarSelf, infinite, float("inf"), size)
 
     def angle(self, a: Cx) -> Node:
+        """``atan2(im, re)`` with IEEE's zeros and double infinities (IREE's atan2 gives NaN there:
+        the angle of 0j, every zero bin of a spectrum's phase, was NaN)."""
         re, im = self.parts(a)
-        return self(aten.atan2.default, im, re)
+        result = self(aten.atan2.default, im, re)
+        if is_num(re) or is_num(im):
+            return result
+        dtype = result.meta["val"].dtype
+        left = self(aten._to_copy.default, self(aten.signbit.default, re), dtype=dtype)  # 1 for a negative re
+
+        def signed(value: Node) -> Node:  # value with im's sign
+            return self(aten.where.self, self(aten.signbit.default, im), self(aten.neg.default, value), value)
+
+        zeros = signed(self(aten.mul.Tensor, left, math.pi))
+        infinities = signed(self(aten.add.Tensor, self(aten.mul.Tensor, left, 0.5 * math.pi), 0.25 * math.pi))
+        on_axis = self(aten.logical_and.default, self(aten.eq.Scalar, im, 0),
+                       self(aten.logical_not.default, self(aten.isnan.default, re)))
+        result = self(aten.where.self, on_axis, zeros, result)
+        both = self(aten.logical_and.default, self(aten.isinf.default, im), self(aten.isinf.default, re))
+        return self(aten.where.self, both, infinities, result)
 
     def polar(self, magnitude: Any, angle: Node) -> tuple[Any, Any]:
         return (self.mul(magnitude, self(aten.cos.default, angle)),

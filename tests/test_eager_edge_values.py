@@ -1,0 +1,58 @@
+"""Ordinary ops at inputs test suites forget (found by a sweep of the eager device against the CPU)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def _both(fn, *tensors):
+    """``fn`` on the CPU and on the eager device (result brought back)."""
+    return fn(*tensors), fn(*(t.to("neuron") for t in tensors)).cpu()
+
+
+def test_the_angle_of_complex_zeros_and_infinities():
+    """``angle(0j)`` was NaN (IREE's atan2), so every zero bin of a spectrum's phase was NaN."""
+    inf, nan = float("inf"), float("nan")
+    z = torch.tensor([0j, complex(-0.0, 0.0), complex(0.0, -0.0), complex(-0.0, -0.0), 1 + 1j,
+                      complex(inf, inf), complex(-inf, inf), complex(-inf, -inf), complex(nan, 0.0), -2 + 0j],
+                     dtype=torch.complex64)
+    expected, got = _both(torch.angle, z)
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    assert torch.equal(got.signbit(), expected.signbit())
+
+
+@pytest.mark.parametrize("reduce", [torch.all, torch.any])
+def test_all_and_any_over_no_dims_are_elementwise(reduce):
+    """``dim=()`` reduces over no dims (torch 2.13): it reduced over every dim."""
+    x = torch.tensor([[1.0, 0.0, 2.0], [0.0, float("nan"), -0.5]])
+    expected, got = _both(lambda t: reduce(t, dim=()), x)
+    assert got.shape == expected.shape and torch.equal(got, expected)
+    expected, got = _both(lambda t: reduce(t, dim=(0, 1)), x)
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("op", [torch.atan2, torch.hypot])
+def test_a_zero_dim_tensor_of_a_wider_float_does_not_widen_the_result(op):
+    """``atan2(float32, 0-d float64)`` was float64 (the dtypes were promoted after broadcasting)."""
+    for dtype, wide in ((torch.float32, torch.float64), (torch.bfloat16, torch.float32)):
+        x, s = torch.tensor([0.5, -1.5, 2.0], dtype=dtype), torch.tensor(2.0, dtype=wide)
+        expected, got = _both(op, x, s)
+        assert got.dtype == expected.dtype == dtype
+        torch.testing.assert_close(got, expected)
+
+
+def test_long_cumulative_sums_accumulate_as_torch_does():
+    """float32 running sums drifted (100000 times 0.1 came to 9998.56; torch accumulates in
+    float64: 10000.0); float16 and bfloat16 accumulate in float32, rounded once."""
+    x = torch.full((100000,), 0.1)
+    expected, got = _both(lambda t: t.cumsum(0), x)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=0)
+    torch.manual_seed(0)
+    for dtype in (torch.float16, torch.bfloat16):
+        y = torch.randn(2, 3000).to(dtype)
+        expected, got = _both(lambda t: t.cumsum(1), y)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    compiled = torch.compile(lambda t: t.cumsum(0), backend="neuron")
+    torch.testing.assert_close(compiled(x), x.cumsum(0), rtol=1e-6, atol=0)
