@@ -56,3 +56,25 @@ def test_long_cumulative_sums_accumulate_as_torch_does():
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
     compiled = torch.compile(lambda t: t.cumsum(0), backend="neuron")
     torch.testing.assert_close(compiled(x), x.cumsum(0), rtol=1e-6, atol=0)
+
+
+def test_indices_into_a_dimension_of_size_zero_raise_as_on_the_cpu():
+    """Any index is out of bounds in a dimension of size 0: the write into an empty tensor passed
+    silently (its empty result was folded to a constant); ``index_add`` checks nothing there in
+    torch either."""
+    index = torch.tensor([0, 0])
+    cases = [
+        (IndexError, lambda e, i: e.index_put((i,), torch.ones(4, device=e.device))),
+        (IndexError, lambda e, i: e.index_put((i,), torch.ones(4, device=e.device), accumulate=True)),
+        (IndexError, lambda e, i: e.reshape(4, 0).index_put_((torch.arange(4, device=e.device)[:, None], i),
+                                                             torch.tensor(1.0, device=e.device))),
+        (RuntimeError, lambda e, i: e.reshape(0, 4).scatter_add(0, i.reshape(1, 2),
+                                                                torch.ones(1, 2, device=e.device))),
+    ]
+    for error, op in cases:
+        with pytest.raises(error):
+            op(torch.empty(0, 4), index)
+        with pytest.raises(error, match="out of bounds for dimension"):
+            op(torch.empty(0, 4, device="neuron"), index.to("neuron")).cpu()
+    added = torch.empty(0, 4, device="neuron").index_add(0, index.to("neuron"), torch.ones(2, 4, device="neuron"))
+    assert added.shape == (0, 4)

@@ -89,6 +89,12 @@ class InvalidInputError(RuntimeError):
     neuron_input_error = True
 
 
+class InvalidIndexError(IndexError):
+    """:class:`InvalidInputError`'s kind for an index torch rejects with an IndexError."""
+
+    neuron_input_error = True
+
+
 def input_error(exc: BaseException) -> BaseException | None:
     """The bad-input error (one with ``neuron_input_error``) in ``exc``'s chain of causes, if any."""
     return _in_chain(exc, "neuron_input_error")

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from torch_neuronx.compiler.decompositions import indexing
+from torch_neuronx.compiler.errors import InvalidIndexError, InvalidInputError
 from torch_neuronx.compiler.passes.rewrite import call_before, example
 
 aten = torch.ops.aten
@@ -179,6 +181,31 @@ _SCATTERS = {
 }
 
 
+_CHECKED_ELSEWHERE = indexing.BOUNDS
+
+
+def _refuse_indices_into_empty_dims(node: torch.fx.Node) -> None:
+    """torch's error for a scatter of indices into a dimension of size 0 (any index is out of
+    bounds there): the empty result became an empty constant, and the write passed silently."""
+    if node.target not in (aten.index_put.default, aten._unsafe_index_put.default, aten.index_fill.int_Scalar,
+                           aten.scatter.src, aten.scatter.value, aten.scatter_add.default, aten.scatter_reduce.two):
+        return
+    shape = example(node.args[0]).shape
+    if node.target in (aten.index_put.default, aten._unsafe_index_put.default):
+        for dim, index in enumerate(node.args[1]):
+            value = example(index) if isinstance(index, torch.fx.Node) else None
+            if value is not None and index.target is _CHECKED_ELSEWHERE:
+                continue  # index_add's and index_copy's index: their own checks apply (none here)
+            if value is not None and value.dtype not in (torch.bool, torch.uint8) and value.numel() \
+                    and dim < len(shape) and shape[dim] == 0:
+                raise InvalidIndexError("index is out of bounds for dimension with size 0")
+        return
+    dim = node.args[1] % max(len(shape), 1)
+    index = example(node.args[2])
+    if index.numel() and len(shape) and shape[dim] == 0:
+        raise InvalidInputError(f"index is out of bounds for dimension {dim} with size 0")
+
+
 def _writes_nothing(node: torch.fx.Node) -> bool:
     """Whether ``node`` is a scatter whose indices or values have no elements (an embedding's
     backward over an empty batch: IREE's compiler died with SIGFPE on the empty scatter)."""
@@ -206,6 +233,8 @@ def degenerate_shapes_spelled_out(gm: torch.fx.GraphModule) -> torch.fx.GraphMod
             continue
         if not isinstance(node.target, torch._ops.OpOverload):
             continue
+        if _empty(val):
+            _refuse_indices_into_empty_dims(node)
         if _empty(val) and torch.Tag.nondeterministic_seeded not in node.target.tags:
             node.replace_all_uses_with(_constant(gm, node, torch.empty(val.shape, dtype=val.dtype)))
             gm.graph.erase_node(node)
