@@ -124,7 +124,9 @@ def _scalar_tensor(value, dtype=None, layout=None, device=None, pin_memory=None)
     checked conversion raised."""
     import torch
 
-    return torch.scalar_tensor(value, dtype=dtype).to(device)
+    dtype = torch.get_default_dtype() if dtype is None else dtype
+    held = torch.scalar_tensor(value, dtype=dtype).item()  # the CPU's unchecked conversion
+    return torch.empty((), dtype=dtype, device=device).fill_(held)  # a fill kernel: no transfer, no wait
 
 
 def _local_scalar_dense(x):

@@ -66,7 +66,9 @@ def cumsum(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch
     out = x.dtype if dtype is None else dtype
     if out in NARROW and x.dtype in (out, *NARROW):  # torch accumulates these in float32, rounded once
         return aten.cumsum.default(x.to(torch.float32), dim).to(out)
-    if out == torch.float32 and x.dtype in (torch.float32, *NARROW) and x.shape[dim] > _LONG_SCAN:
+    length = x.shape[dim]  # a symbolic length (a dynamic kernel) is not compared: no guard, float64
+    if out == torch.float32 and x.dtype in (torch.float32, *NARROW) and (not isinstance(length, int)
+                                                                          or length > _LONG_SCAN):
         return aten.cumsum.default(x.to(torch.float64), dim).to(torch.float32)
     return NotImplemented
 
