@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -78,3 +80,15 @@ def test_indices_into_a_dimension_of_size_zero_raise_as_on_the_cpu():
             op(torch.empty(0, 4, device="neuron"), index.to("neuron")).cpu()
     added = torch.empty(0, 4, device="neuron").index_add(0, index.to("neuron"), torch.ones(2, 4, device="neuron"))
     assert added.shape == (0, 4)
+
+
+def test_ops_torch_refuses_for_bool_tensors_are_refused():
+    """argmax, argmin, median, nanmedian and kthvalue of a bool tensor computed where torch raises."""
+    mask = torch.tensor([True, False, True])
+    for op in (torch.argmax, torch.argmin, torch.median, torch.nanmedian, lambda t: torch.kthvalue(t, 1),
+               lambda t: torch.median(t, 0), lambda t: torch.argmax(t, 0)):
+        with pytest.raises(RuntimeError) as expected:
+            op(mask)
+        with pytest.raises(RuntimeError, match=re.escape(str(expected.value))):
+            op(mask.to("neuron"))
+    assert torch.argmax(mask.to("neuron").to(torch.uint8)).item() == 0  # the usual spelling still works

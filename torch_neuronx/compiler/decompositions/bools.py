@@ -119,12 +119,34 @@ def _first(*decompositions: Callable | None) -> Callable:
     return decomposition
 
 
+def _refused(message: str) -> Callable:
+    """A decomposition raising torch's error for a bool input (torch has no kernel for it)."""
+    def decomposition(x: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dtype == torch.bool:
+            raise InvalidInputError(message)
+        return NotImplemented
+    return decomposition
+
+
+#: Ops torch refuses for bool tensors (they computed here).
+_REFUSED = {
+    aten.argmax.default: "argmax(): does not support bool input",
+    aten.argmin.default: "argmin(): does not support bool input",
+    aten.median.default: "\"median_cpu\" not implemented for 'Bool'",
+    aten.median.dim: "\"median_out\" not implemented for 'Bool'",
+    aten.nanmedian.default: "\"median_cpu\" not implemented for 'Bool'",
+    aten.nanmedian.dim: "\"median_out\" not implemented for 'Bool'",
+    aten.kthvalue.default: "\"kthvalue_cpu\" not implemented for 'Bool'",
+}
+
+
 #: Ops of bool tensors and Python numbers, and their forms with torch's values.
 _SCALARS: dict[Any, Callable] = {
     **{op: _compared_in_promoted_type(op) for op in (aten.eq.Scalar, aten.ne.Scalar, aten.lt.Scalar,
                                                       aten.le.Scalar, aten.gt.Scalar, aten.ge.Scalar)},
     aten.add.Tensor: _add, aten.add.Scalar: _add, aten.sub.Tensor: _sub, aten.sub.Scalar: _sub,
     aten.full.default: _full, aten.full_like.default: _full_like, aten.fill.Scalar: _fill,
+    **{op: _refused(message) for op, message in _REFUSED.items()},
 }
 
 
