@@ -140,6 +140,7 @@ _NUMBER_OPS = {
     "remainder": lambda a, b: a % b, "fmod": torch.fmod, "floordiv": lambda a, b: a // b,
     "full_like": torch.full_like, "fill_": lambda a, b: a.clone().fill_(b),
     "where": lambda a, b: torch.where(a > 0, a, b), "sub": lambda a, b: a - b,
+    "alpha": lambda a, b: torch.add(a, a, alpha=b),
 }
 
 
@@ -148,7 +149,7 @@ def test_numbers_of_another_kind_than_the_tensor_give_eagers_values_and_errors(d
     """A number the tensor's dtype cannot hold: ``bool_mask == 2`` was the mask (2 made True),
     ``bool + True`` a xor, ``full_like(mask, 2)`` False, ``int % 2.5`` an int64 ``% 2``,
     ``where(h > 0, h, 1e10)`` of float16 raised, ``full_like(int8, 300)`` wrapped to 44, ``mask - 1``
-    computed: the CPU's values, dtypes and errors."""
+    and ``add(int8, int8, alpha=300)`` computed: the CPU's values, dtypes and errors."""
     values = {torch.bool: [True, False, True], torch.float16: [2.0, 65504.0, -0.1]}.get(dtype, [7, 100, 0])
     t = torch.tensor(values, dtype=dtype)
     for number in (2, 2.5, True, 300) if dtype != torch.float16 else (2.5, 1e10):

@@ -44,7 +44,12 @@ def _resolve() -> dict[Any, tuple[int, tuple[int, ...], tuple[str, ...]]]:
     return table
 
 
-CHECKED = _resolve()
+#: Ops with an ``alpha``: torch checks it against the result type (a bool alpha for a non-bool
+#: result, a float alpha for integers, a value the type cannot hold); they computed with it.
+_ALPHA = {aten.add.Tensor: False, aten.sub.Tensor: False, aten.add_.Tensor: True, aten.sub_.Tensor: True}
+
+
+CHECKED = {**_resolve(), **{op: None for op in _ALPHA}}  # what :func:`check` looks at
 #: Out-of-place ops whose result takes the promoted type of tensor and scalar: ``uint8.clamp(-2.5,
 #: 4.5)`` computes in float, with nothing to check (it raised the overflow error).
 _PROMOTING = frozenset((aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default,
@@ -64,8 +69,22 @@ def _safe(value: Any, dtype: torch.dtype) -> bool:
     return type(value) is int and -128 <= value <= 127
 
 
+def _check_alpha(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+    alpha = kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+    if type(alpha) is int and alpha == 1 or len(args) < 2 or not isinstance(args[0], torch.Tensor):
+        return
+    dtype = args[0].dtype if _ALPHA[func] else torch.result_type(args[0], args[1])
+    if type(alpha) is not bool and dtype.is_floating_point and _safe(alpha, dtype):
+        return  # an optimizer's step (``p.add_(g, alpha=-lr)``): nothing to check, no cost
+    one = torch.zeros(1, dtype=dtype)
+    torch.add(one, one, alpha=alpha)  # torch's own checks and errors, on the host
+
+
 def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """Raise torch's overflow error when ``func`` converts a scalar that ``dtype`` cannot hold."""
+    if func in _ALPHA:
+        _check_alpha(func, args, kwargs)
+        return
     spec = CHECKED.get(func)
     if spec is None:
         return
