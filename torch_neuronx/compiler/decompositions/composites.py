@@ -22,7 +22,6 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch._decomp import decompositions as torch_decompositions
 from torch._decomp import get_decompositions
 
@@ -30,8 +29,7 @@ from torch_neuronx.compiler.decompositions import functional
 
 aten = torch.ops.aten
 
-_MODES = {index: name for name, index in F.GRID_SAMPLE_INTERPOLATION_MODES.items()}
-_PADDINGS = {index: name for name, index in F.GRID_SAMPLE_PADDING_MODES.items()}
+_MODES, _PADDINGS = functional.MODE_NAMES, functional.PADDING_NAMES
 
 
 def angle(x: torch.Tensor) -> torch.Tensor:

@@ -136,7 +136,7 @@ def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     differentiable ops (its fused backward has no lowering)."""
     if input.dim() != 2:
         return torch.pdist(input, p)
-    distances = _pdist_rows(input, p)
+    distances = pdist_forward(input, p)
     return _with_zero_gradient(distances, input) if p == 0 else distances
 
 
@@ -158,14 +158,23 @@ def substitute(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return replaced
 
 
-def _sampler_vjp(forward: Callable, grad_output: torch.Tensor, input: torch.Tensor, grid: torch.Tensor,
-                 output_mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The gradients of ``forward(input, grid)`` for ``grad_output``, those ``output_mask`` asks for."""
+#: ``grid_sampler``'s integer modes and paddings by name.
+MODE_NAMES = {index: name for name, index in F.GRID_SAMPLE_INTERPOLATION_MODES.items()}
+PADDING_NAMES = {index: name for name, index in F.GRID_SAMPLE_PADDING_MODES.items()}
+
+
+def _pullback(forward: Callable, inputs: tuple[torch.Tensor, ...], grad: torch.Tensor) -> list[torch.Tensor]:
+    """The gradients of ``forward(*inputs)`` for ``grad`` (zeros for an input it does not use),
+    computed with autograd while a kernel is traced (below autograd's dispatch keys)."""
     with recurrent_layers.autograd_dispatch(), torch.enable_grad():
-        leaves = input.detach().requires_grad_(), grid.detach().requires_grad_()
-        grad_input, grad_grid = torch.autograd.grad(forward(*leaves), leaves, grad_output, allow_unused=True)
-    grad_input = torch.zeros_like(input) if grad_input is None else grad_input
-    grad_grid = torch.zeros_like(grid) if grad_grid is None else grad_grid
+        leaves = tuple(t.detach().requires_grad_() for t in inputs)
+        found = torch.autograd.grad(forward(*leaves), leaves, grad, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(found, inputs, strict=True)]
+
+
+def _sampler_backward(forward: Callable, grad_output: torch.Tensor, input: torch.Tensor, grid: torch.Tensor,
+                      output_mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    grad_input, grad_grid = _pullback(forward, (input, grid), grad_output)
     return (grad_input if output_mask[0] else None, grad_grid if output_mask[1] else None)
 
 
@@ -174,50 +183,42 @@ def grid_sampler_2d_backward(grad_output: torch.Tensor, input: torch.Tensor, gri
                              output_mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``aten.grid_sampler_2d_backward`` (an eager op's backward on the device) as the pullback of
     :func:`grid_sample_nd` (bilinear, nearest) or torch's forward decomposition (bicubic)."""
-    modes = {v: k for k, v in F.GRID_SAMPLE_INTERPOLATION_MODES.items()}
-    paddings = {v: k for k, v in F.GRID_SAMPLE_PADDING_MODES.items()}
+    mode = MODE_NAMES.get(interpolation_mode)
 
     def forward(i: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        if modes.get(interpolation_mode) in ("bilinear", "nearest"):
-            return grid_sample_nd(i, g, modes[interpolation_mode], paddings[padding_mode], align_corners)
+        if mode in ("bilinear", "nearest"):
+            return grid_sample_nd(i, g, mode, PADDING_NAMES[padding_mode], align_corners)
         return torch_decompositions._grid_sampler_2d(i, g, interpolation_mode, padding_mode, align_corners)
 
-    return _sampler_vjp(forward, grad_output, input, grid, output_mask)
+    return _sampler_backward(forward, grad_output, input, grid, output_mask)
 
 
 def grid_sampler_3d_backward(grad_output: torch.Tensor, input: torch.Tensor, grid: torch.Tensor,
                              interpolation_mode: int, padding_mode: int, align_corners: bool,
                              output_mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``aten.grid_sampler_3d_backward`` as the pullback of :func:`grid_sample_nd` (bilinear, nearest)."""
-    modes = {v: k for k, v in F.GRID_SAMPLE_INTERPOLATION_MODES.items()}
-    paddings = {v: k for k, v in F.GRID_SAMPLE_PADDING_MODES.items()}
-    if modes.get(interpolation_mode) not in ("bilinear", "nearest"):
+    mode = MODE_NAMES.get(interpolation_mode)
+    if mode not in ("bilinear", "nearest"):
         return NotImplemented
 
     def forward(i: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        return grid_sample_nd(i, g, modes[interpolation_mode], paddings[padding_mode], align_corners)
+        return grid_sample_nd(i, g, mode, PADDING_NAMES[padding_mode], align_corners)
 
-    return _sampler_vjp(forward, grad_output, input, grid, output_mask)
+    return _sampler_backward(forward, grad_output, input, grid, output_mask)
 
 
-def _pdist_rows(input: torch.Tensor, p: float) -> torch.Tensor:
+def pdist_forward(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
+    """``aten._pdist_forward`` (``torch.pdist`` on the eager device): the p-norm distance of every
+    row pair i < j, in torch's order."""
     n = input.shape[0]
     first, second = torch.triu_indices(n, n, 1, device=input.device)
     difference = input.index_select(0, first) - input.index_select(0, second)
     return torch.linalg.vector_norm(difference, ord=p, dim=1)
 
 
-def pdist_forward(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
-    """``aten._pdist_forward`` (``torch.pdist`` on the eager device) as :func:`pdist`'s composition."""
-    return _pdist_rows(input, p)
-
-
 def pdist_backward(grad: torch.Tensor, input: torch.Tensor, p: float, pdist: torch.Tensor) -> torch.Tensor:
     """``aten._pdist_backward`` as the pullback of :func:`pdist_forward` (zeros for ``p == 0``)."""
-    with recurrent_layers.autograd_dispatch(), torch.enable_grad():
-        leaf = input.detach().requires_grad_()
-        (found,) = torch.autograd.grad(_pdist_rows(leaf, p), leaf, grad, allow_unused=True)
-    return torch.zeros_like(input) if found is None else found
+    return _pullback(lambda x: pdist_forward(x, p), (input,), grad)[0]
 
 
 #: Backwards of eager ops that have no lowering, as pullbacks of their differentiable compositions.
