@@ -54,6 +54,27 @@ def test_flipped_payload_byte_fails_the_checksum():
         neff.decode(bytes(data))
 
 
+def test_an_edited_header_fails_its_checksum_even_when_it_still_parses(tmp_path):
+    """A flipped byte in the header that keeps it valid JSON (a shape 2 read as 3, another key)
+    was believed: the runtime would have read the outputs with the wrong shape."""
+    data = make(signature={"inputs": [{"shape": [2], "dtype": "float32"}]})
+    edited = data.replace(b'"shape": [2]', b'"shape": [3]', 1)
+    assert edited != data and len(edited) == len(data)
+    path = tmp_path / "edited.neff"
+    path.write_bytes(edited)
+    for read in (neff.load, neff.read_header):
+        with pytest.raises(neff.NeffFormatError, match="header fails its checksum"):
+            read(path)
+
+
+def test_a_header_without_its_checksum_is_corrupt():
+    data = bytearray(make())
+    at = data.index(b'"header_sha256"')
+    data[at:at + 15] = b'"header_sha999"'
+    with pytest.raises(neff.NeffFormatError, match="corrupt header"):
+        neff.decode(bytes(data))
+
+
 @pytest.mark.parametrize("cut", [4, 40, 5000])
 def test_truncated_file_is_rejected(tmp_path, cut):
     path = tmp_path / "short.neff"

@@ -32,6 +32,7 @@ import torch
 from torch_neuronx.cache import atomic
 from torch_neuronx.compiler import driver
 from torch_neuronx.compiler.options import ResolvedOptions
+from torch_neuronx.format import neff
 from torch_neuronx.version import __version__
 
 MAGIC = b"TNXAOTPK"
@@ -59,7 +60,7 @@ def encode(sections: Mapping[str, bytes], header: dict[str, Any]) -> bytes:
                       "sha256": hashlib.sha256(data).hexdigest()})
         offset += len(data)
     fields = {**header, "sections": table}
-    fields["header_sha256"] = _header_digest(fields)
+    fields["header_sha256"] = neff.header_digest(fields)
     blob = json.dumps(fields, sort_keys=True).encode()
     return b"".join([_PREFIX.pack(MAGIC, FORMAT_VERSION, len(blob)), blob, *sections.values()])
 
@@ -95,7 +96,7 @@ def decode(data: bytes, path: str) -> tuple[dict[str, Any], dict[str, bytes]]:
                  for entry in table]
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise PackageError(f"{where} has a corrupt header: {type(exc).__name__}: {exc}") from None
-    if digest != _header_digest(header):
+    if digest != neff.header_digest(header):
         raise PackageError(f"{where}: its header fails its checksum (the file is corrupt or was edited)")
     sections = {}
     for name, lo, length, sha256 in spans:
@@ -111,11 +112,6 @@ def decode(data: bytes, path: str) -> tuple[dict[str, Any], dict[str, bytes]]:
     if len(data) != end:
         raise PackageError(f"{where} has {len(data) - end} bytes past its last section (corrupt)")
     return header, sections
-
-
-def _header_digest(fields: Mapping[str, Any]) -> str:
-    """The checksum of a header's fields (without the checksum itself), as written."""
-    return hashlib.sha256(json.dumps(dict(fields), sort_keys=True).encode()).hexdigest()
 
 
 def _prefix_problem(data: bytes) -> str | None:

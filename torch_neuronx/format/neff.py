@@ -6,13 +6,15 @@ Layout (all integers little-endian)::
     offset 8   u32      format version (FORMAT_VERSION)
     offset 12  u32      header length H (bytes of JSON that follow)
     offset 16  H bytes  JSON header: target, compiler_version, key, payload_length,
-                        payload_sha256, signature (inputs/outputs), extra metadata
+                        payload_sha256, signature (inputs/outputs), extra metadata, and
+                        header_sha256 (the checksum of the other fields, as written)
     padding to a multiple of PAYLOAD_ALIGNMENT
     payload    the compiled module (an IREE VM flatbuffer for IREE targets)
 
 The payload starts on a 4 KiB boundary so the runtime can map the file and hand
 the payload to IREE without a copy. Every load verifies magic, version, length
-and checksum; a mismatch raises :class:`NeffFormatError` saying what is wrong.
+and both checksums (the header's own, so that a flipped byte in a signature or key is
+never believed, and the payload's); a mismatch raises :class:`NeffFormatError` saying what is wrong.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import struct
 from typing import Any
 
 MAGIC = b"TNXNEFF\0"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the header carries its own checksum
 PAYLOAD_ALIGNMENT = 4096
 _PREFIX = struct.Struct("<8sII")
 
@@ -77,6 +79,7 @@ def encode(
         "signature": signature or {},
         "metadata": metadata or {},
     }
+    header["header_sha256"] = header_digest(header)
     blob = json.dumps(header, sort_keys=True).encode()
     head = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(blob)) + blob
     pad = (-len(head)) % PAYLOAD_ALIGNMENT
@@ -101,9 +104,12 @@ def decode(data: bytes | memoryview, *, path: str | None = None, verify: bool = 
         raise NeffFormatError(f"{where} is truncated inside its header")
     try:
         fields = json.loads(bytes(view[_PREFIX.size:end]))
+        digest = fields.pop("header_sha256")
         header = NeffHeader(format_version=version, **fields)
-    except (ValueError, TypeError) as exc:
-        raise NeffFormatError(f"{where} has a corrupt header: {exc}") from None
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise NeffFormatError(f"{where} has a corrupt header: {type(exc).__name__}: {exc}") from None
+    if digest != header_digest(fields):
+        raise NeffFormatError(f"{where}: its header fails its checksum (the file is corrupt or was edited)")
     start = end + (-end) % PAYLOAD_ALIGNMENT
     payload = view[start:]
     if len(payload) != header.payload_length:
@@ -112,6 +118,11 @@ def decode(data: bytes | memoryview, *, path: str | None = None, verify: bool = 
     if verify and hashlib.sha256(payload).hexdigest() != header.payload_sha256:
         raise NeffFormatError(f"{where} fails its checksum: the payload is corrupt")
     return Neff(header=header, payload=payload, path=path)
+
+
+def header_digest(fields: dict[str, Any]) -> str:
+    """The checksum of a container header's JSON fields (without the checksum itself), as written."""
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
 
 def load(path: str | os.PathLike[str], *, verify: bool = True) -> Neff:
