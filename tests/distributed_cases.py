@@ -696,6 +696,29 @@ def coalescing_and_futures(rank: int) -> None:
         raise RuntimeError(f"all_gather_into_tensor into a transposed view gave {big.tolist()}")
 
 
+def ran_ahead_then_exit(rank: int) -> None:
+    """A caught mismatch that a rank ran ahead into, then an ordinary exit without
+    destroy_process_group: the transport failed the abandoned work after the interpreter had gone
+    and the process died of SIGABRT or SIGSEGV at exit."""
+    try:
+        mismatched_later(rank)
+    except Exception as exc:  # noqa: BLE001 - what a user's script catches
+        print(f"CAUGHT rank {rank}: {type(exc).__name__}", flush=True)
+    print(f"DONE rank {rank}", flush=True)
+    sys.exit(0)
+
+
+def _store_barrier(name: str) -> None:
+    """Wait (at most 60 s) until every rank got here, through the store (the group may be broken)."""
+    store = dist.distributed_c10d._get_default_store()
+    store.add(name, 1)
+    deadline = time.monotonic() + 60
+    while int(store.add(name, 0)) < dist.get_world_size():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the ranks did not all reach {name!r} within 60 s")
+        time.sleep(0.01)
+
+
 def main() -> None:
     import faulthandler
     faulthandler.dump_traceback_later(200, exit=True)
@@ -704,6 +727,19 @@ def main() -> None:
     dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=float(os.environ.get("PG_TIMEOUT", "10"))),
                             **bound)
     rank = dist.get_rank()
+    if "," in case:  # mismatches every rank catches, one after another, each on a new group
+        for name in case.split(","):
+            try:
+                globals()[name](rank)
+                print(f"OK {name} rank {rank}", flush=True)
+            except Exception as exc:
+                print(f"RAISED {name} rank {rank}: {type(exc).__name__}: {exc}".replace("\n", " ")[:600], flush=True)
+            _store_barrier(f"after {name}")  # every rank saw its outcome before a group goes away
+            dist.destroy_process_group()  # a group that failed an agreement check refuses more work
+            dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=float(os.environ["PG_TIMEOUT"])))
+        print(f"DONE rank {rank}", flush=True)
+        dist.destroy_process_group()
+        return
     try:
         globals()[case](rank)
     except Exception as exc:  # the test reads what each rank saw

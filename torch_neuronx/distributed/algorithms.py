@@ -9,6 +9,7 @@ split all-gather and reduce-scatter in chunks, buckets of at most COLLECTIVE_BUC
 from __future__ import annotations
 
 import contextlib
+import datetime
 import math
 import threading
 from collections.abc import Iterator, Sequence
@@ -27,35 +28,45 @@ class Stopped(RuntimeError):
 class Interrupt:
     """A way to stop waiting for a collective's transport work from another thread: a rank that
     ran ahead into a collective whose agreement check then failed waits for peers that never
-    join; :meth:`stop` frees its thread at once (the transport gives up at its own timeout)."""
+    join; :meth:`stop` frees its thread within a slice of a wait (the transport gives up at its own
+    timeout)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._stopped = False
-        self._waiting: list[threading.Event] = []
 
     def stop(self) -> None:
         with self._lock:
-            self._stopped, waiting = True, self._waiting
-        for event in waiting:
-            event.set()
+            self._stopped = True
 
     def _wait(self, work: dist.Work) -> None:
-        try:
-            future = work.get_future()
-        except RuntimeError:  # (a transport work without a future: waited for as it is)
-            work.wait()
-            return
-        wake = threading.Event()
-        with self._lock:
-            if self._stopped:
-                raise Stopped("stopped before its transport work")
-            self._waiting.append(wake)
-        future.add_done_callback(lambda _future: wake.set())
-        wake.wait()
-        if not future.done():
-            raise Stopped("stopped while its transport work waited for the peers")
-        work.wait()
+        """Wait for ``work`` until it ends or :meth:`stop` is called (then :class:`Stopped`).
+
+        Waited for in slices, not woken by a callback on the transport's future: a Python callback
+        there outlives the interpreter when the work never completes (a peer that never joins), and
+        gloo's thread, failing the work at its own timeout after the interpreter exited, then
+        aborted the process (SIGABRT or SIGSEGV at exit)."""
+        while True:
+            with self._lock:
+                if self._stopped:
+                    raise Stopped("stopped while its transport work waited for the peers")
+            try:
+                work.wait(_SLICE)
+                return
+            except RuntimeError:
+                if _ended(work):  # the work itself failed: its error
+                    raise
+
+
+def _ended(work: dist.Work) -> bool:
+    try:
+        return work.is_completed()
+    except RuntimeError:
+        return True
+
+
+#: How long a stoppable wait waits between looks at its stop flag.
+_SLICE = datetime.timedelta(milliseconds=20)
 
 
 _running = threading.local()  # the Interrupt of the collective this thread runs, if it can be stopped
