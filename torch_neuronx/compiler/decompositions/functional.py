@@ -163,18 +163,9 @@ MODE_NAMES = {index: name for name, index in F.GRID_SAMPLE_INTERPOLATION_MODES.i
 PADDING_NAMES = {index: name for name, index in F.GRID_SAMPLE_PADDING_MODES.items()}
 
 
-def _pullback(forward: Callable, inputs: tuple[torch.Tensor, ...], grad: torch.Tensor) -> list[torch.Tensor]:
-    """The gradients of ``forward(*inputs)`` for ``grad`` (zeros for an input it does not use),
-    computed with autograd while a kernel is traced (below autograd's dispatch keys)."""
-    with recurrent_layers.autograd_dispatch(), torch.enable_grad():
-        leaves = tuple(t.detach().requires_grad_() for t in inputs)
-        found = torch.autograd.grad(forward(*leaves), leaves, grad, allow_unused=True)
-    return [torch.zeros_like(t) if g is None else g for g, t in zip(found, inputs, strict=True)]
-
-
 def _sampler_backward(forward: Callable, grad_output: torch.Tensor, input: torch.Tensor, grid: torch.Tensor,
                       output_mask: list[bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    grad_input, grad_grid = _pullback(forward, (input, grid), grad_output)
+    grad_input, grad_grid = recurrent_layers.pullback(forward, (input, grid), grad_output)
     return (grad_input if output_mask[0] else None, grad_grid if output_mask[1] else None)
 
 
@@ -218,7 +209,7 @@ def pdist_forward(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
 
 def pdist_backward(grad: torch.Tensor, input: torch.Tensor, p: float, pdist: torch.Tensor) -> torch.Tensor:
     """``aten._pdist_backward`` as the pullback of :func:`pdist_forward` (zeros for ``p == 0``)."""
-    return _pullback(lambda x: pdist_forward(x, p), (input,), grad)[0]
+    return recurrent_layers.pullback(lambda x: pdist_forward(x, p), (input,), grad)[0]
 
 
 #: Backwards of eager ops that have no lowering, as pullbacks of their differentiable compositions.

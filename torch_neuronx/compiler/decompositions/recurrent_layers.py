@@ -77,15 +77,28 @@ def autograd_dispatch() -> torch._C._ForceDispatchKeyGuard:
     return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude)
 
 
+def pullback(forward: Callable, inputs: Sequence[torch.Tensor],
+             grads: torch.Tensor | Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The gradients of ``forward(*inputs)`` (a tensor or a sequence of them) for ``grads`` (zeros
+    for an input it does not use), computed with autograd while a kernel is traced (below
+    autograd's dispatch keys)."""
+    with autograd_dispatch(), torch.enable_grad():
+        leaves = tuple(t.detach().requires_grad_() for t in inputs)
+        outputs = forward(*leaves)
+        found = torch.autograd.grad(outputs, leaves, grads if isinstance(grads, torch.Tensor) else list(grads),
+                                    allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(found, inputs, strict=True)]
+
+
 def _gradients(mode: str, grads: Sequence[torch.Tensor], input: torch.Tensor,  # noqa: A002
                hx: Sequence[torch.Tensor], params: Sequence[torch.Tensor], has_biases: bool,
                num_layers: int, bidirectional: bool, batch_first: bool) -> list[torch.Tensor]:
-    with autograd_dispatch(), torch.enable_grad():
-        leaves = [t.detach().requires_grad_() for t in (input, *hx, *params)]
-        results = _run(mode, leaves[0], leaves[1:1 + len(hx)], leaves[1 + len(hx):], has_biases, num_layers,
-                       bidirectional, batch_first)
-        found = torch.autograd.grad(results, leaves, list(grads), allow_unused=True)
-    return [g if g is not None else torch.zeros_like(leaf) for g, leaf in zip(found, leaves, strict=True)]
+    count = len(hx)
+
+    def forward(x: torch.Tensor, *rest: torch.Tensor) -> list[torch.Tensor]:
+        return _run(mode, x, rest[:count], rest[count:], has_biases, num_layers, bidirectional, batch_first)
+
+    return pullback(forward, (input, *hx, *params), grads)
 
 
 @torch.library.custom_op("neuron::recurrent_layers_backward", mutates_args=())
