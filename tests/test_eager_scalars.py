@@ -121,7 +121,7 @@ def test_scalar_tensors_are_cached_per_value_and_dtype(monkeypatch):
 
 def test_a_loop_over_integer_steps_compiles_once():
     """``x * step`` and ``x + step`` with a Python int that changes every step: one kernel each,
-    the int a runtime input as a float is; integer tensors keep their ints as constants."""
+    the int a runtime input as a float is (integer tensors' ints too, where they fit)."""
     x = torch.randn(4, 3)
     nx = x.to("neuron")
     for step in (0, 1):  # (a shape that comes back may get a kernel of its own: dynamic shapes)
@@ -132,6 +132,39 @@ def test_a_loop_over_integer_steps_compiles_once():
     assert len(eager._kernels) == before
     ints = torch.arange(6).to("neuron")
     assert torch.equal((ints * 3 + 2**40).cpu(), torch.arange(6) * 3 + 2**40)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32])
+def test_a_generation_loops_positions_and_lengths_compile_once(dtype):
+    """A generation loop's ``cache_position + step``, ``length == max_length``, ``limit - pos`` and
+    ``pos < n`` on integer tensors, with a number new every token: each compiled a kernel per
+    value (its number baked in), so every token compiled again. Numbers beyond the dtype, floats
+    with integer tensors, and narrow integer dtypes keep eager's values (as constants)."""
+    pos = torch.arange(5, dtype=dtype)
+    npos = pos.to("neuron")
+
+    def step(t: torch.Tensor, n: int) -> list[torch.Tensor]:
+        return [t + n, t == n, t != n, n - t, t < n, t >= n, t * n, t // max(n, 1) if not dtype.is_floating_point
+                else t / n]
+
+    for n in (1, 2):  # (a shape or value seen twice may get a kernel of its own)
+        [r.cpu() for r in step(npos, n)]
+    before = len(eager._kernels)
+    for n in range(3, 12):
+        for got, expected in zip(step(npos, n), step(pos, n), strict=True):
+            assert got.dtype == expected.dtype
+            torch.testing.assert_close(got.cpu(), expected)
+    assert len(eager._kernels) == before
+    if not dtype.is_floating_point:
+        big = 2**31 + 5  # beyond int32: eager computes in the tensor's dtype with the number wrapped
+        for got, expected in zip(step(npos, big), step(pos, big), strict=True):
+            assert got.dtype == expected.dtype
+            torch.testing.assert_close(got.cpu(), expected)
+        torch.testing.assert_close((npos + 2.5).cpu(), pos + 2.5)
+        torch.testing.assert_close((npos == 2.0).cpu(), pos == 2.0)
+        narrow = torch.tensor([0, 5, 255], dtype=torch.uint8)
+        torch.testing.assert_close((narrow.to("neuron") - 1).cpu(), narrow - 1)
+        torch.testing.assert_close((1 - narrow.to("neuron")).cpu(), 1 - narrow)
 
 
 _NUMBER_OPS = {

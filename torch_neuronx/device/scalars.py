@@ -15,8 +15,13 @@ on float32/float64 tensors becomes a 0-d tensor input of the kernel instead:
 
 Python ints in those same places are data too (``x * step``, ``x + 1``) and become
 runtime inputs the same way, converted to the tensors' float type as eager converts
-them; ints anywhere else (sizes, dimensions, an exponent, a fill value) and booleans
-stay constants, and so does every scalar of an op on integer tensors. The 0-d tensors
+them. On int32/int64 tensors (positions, lengths, counters: a generation loop's
+``cache_position + 1`` and ``cur_len == max_length``, new every token) an int becomes
+a 0-d tensor of the tensors' dtype when it fits that dtype; a float there stays a
+constant (a 0-d float tensor would promote as a Python float does not). Comparisons
+with a number (``eq``/``ne``/``lt``/``le``/``gt``/``ge``) and ``rsub`` take it at run
+time too. Ints anywhere else (sizes, dimensions, an exponent, a fill value) and
+booleans stay constants, and so does every scalar of an op on other dtypes. The 0-d tensors
 are cached per value and dtype (TORCH_NEURONX_ENABLE_SCALAR_CACHE, default 1), so a
 loop does not build them again.
 """
@@ -35,6 +40,7 @@ from torch_neuronx.compiler.decompositions import precision
 
 aten = torch.ops.aten
 _RUNTIME_DTYPES = (torch.float32, torch.float64)
+_INT_RANGES = {torch.int32: (-(2**31), 2**31 - 1), torch.int64: (-(2**63), 2**63 - 1)}
 _CACHE_ENTRIES = 4096
 
 
@@ -62,6 +68,13 @@ def _lerp(self: Any, end: Any, weight: Any) -> Any:
     return aten.lerp.Tensor(self, end, aten._to_copy.default(weight, dtype=self.dtype))
 
 
+def _as_tensor_op(scalar_op: Any, tensor_op: Any) -> Callable[..., Any]:
+    """``scalar_op`` called with its number as a runtime 0-d tensor: ``tensor_op`` (as it is otherwise)."""
+    def call(self: Any, other: Any, **kwargs: Any) -> Any:
+        return (tensor_op if isinstance(other, torch.Tensor) else scalar_op)(self, other, **kwargs)
+    return call
+
+
 #: Functional ops whose ``Scalar`` arguments may be runtime tensors, traced as this arithmetic (float16
 #: and bfloat16 computed in float32 and rounded once, the compile path's rule: ``precision.in_float32``).
 REWRITES: dict[Any, Callable[..., Any]] = {
@@ -72,6 +85,9 @@ REWRITES: dict[Any, Callable[..., Any]] = {
     aten.lerp.Scalar: _lerp,
     aten.mul.Scalar: lambda self, other: aten.mul.Tensor(self, other),
     aten.div.Scalar: lambda self, other: aten.div.Tensor(self, other),
+    aten.rsub.Scalar: _as_tensor_op(aten.rsub.Scalar, aten.rsub.Tensor),
+    **{getattr(aten, name).Scalar: _as_tensor_op(getattr(aten, name).Scalar, getattr(aten, name).Tensor)
+       for name in ("eq", "ne", "lt", "le", "gt", "ge")},
 }
 
 
@@ -86,6 +102,23 @@ def _slots(func: Any) -> tuple[frozenset[int], frozenset[str]]:
             (names if argument.kwarg_only else positions).add(i)
             names.add(argument.name)
     return frozenset(positions), frozenset(names)
+
+
+def _int_dtype(values: Sequence[Any], numbers: Sequence[Any]) -> torch.dtype | None:
+    """The dtype of the 0-d tensors standing for the ints ``numbers`` among ``values``' integer
+    tensors: theirs, when they all have one dtype (int32 or int64) and every number is an int
+    that fits it; else None (constants)."""
+    dtype = None
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            kind = getattr(value, "_data", value).dtype
+            if kind not in _INT_RANGES or (dtype is not None and kind is not dtype):
+                return None
+            dtype = kind
+    if dtype is None:
+        return None
+    low, high = _INT_RANGES[dtype]
+    return dtype if all(type(n) is int and low <= n <= high for n in numbers) else None
 
 
 def _runtime_dtype(values: Sequence[Any]) -> torch.dtype | None:
@@ -125,7 +158,10 @@ def as_inputs(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[S
     keys = [k for k in keys if k in names]
     if not floats and not keys:
         return args, kwargs
-    dtype = _runtime_dtype((*args, *kwargs.values()))
+    values = (*args, *kwargs.values())
+    dtype = _runtime_dtype(values)
+    if dtype is None:  # integer tensors: ints that fit their dtype
+        dtype = _int_dtype(values, [args[i] for i in floats] + [kwargs[k] for k in keys])
     if dtype is None:
         return args, kwargs
     if floats:
