@@ -69,3 +69,36 @@ def test_weight_norm_trains_as_in_eager():
     for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled_model.parameters(), strict=True):
         torch.testing.assert_close(p_compiled.grad, p_eager.grad, rtol=1e-4, atol=1e-5,
                                    msg=lambda m, name=name: f"grad of {name}: {m}")
+
+
+class _TwoBiases(nn.Module):
+    """Three parameters whose gradients are equal (``x + a + b + c[None]``): one gradient, as far
+    as the compiled backward can tell."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Parameter(torch.zeros(4)), nn.Parameter(torch.zeros(4))
+        self.c = nn.Parameter(torch.zeros(1, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x + self.a + self.b + self.c[0]).relu()
+
+
+def test_parameters_with_equal_gradients_get_gradients_of_their_own():
+    """IREE returned one buffer for the equal results of a backward (a ResNet block's two
+    BatchNorm biases), and the parameters shared one ``.grad``: accumulating two micro-batches gave
+    6 for eager's 4, and ``clip_grad_norm_`` scaled the shared tensor twice."""
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+    got, expected = _TwoBiases(), _TwoBiases()
+    compiled = torch.compile(got, backend="neuron")
+    for _ in range(2):  # two micro-batches accumulate
+        compiled(x).sum().backward()
+        expected(x).sum().backward()
+    pointers = {p.grad.data_ptr() for p in got.parameters()}
+    assert len(pointers) == 3
+    for g, e in zip(got.parameters(), expected.parameters(), strict=True):
+        torch.testing.assert_close(g.grad, e.grad)
+    torch.nn.utils.clip_grad_norm_(got.parameters(), 1.0)
+    torch.nn.utils.clip_grad_norm_(expected.parameters(), 1.0)
+    for g, e in zip(got.parameters(), expected.parameters(), strict=True):
+        torch.testing.assert_close(g.grad, e.grad)

@@ -453,8 +453,13 @@ def _unaliased(outputs: list[torch.Tensor], arguments: Sequence[torch.Tensor],
     nothing): the caller would get a tensor sharing memory with its input, and a later
     in-place update of one would change the other (an optimizer's momentum buffers followed
     the gradients they were cloned from).
+
+    Outputs whose memory overlaps an earlier output's are copied too: IREE returns one buffer for
+    two results it finds equal (a backward's gradients of ``x + a + b`` for ``a`` and ``b``), and
+    two parameters then shared one ``.grad``: accumulation and ``clip_grad_norm_`` hit it twice.
     """
     spans: list[tuple[int, int]] | None = None
+    placed: list[tuple[int, int, int]] = []
     for i, out in enumerate(outputs):
         if not out.nbytes:
             continue
@@ -466,6 +471,16 @@ def _unaliased(outputs: list[torch.Tensor], arguments: Sequence[torch.Tensor],
             if start <= address < end:
                 outputs[i] = out.clone()
                 break
+        else:
+            placed.append((address, address + out.nbytes, i))
+    if len(placed) > 1:
+        placed.sort()
+        reach = placed[0][1]
+        for start, end, i in placed[1:]:
+            if start < reach:  # shares memory with an output before it
+                outputs[i] = outputs[i].clone()
+            else:
+                reach = end
     return outputs
 
 
