@@ -503,3 +503,21 @@ def test_size_guards_check_each_call_and_refuse_what_is_not_a_comparison():
     for bad in ("__import__('os')", "s0.bit_length() > 1", "s9 < 3"):
         with pytest.raises(ValueError):
             SizeGuards([{"shape": ["s0"]}], [bad])
+
+
+def test_a_dynamic_graph_on_neuron_tensors_follows_autocast_in_both_orders():
+    """The dynamic trace runs on host stand-ins, which ``autocast("neuron")`` does not reach: a
+    graph compiled for every size returned float32 inside autocast (eager: bfloat16)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 3)).eval()
+    model = model.to("neuron")
+    x = torch.randn(2, 3, 8, 8).to("neuron")
+    for first_in_autocast in (False, True):
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="neuron", dynamic=True)
+        with torch.no_grad():
+            for inside in (first_in_autocast, not first_in_autocast):
+                with torch.autocast("neuron", dtype=torch.bfloat16, enabled=inside):
+                    got, expected = compiled(x), model(x)
+                assert got.dtype == expected.dtype == (torch.bfloat16 if inside else torch.float32)
+                torch.testing.assert_close(got.cpu().float(), expected.cpu().float(), rtol=2e-2, atol=2e-2)

@@ -230,6 +230,11 @@ def build(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Reso
     symbols of equal size in ``example_inputs`` are one (``_Layout._merge``)."""
     if not _inference(example_inputs):
         raise NotDynamicGraph("the graph needs autograd (a training graph compiles per signature)")
+    if torch.is_autocast_enabled("neuron") and any(
+            isinstance(t, torch.Tensor) and t.device.type == "neuron" for t in example_inputs):
+        # The trace runs on host stand-ins, which autocast("neuron") does not reach: its casts were
+        # dropped and the graph gave float32 where eager gives bfloat16.
+        raise NotDynamicGraph("autocast is on for neuron tensors (a graph under autocast compiles per signature)")
     layout = _Layout(gm, example_inputs, merge)
     examples = [example_inputs[i] for i in layout.tensors]
     sizes = layout.stand_in_sizes(examples)
