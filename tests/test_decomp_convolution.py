@@ -70,3 +70,26 @@ def test_the_compile_path_traces_with_these_decompositions():
 
     # (precision.py wraps some of them, computing float16 and bfloat16 in float32)
     assert all(inspect.unwrap(table()[op]) is inspect.unwrap(fn) for op, fn in convolution.DECOMPOSITIONS.items())
+
+
+def test_depthwise_convolutions_under_bfloat16_autocast_compile_and_match_eager():
+    """IREE folded the filter's bfloat16 rounding into the depthwise convolution with the wrong
+    element type and refused the module: MobileNet-style models could not use autocast."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.ReLU(),
+                          nn.Conv2d(8, 8, 3, padding=1, groups=4))
+    x = torch.randn(2, 8, 10, 10, requires_grad=True)
+    compiled = torch.compile(model, backend="neuron")
+    results = []
+    for run in (model, compiled):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = run(x)
+        out.float().square().sum().backward()
+        results.append((out.float(), x.grad.clone(), [p.grad.clone() for p in model.parameters()]))
+        x.grad = None
+        model.zero_grad()
+    (got, got_x, got_p), (expected, expected_x, expected_p) = results[1], results[0]
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(got_x, expected_x, rtol=5e-2, atol=5e-2)
+    for g, e in zip(got_p, expected_p, strict=True):
+        torch.testing.assert_close(g, e, rtol=5e-2, atol=1e-1)

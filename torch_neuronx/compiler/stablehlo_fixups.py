@@ -22,6 +22,7 @@ def apply(module: object) -> None:
     _materialize_sliced_operands(module)
     _signed_unsigned_converts(module)
     _materialize_broadcast_products_of_full_sums(module)
+    _materialize_converted_grouped_filters(module)
 
 
 _INT32_LIMIT = 2**31
@@ -369,6 +370,27 @@ def _vector_operands(dot: object) -> list[int]:
         if math.prod(size for d, size in enumerate(shape) if d not in used[side]) == 1:
             vectors.append(position)
     return vectors
+
+
+def _materialize_converted_grouped_filters(module: object) -> None:
+    """Put an ``optimization_barrier`` between a dtype conversion and the grouped convolution whose
+    filter it computes.
+
+    IREE 3.13 folds the conversion into the depthwise convolution's reshaped filter with the
+    wrong element type ("'tensor.collapse_shape' op expected collapsed type to be
+    'tensor<3x3x8xbf16>', but got 'tensor<3x3x8xf32>'"): a depthwise convolution under bfloat16
+    autocast (its float32 weight rounded to bfloat16 and computed in float32) failed to compile.
+    """
+    from torch_mlir import ir
+
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        for conv in _ops_named(module, "stablehlo.convolution"):
+            groups = conv.attributes["feature_group_count"]  # type: ignore[attr-defined]
+            if ir.IntegerAttr(groups).value <= 1:
+                continue
+            source = _view_source(conv.operands[1])  # type: ignore[attr-defined]
+            if source is not None and source.name == "stablehlo.convert":  # type: ignore[attr-defined]
+                _materialize_operand(conv, 1)
 
 
 def _materialize_sliced_operands(module: object) -> None:
