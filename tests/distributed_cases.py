@@ -708,6 +708,11 @@ def ran_ahead_then_exit(rank: int) -> None:
     sys.exit(0)
 
 
+def _print_raised(case: str, rank: int, exc: BaseException) -> None:
+    """The line the tests read for a case that raised on ``rank``."""
+    print(f"RAISED {case} rank {rank}: {type(exc).__name__}: {exc}".replace("\n", " ")[:600], flush=True)
+
+
 def _store_barrier(name: str) -> None:
     """Wait (at most 60 s) until every rank got here, through the store (the group may be broken)."""
     store = dist.distributed_c10d._get_default_store()
@@ -733,17 +738,18 @@ def main() -> None:
                 globals()[name](rank)
                 print(f"OK {name} rank {rank}", flush=True)
             except Exception as exc:
-                print(f"RAISED {name} rank {rank}: {type(exc).__name__}: {exc}".replace("\n", " ")[:600], flush=True)
+                _print_raised(name, rank, exc)
             _store_barrier(f"after {name}")  # every rank saw its outcome before a group goes away
             dist.destroy_process_group()  # a group that failed an agreement check refuses more work
-            dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=float(os.environ["PG_TIMEOUT"])))
+            # (the peer may still be tearing its last group down: a longer rendezvous than PG_TIMEOUT)
+            dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=20))
         print(f"DONE rank {rank}", flush=True)
         dist.destroy_process_group()
         return
     try:
         globals()[case](rank)
     except Exception as exc:  # the test reads what each rank saw
-        print(f"RAISED {case} rank {rank}: {type(exc).__name__}: {exc}".replace("\n", " ")[:600], flush=True)
+        _print_raised(case, rank, exc)
         # What a normal exit does first (atexit): the agreement messages still queued (a verdict
         # that a rank which ran ahead waits for) go out before the connections close.
         from torch_neuronx.distributed import agreements
