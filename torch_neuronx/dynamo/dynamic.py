@@ -17,7 +17,8 @@ decomposition multiplies) are traced as one when the first attempt fails, and ea
 that they are still equal. A trace that compares a size with a bound (``s0 <= 512``: BERT's
 slice of its position table) serves the sizes its guards accept, checked on every call; other
 sizes take the per-signature route. A graph whose trace fixes a size to a constant, that needs
-autograd, or whose dynamic lowering fails, is compiled per signature instead
+autograd, of neuron tensors under ``torch.autocast("neuron")`` (the trace's host stand-ins would
+miss its casts), or whose dynamic lowering fails, is compiled per signature instead
 (``backend._ShapeSpecialized``), and the reason is logged at INFO.
 """
 

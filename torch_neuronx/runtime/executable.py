@@ -454,9 +454,10 @@ def _unaliased(outputs: list[torch.Tensor], arguments: Sequence[torch.Tensor],
     in-place update of one would change the other (an optimizer's momentum buffers followed
     the gradients they were cloned from).
 
-    Outputs whose memory overlaps an earlier output's are copied too: IREE returns one buffer for
-    two results it finds equal (a backward's gradients of ``x + a + b`` for ``a`` and ``b``), and
-    two parameters then shared one ``.grad``: accumulation and ``clip_grad_norm_`` hit it twice.
+    Of outputs whose memory overlaps, all but the lowest-addressed are copied too: IREE returns
+    one buffer for two results it finds equal (a backward's gradients of ``x + a + b`` for ``a``
+    and ``b``), and two parameters then shared one ``.grad``: accumulation and
+    ``clip_grad_norm_`` hit it twice.
     """
     spans: list[tuple[int, int]] | None = None
     placed: list[tuple[int, int, int]] = []
