@@ -739,8 +739,15 @@ def main() -> None:
                 print(f"OK {name} rank {rank}", flush=True)
             except Exception as exc:
                 _print_raised(name, rank, exc)
+            try:  # an error raised to the caller once is never raised again by a later read
+                torch.neuron.synchronize()
+            except Exception as exc:
+                _print_raised(f"{name} (again)", rank, exc)
             _store_barrier(f"after {name}")  # every rank saw its outcome before a group goes away
+            start = time.monotonic()
             dist.destroy_process_group()  # a group that failed an agreement check refuses more work
+            # (prompt, though a rank's transport still holds a collective its peer never joined)
+            print(f"DESTROYED {name} rank {rank} in {time.monotonic() - start:.1f} s", flush=True)
             # (the peer may still be tearing its last group down: a longer rendezvous than PG_TIMEOUT)
             dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=20))
         print(f"DONE rank {rank}", flush=True)

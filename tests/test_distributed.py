@@ -107,6 +107,10 @@ def test_mismatches_are_errors_on_every_rank_and_the_process_goes_on():
     proc = torchrun("distributed_cases.py", ",".join(_SURVIVABLE), PG_TIMEOUT="5", timeout=240)
     assert "SIGABRT" not in proc.stderr and "core dumped" not in proc.stderr, proc.stderr[-3000:]
     _done(proc, 2)
+    assert " (again) rank " not in proc.stdout, proc.stdout[-3000:]  # each error raised once
+    destroyed = [float(s) for s in re.findall(r"DESTROYED \S+ rank \d in ([\d.]+) s", proc.stdout)]
+    # the peer of a rank that ran ahead closes its connections: no wait for the 20 s timeout
+    assert len(destroyed) == 2 * len(_SURVIVABLE) and max(destroyed) < 10, proc.stdout[-3000:]
     for case, expect in _SURVIVABLE.items():
         for rank, text in expect.items():
             found = re.search(rf"RAISED {case} rank {rank}: (.*?)(?=(?:OK|RAISED|DONE) |\n|$)", proc.stdout)

@@ -120,6 +120,27 @@ def test_errors_surface_at_synchronize_and_the_stream_keeps_working():
     stream.synchronize(timeout=WAIT)  # reported once
 
 
+def test_an_error_reported_elsewhere_is_not_raised_again_by_work_still_queued():
+    """A collective's error raised by its ``Work.wait()`` (``forget_error``) while work that waits
+    for it is still queued: that work raises the same error later, and no synchronization raises
+    it again (a later, valid read raised the stale error); another error still surfaces."""
+    stream = Stream()
+    error = RuntimeError("the collective failed")
+    gate = blocked(stream)
+
+    def waits_for_the_collective() -> None:
+        raise error
+
+    stream.submit(waits_for_the_collective)
+    stream._queue.forget_error(error)  # raised to the caller before the queued work ran
+    gate.set()
+    stream.synchronize(timeout=WAIT)
+    stream.submit(lambda: 1 / 0)
+    with pytest.raises(StreamError) as info:
+        stream.synchronize(timeout=WAIT)
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+
+
 def test_launch_blocking_runs_work_synchronously(monkeypatch):
     monkeypatch.setenv("NEURON_LAUNCH_BLOCKING", "1")
     stream = Stream()

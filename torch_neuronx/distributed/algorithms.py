@@ -54,8 +54,9 @@ class Interrupt:
                 work.wait(_SLICE)
                 return
             except RuntimeError:
-                if _ended(work):  # the work itself failed: its error
-                    raise
+                if _ended(work):  # it ended: its own outcome (the slice may have run out as it
+                    work.wait()  # completed; that timeout is not the work's error)
+                    return
 
 
 def _ended(work: dist.Work) -> bool:

@@ -26,6 +26,7 @@ from torch_neuronx.distributed.agreements import Agreements
 from torch_neuronx.distributed.options import Options
 from torch_neuronx.distributed.work import (
     CoalescedWork,
+    CollectiveError,
     CollectiveQueue,
     NeuronWork,
     Task,
@@ -83,6 +84,13 @@ def _flatten(values: Any) -> list[torch.Tensor]:
         elif isinstance(v, list | tuple):
             out.extend(_flatten(v))
     return out
+
+
+class _Closed:
+    """A destroyed group's transport: whatever still uses it gets a clear error."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise CollectiveError("the process group was destroyed (destroy_process_group)")
 
 
 class _DeviceBackend:
@@ -212,6 +220,12 @@ class ProcessGroupNeuron(dist.ProcessGroup):
                 group.shutdown()
             except Exception as exc:  # noqa: BLE001 - a closed group must not fail the teardown
                 _log.debug("shutting down a gloo group: %s", exc)
+        # gloo closes its connections only when its group is freed; freed here, at once, whatever
+        # still refers to this group (a caught error's frames): a peer whose transport holds a
+        # collective this rank never joined (it ran ahead into a failed check) then fails it at
+        # once, where it waited for the group's timeout (20 s, then 30 min by default) in its own
+        # destroy_process_group.
+        self._transport = _Closed()
 
     # -- issuing ------------------------------------------------------------------------------
 

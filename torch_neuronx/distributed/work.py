@@ -469,7 +469,7 @@ def run_direct(queue: CollectiveQueue, task: Task) -> None:
     """Queued on the one stream that consumes a collective's outputs: run it there, in the
     stream's order (after the work producing its inputs); its error is the stream's."""
     queue.execute(task)
-    task.wait()
+    _await(task)
 
 
 @never_compiled

@@ -106,6 +106,7 @@ class _Queue:
         self.submitted = 0  # tasks ever submitted
         self.completed = 0  # tasks ever finished (in order, so the first `completed` are done)
         self._error: BaseException | None = None
+        self._reported: BaseException | None = None  # the last error reported elsewhere (forget_error)
 
     def _init_sync(self) -> None:
         self._lock = threading.Lock()
@@ -167,9 +168,7 @@ class _Queue:
         try:
             fn(*args)
         except BaseException as exc:  # kept for synchronize(), as the worker keeps it
-            _log.error("work submitted to neuron:%d stream %d raised %r", self.device, self.id, exc)
-            if self._error is None:
-                self._error = exc
+            self._keep(exc)
         finally:
             local.in_worker, local.queue = was_worker, was_queue
             with self._lock:
@@ -213,9 +212,7 @@ class _Queue:
             try:
                 fn(*args, **kwargs)
             except BaseException as exc:  # kept for synchronize(); the worker must survive
-                _log.error("work submitted to neuron:%d stream %d raised %r", self.device, self.id, exc)
-                if self._error is None:
-                    self._error = exc
+                self._keep(exc)
             del task, fn, args, kwargs  # the work's tensors (device memory) go now, not at the next task
             with self._lock:
                 self.completed += 1
@@ -257,16 +254,27 @@ class _Queue:
             finally:
                 self._waiting -= 1
 
+    def _keep(self, exc: BaseException) -> None:
+        """A task raised ``exc``: the next synchronization raises it (the first one since the last),
+        unless it was reported elsewhere already (:meth:`forget_error`)."""
+        with self._lock:
+            if exc is self._reported:
+                return
+            if self._error is None:
+                self._error = exc
+        _log.error("work submitted to neuron:%d stream %d raised %r", self.device, self.id, exc)
+
     def record_error(self, error: BaseException) -> None:
         """Make ``error`` the one the next synchronization raises (unless an earlier one is
         pending), as if a task had raised it: work that failed before it was queued."""
-        with self._lock:
-            if self._error is None:
-                self._error = error
+        self._keep(error)
 
     def forget_error(self, error: BaseException) -> None:
-        """Drop ``error`` if it is the one this stream would report (it was reported elsewhere)."""
+        """``error`` was reported elsewhere (raised by a collective's ``wait()``): drop it if this
+        stream would report it, and never take it again (a task still queued here, waiting for that
+        collective, raises it later: it was a stale error at the next synchronization)."""
         with self._lock:
+            self._reported = error
             if self._error is error:
                 self._error = None
 
