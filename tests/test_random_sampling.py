@@ -126,3 +126,35 @@ def test_checkpointed_dropout_compiles_and_its_backward_sees_the_forwards_mask(r
         torch.testing.assert_close(grad_w, x.detach().T @ upstream)
         masks.append(mask)
     assert not torch.equal(masks[0], masks[1])  # a fresh mask per call
+
+
+def test_a_neuron_generator_draws_the_sequence_of_a_cpu_generator_with_its_seed():
+    """``torch.Generator(device="neuron")`` (torch's own constructor has no hook for it): the
+    draws of every random op given it match a CPU generator's from the same seed; it reports its
+    device, copies and pickles as a neuron generator, and every generator is still a
+    ``torch.Generator``."""
+    import copy
+    import pickle
+
+    made = torch.Generator(device="neuron")
+    assert made.device == torch.device("neuron", 0) and made.initial_seed() == torch.Generator().initial_seed()
+    assert isinstance(made, torch.Generator) and isinstance(torch.default_generator, torch.Generator)
+    assert torch.Generator("cpu").device == torch.device("cpu")
+    draws = {
+        "randn": lambda g, d: torch.randn(3, 4, generator=g, device=d),
+        "randint": lambda g, d: torch.randint(0, 100, (6,), generator=g, device=d),
+        "randperm": lambda g, d: torch.randperm(7, generator=g, device=d),
+        "normal_": lambda g, d: torch.empty(5, device=d).normal_(2.0, 3.0, generator=g),
+        "bernoulli": lambda g, d: torch.bernoulli(torch.full((8,), 0.5, device=d), generator=g),
+        "multinomial": lambda g, d: torch.multinomial(torch.ones(10, device=d), 4, generator=g),
+    }
+    for name, draw in draws.items():
+        neuron = draw(torch.Generator(device="neuron:0").manual_seed(7), "neuron")
+        host = draw(torch.Generator().manual_seed(7), "cpu")
+        assert neuron.device.type == "neuron" and torch.equal(neuron.cpu(), host), name
+    made.manual_seed(3)
+    torch.randn(2, generator=made, device="neuron")
+    for again in (copy.deepcopy(made), pickle.loads(pickle.dumps(made))):
+        assert again.device == made.device and torch.equal(again.get_state(), made.get_state())
+    with pytest.raises(RuntimeError, match="neuron device 5 does not exist"):
+        torch.Generator(device="neuron:5")

@@ -46,6 +46,7 @@ def register() -> bool:
         linearize,
         module_moves,
         pinned,
+        random,
         swap,
     )
     from torch_neuronx.runtime import hops, tensor
@@ -61,6 +62,7 @@ def register() -> bool:
     lazy.install()
     module_moves.install()
     linearize.install()
+    random.install()
     _register_serialization()
     _registered = True
     return True

@@ -149,3 +149,75 @@ def draw(func: Any, args: Sequence[Any], kwargs: dict[str, Any], device: Any) ->
         finally:
             own.set_state(torch.random.default_generator.get_state())
             torch.random.default_generator.set_state(host)
+
+
+# -- torch.Generator(device="neuron") --------------------------------------------------------
+
+_HostGenerator = torch._C.Generator
+
+
+class NeuronGenerator(_HostGenerator):
+    """A generator of a neuron device, made by ``torch.Generator(device="neuron")``.
+
+    Random ops on neuron tensors draw on the host, so it is a host generator underneath (the
+    same sequence the CPU generator gives from the same seed) that reports its device as
+    ``neuron:<index>``; ops given it (``torch.randn(..., generator=g, device="neuron")``) draw
+    from it. Copied or pickled, it stays a neuron generator with its state.
+    """
+
+    _index = 0
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return torch.device("neuron", self._index)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _restore, (self._index, self.get_state())
+
+
+def _restore(index: int, state: torch.Tensor) -> NeuronGenerator:
+    made = _new_neuron_generator(index)
+    made.set_state(state)
+    return made
+
+
+def _new_neuron_generator(index: int) -> NeuronGenerator:
+    if not 0 <= index < _count():
+        raise RuntimeError(f"neuron device {index} does not exist; device_count() is {_count()}")
+    made = NeuronGenerator()
+    made._index = index
+    return made
+
+
+class _GeneratorType(type(_HostGenerator)):
+    """``isinstance(g, torch.Generator)`` holds for every generator, as before :func:`install`."""
+
+    def __instancecheck__(cls, instance: Any) -> bool:
+        return isinstance(instance, _HostGenerator)
+
+    def __subclasscheck__(cls, subclass: type) -> bool:
+        return issubclass(subclass, _HostGenerator)
+
+
+class Generator(_HostGenerator, metaclass=_GeneratorType):
+    """``torch.Generator``, which also makes the generators of neuron devices.
+
+    torch 2.13 asks a PrivateUse1 backend for a new generator through a C++ hook its Python
+    interface does not offer (``getNewGenerator``): ``torch.Generator(device="neuron")`` raised
+    NotImplementedError. Every other device goes to torch's own constructor, unchanged.
+    """
+
+    def __new__(cls, device: Any = None) -> Any:  # noqa: D102
+        if device is not None:
+            parsed = torch.device(device) if not isinstance(device, int) else None
+            if parsed is not None and parsed.type == "neuron":
+                return _new_neuron_generator(_index(parsed))
+            return _HostGenerator(device)
+        return _HostGenerator()
+
+
+def install() -> None:
+    """Make ``torch.Generator`` the class above (idempotent)."""
+    if torch.Generator is _HostGenerator:
+        Generator.__module__, Generator.__qualname__ = "torch", "Generator"
+        torch.Generator = Generator  # type: ignore[misc]
