@@ -106,7 +106,6 @@ class _Queue:
         self.submitted = 0  # tasks ever submitted
         self.completed = 0  # tasks ever finished (in order, so the first `completed` are done)
         self._error: BaseException | None = None
-        self._reported: BaseException | None = None  # the last error reported elsewhere (forget_error)
 
     def _init_sync(self) -> None:
         self._lock = threading.Lock()
@@ -258,7 +257,7 @@ class _Queue:
         """A task raised ``exc``: the next synchronization raises it (the first one since the last),
         unless it was reported elsewhere already (:meth:`forget_error`)."""
         with self._lock:
-            if exc is self._reported:
+            if getattr(exc, _REPORTED, False):
                 return
             if self._error is None:
                 self._error = exc
@@ -274,7 +273,10 @@ class _Queue:
         stream would report it, and never take it again (a task still queued here, waiting for that
         collective, raises it later: it was a stale error at the next synchronization)."""
         with self._lock:
-            self._reported = error
+            try:  # (marked on the error, not kept here: its traceback holds the caller's frames)
+                setattr(error, _REPORTED, True)
+            except AttributeError:
+                pass
             if self._error is error:
                 self._error = None
 
@@ -285,6 +287,8 @@ class _Queue:
                               f"{type(error).__name__}: {error}") from error
 
 
+#: Set on an error :meth:`_Queue.forget_error` was told was reported elsewhere.
+_REPORTED = "_neuron_reported_elsewhere"
 _registry_lock = threading.Lock()
 _defaults: dict[int, Stream] = {}  # read without the lock on the hot path
 _queues: dict[int, weakref.WeakSet[_Queue]] = collections.defaultdict(weakref.WeakSet)
