@@ -274,6 +274,41 @@ def test_views_of_inputs_at_an_offset_alias_the_right_elements():
     torch.testing.assert_close(w.grad.cpu(), torch.tensor([0.0, 1, 1, 1, 0, 0]))
 
 
+_CONJUGATE_VIEWS = {
+    "conj": lambda t: t.conj(),
+    "conj then resolve": lambda t: t.conj().resolve_conj(),
+    "conj, transposed": lambda t: t.conj().T,
+    "conj, sliced": lambda t: t.conj()[1:],
+    "adjoint": lambda t: t.adjoint(),
+    "conj beside a result": lambda t: (t.conj(), t + 1),
+    "conj of an intermediate": lambda t: (t * 2).conj(),
+    "imag of conj": lambda t: t.conj().imag,
+    "imag of conj, computed on": lambda t: t.conj().imag * 2,
+    "neg view": lambda t: torch._neg_view(t),
+    "write through a conj view": lambda t: t.conj().add_(1j),
+}
+
+
+@pytest.mark.parametrize("name", list(_CONJUGATE_VIEWS))
+@pytest.mark.parametrize("conj_input", [False, True], ids=["plain input", "conj input"])
+def test_outputs_that_are_conjugate_or_negative_views_keep_their_bits(name, conj_input):
+    """An output that is a view with the conjugate or negative bit (of an input, which
+    aot_autograd rebuilds at run time, or of an intermediate): compiled on neuron tensors it
+    came back as the plain view, ``t`` for ``t.conj()``. Values, and writes through the view
+    into the input, as eager's."""
+    fn = _CONJUGATE_VIEWS[name]
+    x = torch.tensor([[1 + 2j, 3 - 4j], [5 + 6j, -7 - 8j]], dtype=torch.complex64)
+    host, device = x.clone(), x.clone().to("neuron")
+    if conj_input:
+        host, device = host.conj(), device.conj()
+    expected = fn(host)
+    got = torch.compile(fn, backend="neuron")(device)
+    as_tuple = (lambda v: v if isinstance(v, tuple) else (v,))
+    for e, g in zip(as_tuple(expected), as_tuple(got), strict=True):
+        assert torch.equal(g.cpu().resolve_conj().resolve_neg(), e.resolve_conj().resolve_neg()), name
+    assert torch.equal(device.cpu().resolve_conj(), host.resolve_conj())  # the write reached the input
+
+
 def test_channels_last_convolution_keeps_its_layout():
     torch.manual_seed(0)
     conv = nn.Conv2d(3, 4, 3).eval()

@@ -38,7 +38,7 @@ from torch_neuronx.compiler import decompositions, lowering_worker
 from torch_neuronx.compiler.decompositions import functional, linalg
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, ResolvedOptions
-from torch_neuronx.dynamo import autocopy, dynamic, fallback, plans, precompile, stats, tracing_threads
+from torch_neuronx.dynamo import aliases, autocopy, dynamic, fallback, plans, precompile, stats, tracing_threads
 from torch_neuronx.dynamo.graph import compile_graph
 from torch_neuronx.pipeline.graph import CompiledGraph, from_plan
 from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
@@ -121,6 +121,11 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         # code: our graphs are serialized as plans instead (precompile.NeuronCompiledFn).
         # oneDNN off while tracing: torch's LSTM decomposition picks mkldnn_rnn_layer (no lowering)
         # for CPU inputs when it is on (nn.LSTM under allow_rnn failed to compile).
+        # Counted as torch's aot_autograd backends count themselves: DDPOptimizer (a DDP model's
+        # graph split at its buckets) reads the count to know that the first call of what this
+        # returns gives fake outputs (``fakify_first_call``) and makes that call itself; uncounted,
+        # the user's first call got them (a FakeTensor on the CPU).
+        torch._dynamo.utils.counters["aot_autograd"]["total"] += 1
         with options.applied(), linalg.checks_as_plain_ops(), _onednn_off(), \
                 torch._functorch.config.patch(force_autograd_cache=False):
             wrapped = aot_module_simplified(
@@ -152,12 +157,46 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     # A plain inference graph runs as-is on Dynamo's inputs (on the inner tensors of neuron
     # tensors): skip aot_autograd's runtime wrapper, which costs more than the whole NEFF
     # call for small graphs.
+    if _fakified_first_call():
+        return _neuron_fakes_first(wrapped, _device_outputs(gm), _device_index(example_inputs))
     if not plain:
         return wrapped
     compiled, plan = plain[0]
     if on_device:
         return _on_device(compiled.call_unboxed, _device_outputs(gm))
     return precompile.NeuronCompiledFn(compiled.call_unboxed, plan, options.options)
+
+
+def _fakified_first_call() -> bool:
+    context = torch._guards.TracingContext.try_get()
+    return bool(context is not None and getattr(context, "fakify_first_call", False))
+
+
+def _device_index(example_inputs: Sequence[Any]) -> int:
+    return next((a._index for a in example_inputs if isinstance(a, NeuronTensor)), 0)
+
+
+def _neuron_fakes_first(fn: Callable, positions: list[int], index: int) -> Callable:
+    """``fn`` (aot_autograd's callable), whose first call gives fake outputs (``fakify_first_call``:
+    DDPOptimizer, which splits a DDP model's graph at its buckets, makes that call while it
+    compiles, to trace the next piece with them): those of the dense graph, plain fakes on the
+    host, become neuron tensors over them. (Traced with a plain input, the next piece's backward
+    handed the one before a plain gradient, which its backward refused.)"""
+    first = [True]
+
+    def call(*args: Any) -> Any:
+        results = fn(*args)
+        if not first[0]:
+            return results
+        first[0] = False
+        results = list(results)
+        for i in positions:
+            result = results[i]
+            if isinstance(result, torch._subclasses.FakeTensor) and not isinstance(result, NeuronTensor):
+                results[i] = NeuronTensor(result, None, requires_grad=result.requires_grad, index=index)
+        return results
+
+    return call
 
 
 def _on_device(fn: Callable, outputs: list[int]) -> Callable:
@@ -284,6 +323,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY=1 (:mod:`torch_neuronx.dynamo.autocopy`).
     """
     tracing_threads.install()  # before aot_autograd's trace patches nn.Module for the process
+    aliases.install()
     cpu_inputs, index = autocopy.cpu_inputs(example_inputs)
     if cpu_inputs:
         if autocopy.autocopy_disabled():

@@ -342,8 +342,9 @@ class NeuronTensor(torch.Tensor):
     # ops, and what Dynamo requires of a tensor subclass it traces through).
     __torch_function__ = torch._C._disabled_torch_function_impl
 
-    def __tensor_flatten__(self) -> tuple[list[str], tuple[int, int]]:
-        """The inner tensor (the CPU view of the device memory); the device index and storage offset.
+    def __tensor_flatten__(self) -> tuple[list[str], tuple[int, ...]]:
+        """The inner tensor (the CPU view of the device memory); the device index and storage offset,
+        and its conjugate and negative bits when it has one (:func:`math_bits`).
 
         With :meth:`__tensor_unflatten__` this makes ``neuron`` tensors traceable by
         ``torch.compile``: its graphs compute on the inner tensors. The storage offset
@@ -357,7 +358,8 @@ class NeuronTensor(torch.Tensor):
             # queued op that writes them must have run (a backward read autograd's zero tangent
             # before its fill ran: gradients 2.8 off on every other call).
             wait_for_host((self,))
-        return ["_data"], (self._index, self.storage_offset())
+        bits = math_bits(self)
+        return ["_data"], (self._index, self.storage_offset(), *((bits,) if bits else ()))
 
     def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: type | None = None
                                             ) -> torch.Tensor | None:
@@ -373,7 +375,7 @@ class NeuronTensor(torch.Tensor):
             return self._data
         if expected_type not in (None, NeuronTensor) or not isinstance(expected_metadata, tuple):
             return None
-        index, offset = expected_metadata
+        index, offset = expected_metadata[:2]
         if index != self._index:
             return None
         if offset == self.storage_offset():
@@ -381,19 +383,23 @@ class NeuronTensor(torch.Tensor):
         return self.clone(memory_format=torch.contiguous_format) if offset == 0 else None
 
     @staticmethod
-    def __tensor_unflatten__(inner: dict[str, torch.Tensor], meta: tuple[int, int], outer_size: Any,
+    def __tensor_unflatten__(inner: dict[str, torch.Tensor], meta: tuple[int, ...], outer_size: Any,
                              outer_stride: Any) -> NeuronTensor:
-        index, offset = meta
+        index, offset = meta[:2]
         data = inner["_data"]
         if type(data) is torch.Tensor and not data.is_meta:  # a compiled graph's output: into device memory
             placed = from_cpu(data, stride=outer_stride, index=index, upload=False)
-            if offset == placed.storage_offset():
-                return placed
-            # An output that is a view of an input: aot_autograd rebuilds it from the input
-            # with this tensor's size, strides and offset (the values here are a copy).
-            return NeuronTensor(placed._data, placed._allocation, index=index,
-                                outer=(placed.shape, placed.stride(), offset))
-        return NeuronTensor(data, None, index=index, outer=(outer_size, outer_stride, offset))  # a traced value
+            if offset != placed.storage_offset():
+                # An output that is a view of an input: aot_autograd rebuilds it from the input
+                # with this tensor's size, strides and offset (the values here are a copy).
+                placed = NeuronTensor(placed._data, placed._allocation, index=index,
+                                      outer=(placed.shape, placed.stride(), offset))
+            placed._traced_bits = meta[2] if len(meta) > 2 else 0  # for a rebuilt view (dynamo/aliases.py)
+            return placed
+        traced = NeuronTensor(data, None, index=index, outer=(outer_size, outer_stride, offset))  # a traced value
+        if len(meta) > 2:
+            _set_math_bits(traced, meta[2])
+        return traced
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Sequence[Any] = (), kwargs: dict | None = None) -> Any:
@@ -477,8 +483,32 @@ def _trace_op(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     _write_back_plain(func, args, kwargs, inner_args, inner_kwargs)
     if func is torch.ops.aten._to_copy.default and _leaves_device(kwargs.get("device")):
         return out  # ``.cpu()`` inside a compiled graph: a host tensor, as in eager
-    wrapped = pytree.tree_map_only(torch.Tensor, lambda t: NeuronTensor(t, None, index=index), out)
+    wrapped = pytree.tree_map_only(torch.Tensor, lambda t: _traced_value(t, index), out)
     return return_and_correct_aliasing(func, args, kwargs, wrapped)
+
+
+CONJ, NEG = 1, 2  # math_bits()
+
+
+def math_bits(t: torch.Tensor) -> int:
+    """``t``'s conjugate (:data:`CONJ`) and negative (:data:`NEG`) bits."""
+    return (CONJ if t.is_conj() else 0) | (NEG if t.is_neg() else 0)
+
+
+def _traced_value(t: torch.Tensor, index: int) -> NeuronTensor:
+    """A traced op's inner result as a neuron tensor, with its conjugate and negative bits (a
+    compiled ``x.conj()`` returned as a view of its input: aot_autograd rebuilds that output from
+    the input with what the traced wrapper says, and a wrapper without the bit gave ``x``)."""
+    wrapped = NeuronTensor(t, None, index=index)
+    _set_math_bits(wrapped, math_bits(t))
+    return wrapped
+
+
+def _set_math_bits(t: torch.Tensor, bits: int) -> None:
+    if bits & CONJ:
+        torch._C._set_conj(t, True)
+    if bits & NEG:
+        torch._C._set_neg(t, True)
 
 
 def _write_back_plain(func: Any, args: Sequence[Any], kwargs: dict[str, Any], inner_args: Sequence[Any],
@@ -522,6 +552,10 @@ def from_cpu(t: torch.Tensor, stride: Sequence[int] | None = None, index: int = 
     results a graph or kernel produced on the device, which the transfers table and the
     profiler's transfers must not count.
     """
+    if t.is_quantized or t.layout != torch.strided:  # (their memory is no dense block: a crash)
+        kind = "quantized" if t.is_quantized else f"{t.layout} (not strided)"
+        raise NotImplementedError(f"the neuron device holds dense tensors only; this one is {kind}: "
+                                  "keep quantized and sparse tensors on the CPU")
     data, allocation = allocate(t.shape, stride, t.dtype, index)
     if upload and observe.state.active:
         with observe.span("transfer.host_to_device", t.nbytes, device=index):

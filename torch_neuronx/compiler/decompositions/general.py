@@ -157,7 +157,14 @@ FROM_TORCH = (
     aten.unfold.default,  # a strided view torch-mlir does not lower
 )
 
+def neg_view(x: torch.Tensor) -> torch.Tensor:
+    """``torch._neg_view`` (``x.conj().imag``): a view that sets the negative bit; traced after
+    functionalization, which already resolved what it aliases, it is the negation it stands for."""
+    return torch.neg(x)
+
+
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
+    aten._neg_view.default: neg_view,
     aten.diagonal.default: diagonal,
     aten.diagonal_scatter.default: diagonal_scatter,
     aten._weight_norm_interface_backward.default: weight_norm_interface_backward,
