@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 from torch_mlir import ir
@@ -154,3 +155,17 @@ def test_full_sums_of_products_with_a_broadcast_vector():
     got = torch.compile(fn, backend="neuron")(x, w, target)
     for got_t, expected in zip(got, fn(x, w, target), strict=True):
         torch.testing.assert_close(got_t, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("source", [torch.float32, torch.bfloat16])
+def test_conversions_to_float8_saturate_as_torchs(source):
+    """float8_e4m3fn has no infinity: torch converts values beyond 448 (infinities too) to ±448;
+    IREE's conversion made them NaN. The other float8 formats keep their own overflow (inf, NaN)."""
+    x = torch.tensor([0.1, 448.0, 464.0, 500.0, -1000.0, 1e6, float("inf"), -float("inf"), float("nan"),
+                      -0.0, 57344.0, 70000.0])
+    for target in (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz):
+        def fn(t, target=target):
+            return t.to(source).to(target).float()
+
+        got = torch.compile(fn, backend="neuron")(x)
+        assert torch.equal(got.nan_to_num(7.0), fn(x).nan_to_num(7.0)), (target, got)

@@ -21,6 +21,7 @@ from torch_neuronx.compiler.passes.constant_fold import constant_fold
 from torch_neuronx.compiler.passes.degenerate_shapes import degenerate_shapes_spelled_out
 from torch_neuronx.compiler.passes.empty_slices import empty_slices_to_full
 from torch_neuronx.compiler.passes.expand_sizes import expand_sizes_kept
+from torch_neuronx.compiler.passes.float8_saturation import float8_conversions_saturated
 from torch_neuronx.compiler.passes.host_checks import checks_to_outputs
 from torch_neuronx.compiler.passes.host_devices import devices_to_host
 from torch_neuronx.compiler.passes.index_bounds import index_bounds_checked
@@ -46,6 +47,7 @@ PIPELINE: list[Pass] = [
     index_bounds_checked,  # after checks_to_outputs (its checks follow those); before folding and scalars
     zero_divisors_checked,  # as index_bounds_checked (its checks follow those)
     random_ops_to_inputs,  # before folding: a random op is no constant
+    float8_conversions_saturated,
     constant_fold,
     inline_scalar_inputs,
     scalar_operands_to_tensors,  # after inlining: inlined inputs can be such numbers
