@@ -302,3 +302,16 @@ def test_integers_to_negative_integer_powers_raise_torchs_error(dtype):
     assert torch.equal((x.to("neuron") ** 2).cpu(), x ** 2)
     exponents = torch.tensor([2, -1, 0, 1], dtype=dtype)
     assert torch.equal((x.to("neuron") ** exponents.to("neuron")).cpu(), x ** exponents)
+
+
+def test_ops_whose_results_are_quantized_or_sparse_are_refused_by_name():
+    """A quantized or sparse result of an op that ran on the host for neuron tensors: the device
+    holds dense tensors only (copying a quantized result into device memory killed the process)."""
+    x = torch.randn(4).to("neuron")
+    with pytest.raises(NotImplementedError, match="quantize_per_tensor.*quantized tensor"):
+        torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)
+    with pytest.raises(NotImplementedError, match="_to_sparse.*sparse_coo tensor"):
+        x.to_sparse()
+    with pytest.raises(NotImplementedError, match="sparse_coo"):
+        torch.randn(2, 3).to_sparse().to("neuron")
+    assert torch.equal(x.cpu(), x.cpu())  # the device goes on

@@ -451,6 +451,11 @@ _HOST_RESULTS = {aten._pack_padded_sequence.default: frozenset({1})}
 def _run_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     with math_bits.host_dispatch():
         out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
+    for leaf in pytree.tree_leaves(out):
+        if isinstance(leaf, torch.Tensor) and (leaf.is_quantized or leaf.layout != torch.strided):
+            kind = "quantized" if leaf.is_quantized else f"{leaf.layout}"
+            raise NotImplementedError(f"{func} on neuron tensors: its result is a {kind} tensor, which the "
+                                      "neuron device does not hold; call it on CPU tensors")
     place = _on_device(_first_neuron((args, kwargs))._index)
     kept = _HOST_RESULTS.get(func)
     if kept is not None:
