@@ -334,6 +334,25 @@ def test_sort_and_extremes_order_nan_and_ties_as_torch(dtype):
         assert torch.equal(g, e) or torch.allclose(g.double(), e.double(), equal_nan=True), (g, e)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_extremes_of_values_computed_in_the_graph_index_inside_the_dimension(dtype):
+    """argmax/argmin/max(dim) of a reduced-precision value computed in the same graph: computed in
+    float32 inside a fused dispatch, it is rounded only where it is stored, so the stored extreme
+    equalled none of its elements and the index came out as the dimension's size."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(16, 16).to(dtype)
+    x = torch.randn(6, 16, generator=torch.Generator().manual_seed(6)).to(dtype)
+
+    def extremes(t):
+        y = linear(t) * 1.1 + 0.3
+        return y.argmax(-1), y.argmin(-1), y.max(-1).indices, y.exp().argmax(0)
+
+    with torch.no_grad():
+        got, expected = torch.compile(extremes, backend="neuron")(x), extremes(x)
+    for g, e in zip(got, expected):
+        assert torch.equal(g, e), (g, e)
+
+
 def _long_orderings(x: torch.Tensor) -> tuple:
     return (torch.sort(x, dim=1, stable=True), torch.sort(x, dim=1, stable=True, descending=True),
             torch.sort(x.t(), dim=0, stable=True), x.argsort(dim=1, stable=True), x.median(dim=1).values)

@@ -308,6 +308,9 @@ def _max_blocks(values: torch.Tensor, index: torch.Tensor, d: int, out: int) -> 
     """One dim of max pooling over ``out`` windows that split dim ``d`` into equal consecutive
     blocks: a reshape to [..., out, block, ...] and reductions over the block axis, for any block size."""
     block = values.shape[d] // out
+    dtype = values.dtype
+    if dtype in (torch.bfloat16, torch.float16):  # compared in float32 (see sorting._extreme_index)
+        values = values.float()
     values = values.unflatten(d, (out, block))
     index = index.unflatten(d, (out, block))
     j = _literal(list(range(block)), torch.int64, values.device).view(_along(block, values, d + 1))
@@ -324,7 +327,7 @@ def _max_blocks(values: torch.Tensor, index: torch.Tensor, d: int, out: int) -> 
     winner = claim.amax(d + 1, keepdim=True)
     best = torch.where(winner >= block, math.nan, top) if values.is_floating_point() else top
     best_index = torch.where(claim == winner, index, -1).amax(d + 1, keepdim=True)
-    return best.squeeze(d + 1), best_index.squeeze(d + 1)
+    return best.squeeze(d + 1).to(dtype), best_index.squeeze(d + 1)
 
 
 def _repeat_each(t: torch.Tensor, d: int, times: int) -> torch.Tensor:

@@ -291,6 +291,10 @@ def _extreme_index(x: torch.Tensor, dim: int | None, keepdim: bool, extreme: Cal
         x, dim = x.reshape(-1), 0
     if x.dtype in _WIDER:
         x = x.to(_WIDER[x.dtype])  # see amax_unsigned
+    elif x.dtype in (torch.bfloat16, torch.float16):
+        # Computed in float32 inside a fused dispatch, x is rounded only where it is stored: the
+        # extreme, stored as bfloat16, equalled no element of x (the index came out as n).
+        x = x.float()
     best = extreme(x, dim, keepdim=True)  # NaN where the slice has one: amax/amin propagate it
     hit = torch.where(best.isnan(), x.isnan(), x == best) if x.is_floating_point() else x == best
     n = x.shape[dim]
