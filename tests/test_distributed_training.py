@@ -12,6 +12,7 @@ from test_distributed import _done, torchrun
 @pytest.mark.parametrize("mode, how, nproc", [
     ("ddp", "eager", 2),
     ("ddp_device_ids", "compiled", 2),  # DDP(device_ids=[current device]): inputs copied on a side stream
+    ("ddp_buckets", "compiled", 2),  # small buckets: Dynamo's DDPOptimizer compiles the graph in pieces
     ("fsdp2", "eager", 2),
     ("fsdp2", "compiled", 2),
     pytest.param("ddp_device_ids", "eager", 4, marks=pytest.mark.slow),  # 4 ranks on 2 cores: CI's slow step
