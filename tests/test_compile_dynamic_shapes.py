@@ -47,6 +47,22 @@ def test_a_serving_loop_over_eight_batch_sizes_compiles_once(caplog):
     assert any("one NEFF serves every size" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_reduced_precision_model_gets_one_dynamic_neff(dtype):
+    """The dynamic NEFF's first results are checked against eager with bounds of their dtype: a
+    float16 MLP with a LayerNorm compiled one NEFF per batch size under float32's bounds."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.LayerNorm(128),
+                                torch.nn.Linear(128, 10)).to(dtype).eval()
+    compiled = torch.compile(model, backend="neuron", dynamic=True)
+    before = _compiles()
+    with torch.no_grad():
+        for batch in (2, 3, 5, 7, 9):
+            x = torch.randn(batch, 64).to(dtype)
+            torch.testing.assert_close(compiled(x), model(x), rtol=5e-2, atol=5e-2)
+    assert _compiles() - before == 1
+
+
 def test_a_convolutional_model_gets_one_dynamic_neff_below_and_above_batch_16():
     """torch's fake convolution guards on ``batch < 16`` while it picks a CPU backend: the trace
     was refused as dynamic and every batch size compiled a NEFF. Now the dynamic NEFF serves every

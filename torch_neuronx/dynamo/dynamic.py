@@ -277,6 +277,13 @@ def _host(value: Any) -> Any:
     return value._data if type(value) is NeuronTensor else value
 
 
+#: How far a dynamic NEFF's first results may be from eager's, by dtype: a wrong lowering is far off;
+#: float16 and bfloat16 results differ from eager's in their last bits (computed in float32 inside
+#: a fused dispatch, rounded where stored), and a float16 MLP with a LayerNorm compiled one NEFF
+#: per batch size under float32's bounds.
+_TOLERANCES = {torch.float16: (1e-2, 1e-2), torch.bfloat16: (5e-2, 5e-2)}
+
+
 def _agrees(expected: Any, got: list[Any]) -> bool:
     """Whether a dynamic NEFF's results ``got`` are what the graph computes in eager PyTorch.
     torch-mlir's linalg lowering of a symbolic trace is younger than its StableHLO path: the
@@ -291,7 +298,8 @@ def _agrees(expected: Any, got: list[Any]) -> bool:
             if not isinstance(g, torch.Tensor) or g.shape != e.shape or g.dtype != e.dtype:
                 return False
             if e.is_floating_point() or e.is_complex():
-                if not torch.allclose(g, e, rtol=1e-3, atol=1e-4, equal_nan=True):
+                rtol, atol = _TOLERANCES.get(e.dtype, (1e-3, 1e-4))
+                if not torch.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True):
                     return False
             elif not torch.equal(g, e):
                 return False
