@@ -151,6 +151,29 @@ def test_clamping_integers_with_float_bounds_promotes_instead_of_raising():
         torch.full((2,), 300, dtype=torch.int8, device="neuron")
 
 
+_TENSOR_BOUNDS = {
+    "float16 by a float32 min": (torch.tensor([1.0, 2.0, 3.0], dtype=torch.float16),
+                                 {"min": torch.tensor([1.5, 0.5, 5.0])}),
+    "bfloat16 by float32 bounds, one 0-d": (torch.tensor([1.0, 2.0, 3.0], dtype=torch.bfloat16),
+                                            {"min": torch.tensor([1.5, 0.5, 5.0]), "max": torch.tensor(2.5)}),
+    "broadcast bounds": (torch.arange(6.0).view(2, 3) - 2,
+                         {"min": torch.tensor([[-0.5, 0.0, 0.5]]), "max": torch.tensor([[0.5], [1.0]])}),
+    "NaN and min above max": (torch.tensor([float("nan"), 1.0, 5.0]),
+                              {"min": torch.tensor([0.0, float("nan"), 6.0]), "max": torch.tensor([1.0, 2.0, 3.0])}),
+    "integers by float bounds": (torch.tensor([1, 5, 9]), {"min": torch.tensor([2.5, 0.5, 0.5])}),
+}
+
+
+@pytest.mark.parametrize("name", list(_TENSOR_BOUNDS))
+def test_compiled_clamps_by_tensor_bounds_promote_and_broadcast_as_torchs(name):
+    """StableHLO's clamp wants one dtype and shape: a float16 tensor clamped by a float32 one
+    failed to lower."""
+    x, bounds = _TENSOR_BOUNDS[name]
+    for fn in (lambda t, b: t.clamp(**b), lambda t, b: torch.clamp_min(t, b["min"])):
+        expected, got = fn(x, bounds), torch.compile(fn, backend="neuron")(x, bounds)
+        assert got.dtype == expected.dtype and torch.equal(got.nan_to_num(7.0), expected.nan_to_num(7.0)), name
+
+
 _SHAPE_ERRORS = {
     "reflect pad wider than the input": lambda x: torch.nn.functional.pad(x[:, :3], (5, 5), mode="reflect"),
     "reflect pad of an empty dim": lambda x: torch.nn.functional.pad(x[:, :0].unsqueeze(0), (1, 1), mode="reflect"),

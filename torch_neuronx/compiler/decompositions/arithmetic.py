@@ -230,6 +230,29 @@ def clamp(x: torch.Tensor, min: float | None = None, max: float | None = None) -
     return aten.clamp.default(x.to(dtype), min, max)
 
 
+def clamp_tensor(x: torch.Tensor, min: torch.Tensor | None = None,  # noqa: A002
+                 max: torch.Tensor | None = None) -> torch.Tensor:  # noqa: A002
+    """``aten.clamp`` by tensor bounds of another dtype or shape: ``maximum`` then ``minimum``,
+    which promote and broadcast as torch's clamp (StableHLO's clamp wants one dtype and shape:
+    a float16 tensor clamped by a float32 one failed to lower). A NaN anywhere gives NaN, and a
+    bound ``min > max`` gives ``max``, as torch's."""
+    bounds = [b for b in (min, max) if b is not None]
+    if all(b.dtype == x.dtype and b.shape == x.shape for b in bounds):
+        return NotImplemented
+    out = x if min is None else torch.maximum(x, min)
+    return out if max is None else torch.minimum(out, max)
+
+
+def clamp_min_tensor(x: torch.Tensor, min: torch.Tensor) -> torch.Tensor:  # noqa: A002
+    """``aten.clamp_min`` by a tensor: ``maximum`` (see :func:`clamp_tensor`)."""
+    return torch.maximum(x, min)
+
+
+def clamp_max_tensor(x: torch.Tensor, max: torch.Tensor) -> torch.Tensor:  # noqa: A002
+    """``aten.clamp_max`` by a tensor: ``minimum`` (see :func:`clamp_tensor`)."""
+    return torch.minimum(x, max)
+
+
 def eq_tensor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``aten.eq.Tensor`` of a float tensor with itself: NaN is not equal to itself.
 
@@ -443,6 +466,9 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.abs.default: abs_unsigned,
     aten.add.Tensor: add_bool,
     aten.clamp.default: clamp,
+    aten.clamp.Tensor: clamp_tensor,
+    aten.clamp_min.Tensor: clamp_min_tensor,
+    aten.clamp_max.Tensor: clamp_max_tensor,
     aten.lcm.default: lcm,
     aten.lerp.Scalar: lerp,
     aten.lerp.Tensor: lerp,
