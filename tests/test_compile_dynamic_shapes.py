@@ -230,7 +230,7 @@ def test_a_trace_that_needs_a_size_fixed_falls_back_without_torch_logging_an_err
     embedding size equal to the weight's, so the dynamic trace fails (one NEFF per signature).
     torch's fake-tensor mode logged that failure as an ERROR with a traceback, on stderr."""
     caplog.set_level(logging.INFO)
-    caplog.set_level(logging.INFO, logger="torch_neuronx.dynamo")
+    caplog.set_level(logging.DEBUG, logger="torch_neuronx.dynamo")
     logging.getLogger("torch_neuronx.dynamo").propagate = True
     torch.manual_seed(0)
     block = torch.nn.TransformerEncoderLayer(8, 2, 32, dropout=0.0, batch_first=True).eval()
@@ -242,6 +242,7 @@ def test_a_trace_that_needs_a_size_fixed_falls_back_without_torch_logging_an_err
         x = torch.randn(2, 5, 8)
         torch.testing.assert_close(compiled(x), block(x), rtol=1e-4, atol=1e-5)
     assert any("one NEFF per input signature" in r.getMessage() for r in caplog.records)
+    assert any("failed with the whole error" in r.getMessage() for r in caplog.records)  # at DEBUG
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith("torch")]
 
 

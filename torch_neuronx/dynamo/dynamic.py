@@ -339,6 +339,7 @@ def compile_once(gm: torch.fx.GraphModule, args: Sequence[Any], options: Resolve
     except Exception as exc:  # any failure keeps the per-signature route, which always works
         _log.info("%s: one NEFF per input signature (%s: %s)", name, type(exc).__name__,
                   str(exc).splitlines()[0] if str(exc) else "")
-        return None
+        _log.debug("%s: the dynamic NEFF failed with the whole error:\n%s", name, exc)  # (a compile
+        return None  # error's first line names only its stage; the lowering's message follows)
     _log.info("%s: one NEFF serves every size of its dynamic dimensions", name)
     return graph, got
