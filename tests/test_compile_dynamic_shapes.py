@@ -414,27 +414,53 @@ torch.manual_seed(0)
 config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=4, n_positions=64)
 model = transformers.GPT2LMHeadModel(config).eval()
 ids = torch.randint(1, 100, (1, 5))
+device = DEVICE
 with torch.no_grad():
     expected = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    model = model.to(device)
     model.forward = torch.compile(model.forward, backend="neuron")
-    got = model.generate(ids, max_new_tokens=10, do_sample=False, pad_token_id=0)
+    got = model.generate(ids.to(device), max_new_tokens=10, do_sample=False, pad_token_id=0).cpu()
 assert torch.equal(got, expected), (got, expected)
 print("matched")
 """
 
 
-def test_generate_with_a_kv_cache_stops_compiling_after_the_first_tokens(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_generate_with_a_kv_cache_stops_compiling_after_the_first_tokens(tmp_path, device):
     """``model.generate()`` of a compiled GPT-2 compiled a NEFF for every token; now the prompt,
     the first decoding step (static, as Dynamo's first compiles are) and one dynamic NEFF for
-    every later token. (A subprocess: the generation's graphs stay out of this process.)"""
+    every later token. With the model on ``neuron`` the dynamic graph was refused (a symbol only
+    a dead node read; factories naming the device beside the trace's host stand-ins). (A
+    subprocess: the generation's graphs stay out of this process.)"""
     pytest.importorskip("transformers")
     env = dict(os.environ, TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES="1", TORCH_NEURONX_LOG_LEVEL="2")
-    run = subprocess.run([sys.executable, "-c", _GPT2_GENERATE], env=env, capture_output=True,
+    script = _GPT2_GENERATE.replace("DEVICE", repr(device))
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                          text=True, timeout=600, cwd=tmp_path)
     assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-3000:]}"
     assert "matched" in run.stdout
     assert run.stderr.count("one NEFF serves every size") == 1, run.stderr[-3000:]
     assert "for input signature" not in run.stderr, run.stderr[-3000:]
+
+
+def test_factories_naming_the_device_in_a_dynamic_graph_on_neuron_tensors(caplog):
+    """A graph on neuron tensors whose factories name the device (``torch.arange(n,
+    device=x.device)``, as a KV cache's position ids do) gets one dynamic NEFF: its trace runs on
+    host stand-ins, beside which a factory on ``neuron`` failed with a device mismatch."""
+    caplog.set_level(logging.INFO, logger="torch_neuronx.dynamo")
+    logging.getLogger("torch_neuronx.dynamo").propagate = True
+
+    def fn(x):
+        return x * torch.arange(x.shape[-1], device=x.device) + torch.ones(x.shape[0], 1, device="neuron")
+
+    compiled = torch.compile(fn, backend="neuron", dynamic=True)
+    before = _compiles()
+    for rows, cols in ((2, 3), (4, 5), (3, 7)):
+        x = torch.randn(rows, cols).to("neuron")
+        got = compiled(x)
+        assert got.device.type == "neuron" and torch.allclose(got.cpu(), fn(x).cpu())
+    assert _compiles() - before == 1
+    assert any("one NEFF serves every size" in r.getMessage() for r in caplog.records)
 
 
 def test_the_dynamic_graph_has_its_graph_stats_row_and_count():

@@ -32,6 +32,7 @@ from typing import Any
 
 import sympy
 import torch
+import torch.utils._pytree as pytree
 
 from torch_neuronx import observe
 from torch_neuronx.compiler.options import ResolvedOptions
@@ -86,6 +87,28 @@ def _evaluate(expr: Any, values: dict[Any, Any]) -> Any:
     raise NotDynamicGraph(f"a size is the expression {expr}, which the trace cannot rebuild")
 
 
+def _live(node: torch.fx.Node) -> bool:
+    """Whether ``node``'s value reaches the graph's output or an op that may act by itself."""
+    seen: set[torch.fx.Node] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current.op == "output" or (not current.users and current.target not in _PURE_SYMBOLIC):
+            return True
+        for user in current.users:
+            if user not in seen:
+                seen.add(user)
+                stack.append(user)
+    return False
+
+
+#: Functions of symbolic ints Dynamo leaves in a graph that compute nothing by themselves.
+_PURE_SYMBOLIC = frozenset({torch.sym_sum, torch.sym_max, torch.sym_min, torch.sym_int, torch.sym_float,
+                            operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,
+                            operator.truediv, operator.neg, operator.eq, operator.ne, operator.lt,
+                            operator.le, operator.gt, operator.ge})
+
+
 class _Layout:
     """Where Dynamo's graph inputs are and what their sizes are made of."""
 
@@ -105,7 +128,10 @@ class _Layout:
                 self.dims.append([_symbol(s) for s in value.shape])
             elif isinstance(example, torch.SymInt | int) and isinstance(value, torch.SymInt):
                 symbol = _symbol(value)
-                self.ints[position] = sympy.Integer(int(example)) if symbol is None else symbol
+                # an int only dead nodes read (a ``sym_sum`` Dynamo left unused, whose symbol is no
+                # tensor's size: it refused generate()'s graph on neuron tensors) keeps its value
+                unread = not any(_live(user) for user in node.users)
+                self.ints[position] = sympy.Integer(int(example)) if symbol is None or unread else symbol
             else:
                 raise NotDynamicGraph(f"an input of type {type(example).__name__}")
         found = {s for dims in self.dims for s in dims if s is not None and s.is_Symbol}
@@ -224,6 +250,30 @@ def _inference(example_inputs: Sequence[Any]) -> bool:
         isinstance(a, torch.Tensor) and a.requires_grad for a in example_inputs)
 
 
+def _on_host(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """``gm`` with the neuron devices its factories name made the host's: the trace runs on host
+    stand-ins (``torch.arange(n, device=neuron)`` beside them failed with a device mismatch)."""
+    def names_neuron(node: torch.fx.Node) -> bool:
+        named = node.kwargs.get("device")
+        return (isinstance(named, str) and named.startswith("neuron")) or any(
+            isinstance(v, torch.device) and v.type == "neuron" for v in pytree.tree_leaves((node.args, node.kwargs)))
+
+    if not any(names_neuron(n) for n in gm.graph.nodes):
+        return gm
+    graph = torch.fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    copy = torch.fx.GraphModule(gm, graph)
+    host = torch.device("cpu")
+    for node in copy.graph.nodes:
+        node.args, node.kwargs = pytree.tree_map_only(
+            torch.device, lambda d: host if d.type == "neuron" else d, (node.args, node.kwargs))
+        named = node.kwargs.get("device")
+        if isinstance(named, str) and named.startswith("neuron"):
+            node.kwargs = {**node.kwargs, "device": host}
+    copy.recompile()
+    return copy
+
+
 def build(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: ResolvedOptions,
           name: str, merge: bool = False) -> DynamicGraph:
     """Trace and compile ``gm`` once with its symbolic sizes; raises :class:`NotDynamicGraph`
@@ -243,6 +293,7 @@ def build(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Reso
     marks = layout.marks()
     positions = layout.tensors
     count = len(example_inputs)
+    on_host = _on_host(gm)
 
     def call(tensors: list[torch.Tensor]) -> Any:
         args: list[Any] = [None] * count
@@ -250,7 +301,7 @@ def build(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Reso
             args[position] = t
         for position in layout.ints:
             args[position] = layout.int_value(position, tensors)
-        return gm(*args)
+        return on_host(*args)
 
     # The weights stay resident in the runtime, as a static graph's do: bound once, their packing
     # for the matmuls hoisted out of the calls.
@@ -333,7 +384,7 @@ def compile_once(gm: torch.fx.GraphModule, args: Sequence[Any], options: Resolve
             if not graph.accepts(args):
                 raise NotDynamicGraph(f"the first call's sizes fail the trace's guards {graph.guards.guards}")
             got = graph(*args)
-            if not _agrees(gm.forward(*[_host(a) for a in args]), got):  # forward: fx prints a failure
+            if not _agrees(_on_host(gm).forward(*[_host(a) for a in args]), got):  # forward: fx prints a failure
                 raise NotDynamicGraph("the dynamic NEFF disagreed with eager on its first call")
             observe.count("compiled_graphs")
     except Exception as exc:  # any failure keeps the per-signature route, which always works
