@@ -724,10 +724,25 @@ def _store_barrier(name: str) -> None:
         time.sleep(0.01)
 
 
+def _arrive_together() -> None:
+    """Wait (at most 120 s) on torchrun's store until every rank got here: the cases' groups have
+    timeouts of a few seconds, which their rendezvous must not spend on a rank still importing
+    torch (under a loaded suite one rank started more than 5 s after the other)."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=120))
+    store.add("distributed_cases arrived", 1)
+    deadline = time.monotonic() + 120
+    while int(store.add("distributed_cases arrived", 0)) < int(os.environ["WORLD_SIZE"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the ranks did not all start within 120 s")
+        time.sleep(0.01)
+
+
 def main() -> None:
     import faulthandler
     faulthandler.dump_traceback_later(200, exit=True)
     case = sys.argv[1]
+    _arrive_together()
     bound = {"device_id": torch.device("neuron", 0)} if case == "device_id_bound" else {}
     dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=float(os.environ.get("PG_TIMEOUT", "10"))),
                             **bound)
