@@ -38,6 +38,7 @@ import torch
 
 from torch_neuronx.compiler.decompositions.average_pooling import avg_pool_divisors
 from torch_neuronx.compiler.decompositions.literals import literal
+from torch_neuronx.compiler.decompositions.precision import NARROW
 
 aten = torch.ops.aten
 
@@ -309,7 +310,7 @@ def _max_blocks(values: torch.Tensor, index: torch.Tensor, d: int, out: int) -> 
     blocks: a reshape to [..., out, block, ...] and reductions over the block axis, for any block size."""
     block = values.shape[d] // out
     dtype = values.dtype
-    if dtype in (torch.bfloat16, torch.float16):  # compared in float32 (see sorting._extreme_index)
+    if dtype in NARROW:  # compared in float32 (see sorting._extreme_index)
         values = values.float()
     values = values.unflatten(d, (out, block))
     index = index.unflatten(d, (out, block))

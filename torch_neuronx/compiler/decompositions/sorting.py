@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from torch_neuronx.compiler.decompositions.precision import NARROW
 from torch_neuronx.compiler.decompositions.scans import cummax
 from torch_neuronx.compiler.errors import InvalidInputError
 
@@ -291,7 +292,7 @@ def _extreme_index(x: torch.Tensor, dim: int | None, keepdim: bool, extreme: Cal
         x, dim = x.reshape(-1), 0
     if x.dtype in _WIDER:
         x = x.to(_WIDER[x.dtype])  # see amax_unsigned
-    elif x.dtype in (torch.bfloat16, torch.float16):
+    elif x.dtype in NARROW:
         # Computed in float32 inside a fused dispatch, x is rounded only where it is stored: the
         # extreme, stored as bfloat16, equalled no element of x (the index came out as n).
         x = x.float()
