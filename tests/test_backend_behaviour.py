@@ -15,7 +15,7 @@ import torch.nn as nn
 from models import MLP
 
 from torch_neuronx import metrics
-from torch_neuronx.compiler import CompileOptions, compile_only
+from torch_neuronx.compiler import CompileOptions, compile_only, torch_to_stablehlo
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.format import neff
 
@@ -108,7 +108,11 @@ def test_unlowerable_op_raises_with_stage_op_and_artifacts(debug_dir, monkeypatc
     assert "tests_opaque" in str(err)
     assert err.artifacts and os.path.isdir(err.artifacts)
     assert str(debug_dir) in str(info.value)
-    assert find(debug_dir, "torch_mlir_error/*.mlir"), "torch-mlir failure artifact missing"
+    (failed,) = find(debug_dir, "torch_mlir_error/*.mlir")
+    with open(failed) as f:  # the error heads the module as comments: the file parses as it is
+        text = f.read()
+    assert "tests_opaque" in text.split("module", 1)[0]
+    torch_to_stablehlo.parse_raw(text)
     assert find(debug_dir, "fx_graphs/*.fx.txt"), "artifacts of a failed graph must be kept"
 
 

@@ -5,6 +5,7 @@ that cannot (a training graph, a trace that guards on a size) compiles per signa
 from __future__ import annotations
 
 import logging
+import math
 import os
 import subprocess
 import sys
@@ -341,6 +342,36 @@ def test_sin_and_sign_ops_get_one_dynamic_neff(caplog):
         for got, want in zip(compiled(x), _rotary(x)):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
             assert torch.equal(got[0, :2].signbit(), want[0, :2].signbit())
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("one NEFF serves every size" in m for m in messages), messages
+    assert not any("one NEFF per input signature" in m for m in messages), messages
+
+
+def _static_rotary_in_a_dynamic_graph(x, positions):
+    """A decoding step's shape: the rotary angles' sin and cos over a static shape, next to
+    sizes that change every call, and sign ops whose answer is in the sign bit alone."""
+    angles = positions * 0.5
+    return (x * angles.cos() + x.flip(-1) * angles.sin(), torch.copysign(torch.ones_like(x), x),
+            torch.signbit(x), torch.copysign(positions, x))
+
+
+def test_sign_bits_of_static_and_dynamic_tensors_in_a_dynamic_neff(caplog):
+    """torch-mlir's linalg lowering has no pattern for the bitcast (``aten.view.dtype``) of its
+    ``signbit``/``copysign``: a Llama decoding graph, whose rotary ``sin``/``cos`` run over a
+    static shape, failed its dynamic lowering and compiled once per token. The bitcast is now a
+    builtin one; NaNs keep their sign bit (x86's default NaN is negative) and zeros theirs."""
+    compiled = torch.compile(_static_rotary_in_a_dynamic_graph, backend="neuron", dynamic=True)
+    caplog.set_level(logging.INFO, logger="torch_neuronx.dynamo")
+    logging.getLogger("torch_neuronx.dynamo").propagate = True
+    positions = torch.arange(16.0).reshape(1, 16)
+    for rows in (2, 3, 5):
+        x = torch.randn(rows, 16)
+        x[0, :6] = torch.tensor([0.0, -0.0, 1.0, -1.0, math.nan, -math.nan])
+        results = list(zip(compiled(x, positions), _static_rotary_in_a_dynamic_graph(x, positions)))
+        for got, want in results:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+        for got, want in results[1:]:  # the sign bits themselves (a computed NaN's sign is unspecified)
+            assert torch.equal(got, want)
     messages = [r.getMessage() for r in caplog.records]
     assert any("one NEFF serves every size" in m for m in messages), messages
     assert not any("one NEFF per input signature" in m for m in messages), messages

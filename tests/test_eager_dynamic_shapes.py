@@ -70,6 +70,28 @@ def test_one_kernel_serves_every_batch_size():
             assert _compiles() == before, f"batch {batch} compiled {_compiles() - before} new kernels"
 
 
+def _signs(x: torch.Tensor) -> list[torch.Tensor]:
+    return [torch.signbit(x), torch.copysign(torch.ones_like(x), x), x.sin(), torch.atan2(x, x - 1),
+            torch.remainder(x, 0.7)]
+
+
+def test_sign_bit_ops_get_one_kernel_and_keep_nan_and_zero_signs():
+    """``signbit``/``copysign`` (and ``sin``, ``atan2``, ``remainder`` through them) bitcast
+    floats to integers; their dynamic kernels lower (the bitcast was a linalg lowering failure,
+    then a decomposition that read every NaN as positive: x86's default NaN is negative)."""
+    for step, rows in enumerate((3, 4, 6, 9, 13)):
+        x = torch.randn(rows, 8)
+        x[0, :6] = torch.tensor([0.0, -0.0, 1.0, -1.0, float("nan"), -float("nan")])
+        before = _compiles()
+        results = list(zip(_signs(x.to("neuron")), _signs(x)))
+        for actual, expected in results:
+            torch.testing.assert_close(actual.cpu(), expected, rtol=1e-4, atol=1e-5, equal_nan=True)
+        (bits, expected_bits), (ones, expected_ones) = results[:2]  # the sign bits themselves, NaNs' too
+        assert torch.equal(bits.cpu(), expected_bits) and torch.equal(ones.cpu(), expected_ones)
+        if step > 2:
+            assert _compiles() == before, f"{rows} rows compiled {_compiles() - before} new kernels"
+
+
 def test_equal_sizes_pick_their_own_kernel():
     """A kernel traced where two sizes were equal (a square product) must not serve a call
     where they differ, nor the other way round."""

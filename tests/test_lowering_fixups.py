@@ -169,3 +169,56 @@ def test_conversions_to_float8_saturate_as_torchs(source):
 
         got = torch.compile(fn, backend="neuron")(x)
         assert torch.equal(got.nan_to_num(7.0), fn(x).nan_to_num(7.0)), (target, got)
+
+
+_VIEWS = """
+module {
+  func.func @main(%a: !torch.vtensor<[?,3],f32>, %b: !torch.vtensor<[],bf16>, %c: !torch.vtensor<[2],f64>,
+                  %d: !torch.vtensor<[4],f32>) -> (!torch.vtensor<[?,3],si32>, !torch.vtensor<[],si16>,
+                  !torch.vtensor<[2],si64>, !torch.vtensor<[4,4],ui8>) {
+    %int3 = torch.constant.int 3
+    %int2 = torch.constant.int 2
+    %int4 = torch.constant.int 4
+    %int0 = torch.constant.int 0
+    %0 = torch.aten.view.dtype %a, %int3 : !torch.vtensor<[?,3],f32>, !torch.int -> !torch.vtensor<[?,3],si32>
+    %1 = torch.aten.view.dtype %b, %int2 : !torch.vtensor<[],bf16>, !torch.int -> !torch.vtensor<[],si16>
+    %2 = torch.aten.view.dtype %c, %int4 : !torch.vtensor<[2],f64>, !torch.int -> !torch.vtensor<[2],si64>
+    %3 = torch.aten.view.dtype %d, %int0 : !torch.vtensor<[4],f32>, !torch.int -> !torch.vtensor<[4,4],ui8>
+    return %0, %1, %2, %3 : !torch.vtensor<[?,3],si32>, !torch.vtensor<[],si16>, !torch.vtensor<[2],si64>,
+      !torch.vtensor<[4,4],ui8>
+  }
+}"""
+
+
+def test_same_width_dtype_views_become_builtin_bitcasts_for_the_linalg_lowering():
+    """torch-mlir's linalg lowering has no ``aten.view.dtype`` (the bitcast of its signbit and
+    copysign); views of one element width, symbolic, 0-d or 64-bit, are rewritten; a view that
+    changes the width (and the shape) is left alone."""
+    from torch_neuronx.compiler import linalg_fixups
+
+    text = linalg_fixups.bitcasts(_VIEWS)
+    assert text.count("tensor.bitcast") == 3 and text.count("torch.aten.view.dtype") == 1
+    assert "tensor.bitcast %tnx_bitcast_0_in : tensor<?x3xf32> to tensor<?x3xi32>" in text
+    assert "tensor.bitcast %tnx_bitcast_1_in : tensor<bf16> to tensor<i16>" in text
+    assert "tensor<2xf64> to tensor<2xi64>" in text
+    assert linalg_fixups.bitcasts(_NARROWED) is None  # nothing to rewrite
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+def test_sign_ops_of_every_float_width_lower_to_linalg(dtype):
+    """The dynamic-shape route (linalg-on-tensors) lowers signbit and copysign in every float dtype."""
+    from torch_mlir import fx
+
+    from torch_neuronx.compiler import torch_to_stablehlo
+
+    class Signs(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.signbit(x), torch.copysign(x, y)
+
+    x = torch.randn(3, 4, dtype=dtype)
+    rows = torch.export.Dim("rows")
+    program = torch.export.export(Signs(), (x, x), dynamic_shapes=({0: rows}, {0: rows}))
+    raw = fx.export_and_import(program, output_type="raw")
+    linalg = torch_to_stablehlo.to_stablehlo(torch_to_stablehlo.parse_raw(torch_to_stablehlo.asm(raw)), "linalg")
+    assert "tensor.bitcast" in linalg or "arith.bitcast" in linalg
+    assert "torch." not in linalg.replace("torch.onnx", "")

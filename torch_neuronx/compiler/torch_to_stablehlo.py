@@ -22,8 +22,9 @@ import time
 from typing import IO, Any
 
 if __package__:
-    from torch_neuronx.compiler import stablehlo_fixups
+    from torch_neuronx.compiler import linalg_fixups, stablehlo_fixups
 else:  # the lowering worker imports this module alone, its directory on sys.path
+    import linalg_fixups
     import stablehlo_fixups
 
 _TO_BACKEND = ("builtin.module(func.func(torch-match-quantized-custom-ops), "
@@ -103,8 +104,11 @@ def to_stablehlo(raw_module: object, dialect: str = "stablehlo") -> str:
         with context:
             context.emit_error_diagnostics = True
             backend = _TO_BACKEND % ("" if dialect == "stablehlo" else _LINALG_LEGAL)
-            for pipeline in (backend, _TO_STABLEHLO if dialect == "stablehlo" else _TO_LINALG):
-                PassManager.parse(pipeline).run(raw_module.operation)  # type: ignore[attr-defined]
+            PassManager.parse(backend).run(raw_module.operation)  # type: ignore[attr-defined]
+            if dialect != "stablehlo":
+                raw_module = _with_bitcasts(raw_module)
+            PassManager.parse(_TO_STABLEHLO if dialect == "stablehlo" else _TO_LINALG).run(
+                raw_module.operation)  # type: ignore[attr-defined]
     except Exception as exc:
         found = [d for d in diagnostics if "legalize" in d] + diagnostics
         message = "\n".join(dict.fromkeys(found[:6])) or f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -116,6 +120,23 @@ def to_stablehlo(raw_module: object, dialect: str = "stablehlo") -> str:
         stablehlo_fixups.apply(raw_module)
         return asm(raw_module)
     return nontrapping_divisions(asm(raw_module))
+
+
+def _with_bitcasts(module: object) -> object:
+    """``module`` (at the torch backend contract) with ``linalg_fixups.bitcasts`` applied: a new
+    module in the same context when there was something to rewrite, else ``module`` itself."""
+    from torch_mlir import ir
+    from torch_mlir.passmanager import PassManager
+
+    text = linalg_fixups.bitcasts(asm(module))
+    if text is None:
+        return module
+    context = module.context  # type: ignore[attr-defined]
+    # The rewrite uses torch_c's casts, a dialect torch-mlir's Python bindings do not register:
+    # a pass that depends on it loads it into the context, so the text parses.
+    PassManager.parse("builtin.module(torch-func-backend-type-conversion)").run(
+        ir.Module.parse("module {}", context).operation)
+    return ir.Module.parse(text, context)
 
 
 _DIVISION = re.compile(r"^(\s*)(%[\w.$-]+) = arith\.(divsi|divui|remsi|remui|ceildivsi|floordivsi|ceildivui) "

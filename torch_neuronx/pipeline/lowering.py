@@ -49,7 +49,8 @@ def lower_with_artifacts(gm: torch.fx.GraphModule, artifacts: GraphArtifacts, hl
         lowered = lower_cached(gm, use_cache=hlo_cache, dialect=dialect)
     except NeuronCompileError as err:
         raw = getattr(err, "raw_text", None) or gm.print_readable(print_output=False)
-        artifacts.torch_mlir_error(f"// {err}\n{raw}")
+        header = "".join(f"// {line}\n" for line in str(err).splitlines())  # the module still parses
+        artifacts.torch_mlir_error(header + raw)
         raise
     artifacts.raw(lowered.raw)
     if dialect == "stablehlo":

@@ -409,41 +409,6 @@ def hypot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(a.isinf() | b.isinf(), float("inf"), result)
 
 
-#: This module's decompositions, merged into the compile path's table.
-def _symbolic(t: torch.Tensor) -> bool:
-    return any(not isinstance(d, int) for d in t.shape)
-
-
-def signbit(x: torch.Tensor) -> torch.Tensor:
-    """``aten.signbit`` in a dynamic-shape trace without a bitcast (torch-mlir's linalg path could
-    not legalize the dtype constant of its ``view(int32)``): negative, or a zero whose reciprocal
-    is -inf. (A NaN's sign bit reads as clear: the one difference from torch's result.)"""
-    if not (x.is_floating_point() and _symbolic(x)):
-        return NotImplemented
-    return _negative(x)
-
-
-def _negative(x: torch.Tensor) -> torch.Tensor:
-    """Whether a floating ``x`` has its sign bit set, NaN aside: negative, or -0 (1 / -0 is -inf)."""
-    return (x < 0) | ((x == 0) & (1.0 / x < 0))
-
-
-def copysign(a: torch.Tensor, b: torch.Tensor | float) -> torch.Tensor:
-    """``aten.copysign`` in a dynamic-shape trace (see :func:`signbit`): ``|a|`` with ``b``'s sign;
-    every sin, tan, remainder and atan2 of a dynamic-shape graph goes through it."""
-    tensors = [t for t in (a, b) if isinstance(t, torch.Tensor)]
-    if not any(_symbolic(t) for t in tensors):
-        return NotImplemented
-    dtype = torch.result_type(a, b)
-    if not dtype.is_floating_point:
-        dtype = torch.get_default_dtype()
-    magnitude = a.to(dtype).abs()
-    if not isinstance(b, torch.Tensor):
-        return -magnitude if math.copysign(1.0, b) < 0 else magnitude
-    b = b.to(dtype)
-    return torch.where(_negative(b), -magnitude, magnitude)
-
-
 def ldexp(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """``aten.ldexp`` as ATen's composite, ``x * 2.0 ** other`` (the power in float32, exact for
     integer exponents): torch-mlir's lowering took ``2 ** other`` in ``x``'s dtype from an
@@ -451,11 +416,9 @@ def ldexp(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return torch.mul(x, torch.pow(2.0, other))
 
 
+#: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.ldexp.Tensor: ldexp,
-    aten.signbit.default: signbit,
-    aten.copysign.Tensor: copysign,
-    aten.copysign.Scalar: copysign,
     aten.remainder.Tensor: remainder,
     aten.remainder.Scalar: remainder_scalar,
     aten.div.Tensor_mode: div_mode,
