@@ -4,6 +4,7 @@ clear error when truncated, corrupt, from another version or target, or given th
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
@@ -255,8 +256,14 @@ def test_bad_packages_are_clear_errors(compiled, tmp_path):
         torch_neuronx.aot_load(path)
     other = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
     with pytest.raises(package.PackageError, match=r"(?s)parameters differ.*0.weight: compiled \[\[128, 64\], "
-                                                   r"'float32'\], given \[\[256, 64\], 'float32'\]"):
+                                                   r"'float32', 'cpu'\], given \[\[256, 64\], 'float32', 'cpu'\]"):
         torch_neuronx.aot_load(path, other)
+    # A module moved to the device after compiling: refused at load, naming the device (its first call
+    # failed with "NEFF inputs must be plain CPU tensors", naming no parameter).
+    on_device = copy.deepcopy(model).to("neuron")
+    with pytest.raises(package.PackageError, match=r"(?s)parameters differ.*device.*0.weight: compiled \[\[128, 64\], "
+                                                   r"'float32', 'cpu'\], given \[\[128, 64\], 'float32', 'neuron'\]"):
+        torch_neuronx.aot_load(path, on_device)
 
 
 def test_save_is_atomic(compiled, tmp_path, monkeypatch):

@@ -5,7 +5,8 @@ One small module every layer may ask: :func:`rank`, :func:`local_rank` and
 torchrun's RANK / LOCAL_RANK / WORLD_SIZE; :func:`job_id` names this run (start
 time and pid, so concurrent jobs never share a directory); :func:`rank_dir` is a
 per-rank directory under a root (the artifact tree, the profiles, the metric
-tables). :func:`device_index` parses the many ways a neuron device is named, and
+tables). :func:`device_index` parses the many ways a neuron device is named (one named
+without an index is this thread's current device, :func:`current_device`, as CUDA's is), and
 :func:`device_count` says how many this process sees (TORCH_NEURONX_VISIBLE_DEVICES).
 
 Nothing here imports torch at module import: torch.distributed is consulted only
@@ -17,6 +18,7 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+import threading
 from typing import Any
 
 from torch_neuronx import config
@@ -82,10 +84,28 @@ def device_count() -> int:
     return len(config.get("TORCH_NEURONX_VISIBLE_DEVICES")) or 1
 
 
+class _Current(threading.local):
+    device = 0  # this thread's current neuron device index
+
+
+_current = _Current()
+
+
+def current_device() -> int:
+    """This thread's current neuron device index (0 unless set)."""
+    return _current.device
+
+
+def set_current_device(index: int) -> None:
+    """Make ``index`` this thread's current neuron device (checked by the caller)."""
+    _current.device = index
+
+
 def device_index(device: Any = None) -> int:
-    """A neuron device index from None (device 0), an int, "neuron[:N]" or a ``torch.device``."""
+    """A neuron device index from an int, "neuron:N" or a ``torch.device``; None, "neuron" and
+    ``torch.device("neuron")`` name this thread's current device (as "cuda" names CUDA's)."""
     if device is None:
-        return 0
+        return _current.device
     if isinstance(device, bool):
         raise ValueError(f"expected a neuron device, got {device!r}")
     if isinstance(device, int):
@@ -95,7 +115,7 @@ def device_index(device: Any = None) -> int:
         if kind != "neuron":
             raise ValueError(f"expected a neuron device (an int, 'neuron', 'neuron:N' or "
                              f"torch.device('neuron', N)), got {device!r}")
-        index = 0 if index is None else index
+        index = _current.device if index is None else index
     if index < 0:
         raise ValueError(f"device index must be non-negative, got {device!r}")
     return index

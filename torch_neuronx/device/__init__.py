@@ -42,6 +42,7 @@ def register() -> bool:
         autocast,
         backward_errors,
         eager,
+        index_less,
         lazy,
         linearize,
         module_moves,
@@ -58,6 +59,10 @@ def register() -> bool:
     accelerator.install()
     pinned.install()
     backward_errors.install()
+    from torch_neuronx import process
+
+    if process.device_count() > 1:
+        index_less.install()
     swap.install()
     lazy.install()
     module_moves.install()

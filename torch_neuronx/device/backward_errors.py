@@ -1,7 +1,12 @@
 """Errors of neuron ops in a backward pass, which PyTorch loses, raised where the backward was called.
 
 (Also here: a gradient given on another device than its output, which the engine does not
-check for tensor subclasses, is refused with torch's own message: :func:`_check_devices`.)
+check for tensor subclasses, is refused with torch's own message: :func:`_check_devices`. And
+with more than one neuron device visible, the engine runs the backward in the calling thread:
+it keeps one ready queue per device of the largest count a registered device guard reports,
+and the Python guard PyTorch offers reports 1 (``deviceCount`` is not overridable from
+Python), so a backward of ``neuron:1`` tensors hit the engine's internal assert
+``device_ready_queues_``; single-threaded, every node runs from the CPU ready queue.)
 
 When a Python exception is raised while autograd runs a node on a PrivateUse1
 device backed by Python (a neuron op failing in ``__torch_dispatch__``, a hook on
@@ -29,6 +34,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from torch_neuronx import process
 
 _LOST = "returned NULL without setting an exception"
 _lock = threading.Lock()
@@ -58,6 +65,9 @@ def _run_backward(original: Callable[..., Any]) -> Callable[..., Any]:
         entry: list[Any] = [object(), None]
         with _lock:
             _open.append(entry)
+        threaded = process.device_count() > 1 and torch._C._is_multithreading_enabled()
+        if threaded:
+            torch._C._set_multithreading_enabled(False)
         try:
             return original(*args, **kwargs)
         except SystemError as err:
@@ -67,6 +77,8 @@ def _run_backward(original: Callable[..., Any]) -> Callable[..., Any]:
             lost.add_note("(raised in the backward pass of neuron tensors; PyTorch's engine had lost it)")
             raise lost from None
         finally:
+            if threaded:
+                torch._C._set_multithreading_enabled(True)
             with _lock:
                 _open.remove(entry)
 

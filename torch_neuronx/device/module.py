@@ -86,6 +86,10 @@ def current_device() -> int:
 def set_device(device: Any) -> None:
     """Select this thread's current neuron device; an index this process does not see is an error."""
     runtime_device.set_current(device)
+    if process.current_device():
+        from torch_neuronx.device import index_less
+
+        index_less.install()  # "neuron" without an index now names another device than 0
 
 
 def is_initialized() -> bool:

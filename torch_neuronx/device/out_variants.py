@@ -59,6 +59,18 @@ def functional_twin(func: Any) -> Any | None:
     return None
 
 
+def _check_out_device(func: Any, inputs: list[Any], out: Any) -> None:
+    """torch's error for an ``out`` tensor on another device than the neuron inputs (the op ran on
+    the CPU over copies and wrote ``out`` wherever it was, where CUDA refuses)."""
+    index = next((t._index for t in inputs if isinstance(t, NeuronTensor)), None)
+    if index is None:
+        return
+    for t in pytree.tree_leaves(out):
+        if isinstance(t, torch.Tensor) and not (isinstance(t, NeuronTensor) and t._index == index):
+            raise RuntimeError(f"Expected out tensor to have device neuron:{index}, but got {t.device} instead "
+                               f"(when checking the out= argument of {func})")
+
+
 def run(func: Any, twin: Any, args: Sequence[Any], kwargs: dict[str, Any],
         functional: Callable[[Any, Sequence[Any], dict[str, Any]], Any],
         copy: Callable[[NeuronTensor, NeuronTensor, str], None],
@@ -68,6 +80,7 @@ def run(func: Any, twin: Any, args: Sequence[Any], kwargs: dict[str, Any],
     ``fallback`` runs it otherwise (see the module docstring)."""
     out = kwargs.get("out")
     rest = {k: v for k, v in kwargs.items() if k != "out"}
+    _check_out_device(func, pytree.tree_leaves((list(args), rest)), out)
     if not isinstance(out, NeuronTensor) or out._allocation is None:
         return fallback(func, args, kwargs)
     if torch.Tag.pointwise in twin.tags:  # torch's TensorIterator checks (``torch.neg(x[:4], out=x[2:])``)

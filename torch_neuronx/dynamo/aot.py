@@ -203,11 +203,12 @@ def _unpickle(data: bytes, model: torch.nn.Module | None, name: str) -> AOTCompi
 
 
 def _parameters(model: torch.nn.Module | None) -> dict[str, list[Any]]:
-    """Name → [shape, dtype] of the module's parameters and buffers (checked once at load)."""
+    """Name → [shape, dtype, device type] of the module's parameters and buffers (checked once at
+    load; packages written before the device was recorded hold [shape, dtype])."""
     if model is None:
         return {}
     tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-    return {name: [list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in tensors.items()}
+    return {name: [list(t.shape), str(t.dtype).removeprefix("torch."), t.device.type] for name, t in tensors.items()}
 
 
 @contextlib.contextmanager
@@ -332,7 +333,10 @@ def _check_model(path: str, header: Mapping[str, Any], model: torch.nn.Module | 
                                    "pass the module (its parameters) as aot_load(path, model)")
     expected, actual = header["parameters"], _parameters(model)
     differs = [f"{name}: compiled {expected.get(name)}, given {actual.get(name)}"
-               for name in sorted(expected.keys() | actual.keys()) if expected.get(name) != actual.get(name)]
+               for name in sorted(expected.keys() | actual.keys())
+               if expected.get(name) is None or actual.get(name) is None
+               or expected[name] != actual[name][:len(expected[name])]]
     if differs:
         raise package.PackageError(f"AOT package {path}: the given {type(model).__name__}'s parameters "
-                                   "differ from the compiled module's:\n  " + "\n  ".join(differs[:10]))
+                                   "differ from the compiled module's (shape, dtype, device; keep the module "
+                                   "where it was compiled):\n  " + "\n  ".join(differs[:10]))

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from torch_neuronx import config
+from torch_neuronx import config, process
 from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
 
 VARIABLE = "TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY"
@@ -191,3 +191,18 @@ def copying_inputs(fn: Callable[..., Any], positions: Sequence[int], index: int)
         return results
 
     return call
+
+
+def call_device(args: Sequence[Any]) -> int:
+    """The device index of a compiled graph's call: its neuron inputs' (the current device's when
+    it has none). Inputs of two neuron devices get eager's error: the graph ran on such a mix and
+    put its outputs on device 0 (``neuron:1`` inputs gave ``neuron:0`` outputs)."""
+    index = -1
+    for a in args:
+        if type(a) is NeuronTensor and a._index != index:
+            if index >= 0:
+                raise RuntimeError("Expected all tensors to be on the same device, but found at least two "
+                                   f"devices, neuron:{index} and neuron:{a._index}! (when checking the "
+                                   "inputs of a graph compiled with backend='neuron')")
+            index = a._index
+    return index if index >= 0 else process.current_device()

@@ -45,6 +45,38 @@ from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
 
 _log = logging.getLogger("torch_neuronx.dynamo")
 
+def _calls_the_tolerant_registration(compiler_fn: Any = None, name: Any = None, tags: Any = ()) -> Any:
+    # Its code becomes torch's register_backend's (whose globals hold the name it calls).
+    return _neuron_register_backend(compiler_fn, name, tags)  # noqa: F821
+
+
+def _concurrent_registration_tolerated() -> None:
+    """Threads that make their first ``torch.compile(backend="neuron")`` at once each load this
+    entry point and register what it names: torch's ``register_backend`` asserted "duplicate
+    name: neuron" in all but one. The same function registered again under its own name is now
+    accepted. The racing threads looked ``register_backend`` up before their load imported this
+    module, so its code is what changes (the function object they hold runs the new code)."""
+    import types
+
+    from torch._dynamo.backends import registry
+
+    function = registry.register_backend
+    if "_neuron_register_backend" in function.__globals__:
+        return
+    original = types.FunctionType(function.__code__, function.__globals__, function.__name__,
+                                  function.__defaults__, function.__closure__)
+
+    def register_backend(compiler_fn: Any = None, name: Any = None, tags: Any = ()) -> Any:
+        if compiler_fn is not None and name is not None and registry._COMPILER_FNS.get(name) is compiler_fn:
+            return compiler_fn
+        return original(compiler_fn, name, tags)
+
+    function.__globals__["_neuron_register_backend"] = register_backend
+    function.__code__ = _calls_the_tolerant_registration.__code__
+
+
+_concurrent_registration_tolerated()
+
 if "TORCH_CACHING_PRECOMPILE" in os.environ:
     # torch itself only accepts "1"; the registry's bool parsing (true/yes/...) decides here.
     torch._dynamo.config.caching_precompile = bool(config.get("TORCH_CACHING_PRECOMPILE"))
@@ -204,9 +236,10 @@ def _on_device(fn: Callable, outputs: list[int]) -> Callable:
     at ``outputs`` placed in device memory: what aot_autograd's wrapper does, in fewer steps."""
 
     def call(*args: Any) -> list[Any]:
+        index = autocopy.call_device(args)
         results = fn(*[a._data if type(a) is NeuronTensor else a for a in args])
         for i in outputs:
-            results[i] = from_cpu(results[i], stride=results[i].stride(), upload=False)
+            results[i] = from_cpu(results[i], stride=results[i].stride(), index=index, upload=False)
         return results
 
     return call
@@ -302,14 +335,15 @@ def _placing_outputs(fn: Callable, positions: list[int]) -> Callable:
     """``fn`` with its host-tensor outputs at ``positions`` moved into device memory."""
 
     def call(*args: Any) -> Any:
+        index = autocopy.call_device(args)
         results = list(fn(*args))
         for i in positions:
             result = results[i]
             if type(result) is torch.Tensor:
                 # One that autograd tracks (a factory's tensor written with values that require
                 # grad) moves by a differentiable copy: placed as is, it lost its grad_fn.
-                results[i] = result.to("neuron") if result.requires_grad else from_cpu(
-                    result, stride=result.stride(), upload=False)
+                results[i] = result.to(f"neuron:{index}") if result.requires_grad else from_cpu(
+                    result, stride=result.stride(), index=index, upload=False)
         return results
 
     return call

@@ -36,7 +36,7 @@ import torch.utils._pytree as pytree
 
 from torch_neuronx import observe
 from torch_neuronx.compiler.options import ResolvedOptions
-from torch_neuronx.dynamo import stats
+from torch_neuronx.dynamo import autocopy, stats
 from torch_neuronx.dynamo.graph import resident_inputs
 from torch_neuronx.pipeline import trace as tracing
 from torch_neuronx.pipeline.shapes import SizeGuards
@@ -239,9 +239,12 @@ class DynamicGraph:
                 on_device = True
                 t = t._data
             tensors.append(t)
+        if on_device:
+            index = autocopy.call_device([args[i] for i in self.layout.tensors])
         results = self.compiled.call_unboxed(*tensors)
-        if on_device:  # outputs of a graph on the device go to the device
-            return [from_cpu(r, stride=r.stride(), upload=False) if type(r) is torch.Tensor else r for r in results]
+        if on_device:  # outputs of a graph on the device go to its device
+            return [from_cpu(r, stride=r.stride(), index=index, upload=False) if type(r) is torch.Tensor else r
+                    for r in results]
         return results
 
 

@@ -13,12 +13,25 @@ Two process-wide states cause it, and :func:`install` confines both to the traci
 - the "FX is tracing" flag Dynamo checks before running a compiled function
   (``is_fx_symbolic_tracing``, captured by every ``torch.compile`` wrapper when it is made): it
   now also asks whether this thread is inside ``Tracer.trace``.
+
+Dynamo compiling in another thread meanwhile cannot be kept out that way: it reads
+``nn.Module``'s methods from the class (``inspect.getattr_static``) and inlined the
+thread-choosing wrapper ("Unsupported ... _thread.get_ident"; a graph break without
+``fullgraph``). So a trace also holds Dynamo's own compile lock (``convert_frame.compile_lock``,
+re-entrant: a trace inside a compile, this backend's, already holds it), as every Dynamo compile
+does: no thread compiles while another's trace has nn.Module patched. An eager kernel's trace
+in a thread that is not compiling waits for a compile under way in another thread. And the
+tracer's "current patcher" is per thread (torch keeps one for the process: two threads tracing
+at once reverted each other's patches and failed with "CURRENT_PATCHER is None in finally
+block").
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -35,15 +48,46 @@ def _traces_here() -> bool:
 
 
 def _counted(trace: Any) -> Any:
+    from torch._dynamo.convert_frame import compile_lock
+
     @functools.wraps(trace)
     def trace_counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        _here.depth = getattr(_here, "depth", 0) + 1
-        try:
-            return trace(self, *args, **kwargs)
-        finally:
-            _here.depth -= 1
+        with compile_lock:
+            _here.depth = getattr(_here, "depth", 0) + 1
+            try:
+                return trace(self, *args, **kwargs)
+            finally:
+                _here.depth -= 1
 
     return trace_counted
+
+
+_patchers = threading.local()  # current: this thread's innermost FX patcher
+
+
+@contextlib.contextmanager
+def _new_patcher() -> Iterator[Any]:
+    """torch.fx's ``_new_patcher``, its current patcher this thread's."""
+    prior = getattr(_patchers, "current", None)
+    patcher = _patchers.current = _symbolic_trace._Patcher()
+    try:
+        yield patcher
+    finally:
+        patcher.revert_all_patches()
+        _patchers.current = prior
+
+
+@contextlib.contextmanager
+def _maybe_revert_all_patches() -> Iterator[None]:
+    """torch.fx's ``_maybe_revert_all_patches`` (Dynamo compiling inside a trace): this thread's patches only."""
+    current = getattr(_patchers, "current", None)
+    if current is not None:
+        current.revert_all_patches()
+    try:
+        yield
+    finally:
+        if current is not None:
+            current.reapply_all_patches()
 
 
 def _thread_aware_flag() -> bool:  # its code replaces is_fx_symbolic_tracing's (same globals)
@@ -74,6 +118,8 @@ def install() -> None:
     global _installed
     if not _installed:
         _symbolic_trace._Patcher.patch_method = _confined(_symbolic_trace._Patcher.patch_method)
+        _symbolic_trace._new_patcher = _new_patcher
+        _symbolic_trace._maybe_revert_all_patches = _maybe_revert_all_patches
         _symbolic_trace.Tracer.trace = _counted(_symbolic_trace.Tracer.trace)
         # The function object itself changes: the wrappers made before hold it, not its name.
         _symbolic_trace._neuron_traces_here = _traces_here

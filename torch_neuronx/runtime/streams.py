@@ -32,7 +32,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from torch_neuronx import config, memory, observe
+from torch_neuronx import config, memory, observe, process
 from torch_neuronx.observe.events import state as _observing
 from torch_neuronx.process import checked_device_index, device_index
 from torch_neuronx.runtime.errors import NeuronRuntimeError
@@ -508,7 +508,6 @@ class Event:
 
 
 class _Local(threading.local):
-    device = 0  # this thread's current device index
     streams: dict[int, Stream] | None = None
     in_worker = False  # this thread is a stream's worker
     queue: _Queue | None = None  # the queue whose worker this thread is
@@ -522,18 +521,9 @@ def in_worker() -> bool:
     return _local.in_worker
 
 
-def current_device() -> int:
-    """This thread's current neuron device index (0 unless set)."""
-    return _local.device
-
-
-def set_current_device(index: int) -> None:
-    """Make ``index`` this thread's current neuron device (checked by the caller)."""
-    _local.device = index
-
-
-def _index(device: Any) -> int:
-    return _local.device if device is None else device_index(device)
+current_device = process.current_device
+set_current_device = process.set_current_device
+_index = device_index  # None and "neuron": the current device
 
 
 def default_stream(device: Any = None) -> Stream:
@@ -561,16 +551,19 @@ def set_stream(stream: Stream) -> None:
 
 @contextlib.contextmanager
 def stream(s: Stream | None) -> Iterator[Stream | None]:
-    """Make ``s`` the current stream of its device inside the block (no-op for None)."""
+    """Make ``s`` the current stream of its device, and its device the current device, inside
+    the block (no-op for None), as ``torch.cuda.stream``."""
     if s is None:
         yield None
         return
-    previous = current_stream(s.device_index)
+    previous, previous_device = current_stream(s.device_index), process.current_device()
     set_stream(s)
+    process.set_current_device(s.device_index)
     try:
         yield s
     finally:
         set_stream(previous)
+        process.set_current_device(previous_device)
 
 
 def executing() -> tuple[int, int]:
