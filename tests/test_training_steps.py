@@ -102,3 +102,33 @@ def test_parameters_with_equal_gradients_get_gradients_of_their_own():
     torch.nn.utils.clip_grad_norm_(expected.parameters(), 1.0)
     for g, e in zip(got.parameters(), expected.parameters(), strict=True):
         torch.testing.assert_close(g.grad, e.grad)
+
+
+@pytest.mark.parametrize("foreach", [False, True])
+def test_compiled_steps_of_several_groups_on_the_device_keep_every_groups_step(foreach):
+    """Dynamo initializes the groups one by one and moves CPU ``step`` tensors to the device
+    before each; neuron groups did not start capturable as CUDA's do, so the first group's steps
+    were traced, then replaced: after a learning-rate change (a recompile) every group but the
+    last used the bias correction of the wrong step, and ``state_dict()`` saved ``step=0``."""
+    def run(device: str, compiled: bool) -> tuple[list[torch.Tensor], list[float]]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        params = [torch.randn(4, 3, device=device, requires_grad=True), torch.randn(5, device=device,
+                                                                                    requires_grad=True)]
+        opt = torch.optim.AdamW([{"params": [params[0]]}, {"params": [params[1]], "weight_decay": 0.0}],
+                                lr=0.01, foreach=foreach)
+        step = torch.compile(opt.step, backend="neuron") if compiled else opt.step
+        for i, lr in enumerate([0.01, 0.02, 0.03]):  # what a scheduler does: a new float each step
+            for group in opt.param_groups:
+                group["lr"] = lr
+            for p in params:
+                p.grad = torch.full_like(p, 1.0 + i)
+            step()
+        steps = [float(s["step"]) for s in opt.state_dict()["state"].values()]
+        return [p.detach().cpu() for p in params], steps
+
+    expected, expected_steps = run("cpu", compiled=False)
+    got, steps = run("neuron", compiled=True)
+    assert steps == expected_steps == [3.0, 3.0]
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)

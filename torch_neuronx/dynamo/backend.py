@@ -38,7 +38,17 @@ from torch_neuronx.compiler import decompositions, lowering_worker
 from torch_neuronx.compiler.decompositions import functional, linalg
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, ResolvedOptions
-from torch_neuronx.dynamo import aliases, autocopy, dynamic, fallback, plans, precompile, stats, tracing_threads
+from torch_neuronx.dynamo import (
+    aliases,
+    autocopy,
+    dynamic,
+    fallback,
+    optimizers,
+    plans,
+    precompile,
+    stats,
+    tracing_threads,
+)
 from torch_neuronx.dynamo.graph import compile_graph
 from torch_neuronx.pipeline.graph import CompiledGraph, from_plan
 from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
@@ -76,6 +86,7 @@ def _concurrent_registration_tolerated() -> None:
 
 
 _concurrent_registration_tolerated()
+optimizers.install()  # before Dynamo traces an optimizer.step: this module is imported at the lookup
 
 if "TORCH_CACHING_PRECOMPILE" in os.environ:
     # torch itself only accepts "1"; the registry's bool parsing (true/yes/...) decides here.
