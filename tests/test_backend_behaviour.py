@@ -209,6 +209,30 @@ def test_fallback_runs_the_graph_as_traced_not_as_the_failed_compile_left_it():
     torch.testing.assert_close(xg.grad, want.grad)
 
 
+def test_a_neff_the_runtime_refuses_falls_back_too(monkeypatch):
+    """The load stage comes at a graph's first call, after the compile hook returned: its failures
+    ignored the fallback that their own message recommends. A real refusal: 70 roots of sums
+    without the pass that batches them (IREE puts them in one dispatch of 72 bindings)."""
+    from torch_neuronx.compiler import passes
+
+    monkeypatch.setattr(passes, "PIPELINE", [p for p in passes.PIPELINE if p is not passes.scalar_ops_batched])
+    xs = [torch.randn(4) for _ in range(70)]
+
+    def roots(*xs):
+        return torch.stack([(x * x).sum().sqrt() for x in xs]) * 2
+
+    with pytest.raises(Exception, match="load stage failed") as info:  # raised by the compile, as its other stages
+        torch.compile(roots, backend="neuron", options=CompileOptions(fallback_execution=False))(*xs)
+    assert isinstance(info.value, NeuronCompileError | torch._dynamo.exc.BackendCompilerFailed)
+    torch._dynamo.reset()
+    before = metrics.counter("fallback_graphs")
+    with pytest.warns(RuntimeWarning, match="falling back to eager"):
+        got = torch.compile(roots, backend="neuron", options=CompileOptions(fallback_execution=True))(*xs)
+    torch.testing.assert_close(got, roots(*xs))
+    assert metrics.counter("fallback_graphs") == before + 1
+    torch._dynamo.reset()
+
+
 def test_compile_option_overrides_fallback_environment(monkeypatch):
     monkeypatch.setenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", "1")
     x = torch.randn(4)

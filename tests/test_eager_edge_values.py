@@ -92,3 +92,55 @@ def test_ops_torch_refuses_for_bool_tensors_are_refused():
         with pytest.raises(RuntimeError, match=re.escape(str(expected.value))):
             op(mask.to("neuron"))
     assert torch.argmax(mask.to("neuron").to(torch.uint8)).item() == 0  # the usual spelling still works
+
+
+_COMPARISONS = (torch.lt, torch.le, torch.gt, torch.ge, torch.eq, torch.ne)
+
+
+@pytest.mark.parametrize("pair", [(torch.uint8, torch.int8), (torch.int16, torch.uint8), (torch.uint8, torch.bool)],
+                         ids=lambda p: f"{p[0]}-{p[1]}".replace("torch.", ""))
+def test_comparisons_of_two_integer_types_compare_in_the_promoted_type(pair):
+    """torch-mlir compared uint8 with int8 as signed bytes: ``uint8(255) < int8(127)`` was True
+    (torch compares in int16), on the device and compiled."""
+    first, second = pair
+    a = torch.tensor([200, 255, 128, 5, 0], dtype=torch.int64).to(first)
+    b = torch.tensor([-100, 127, -1, 5, 1], dtype=torch.int64).to(second)
+    expected = [op(a, b) for op in _COMPARISONS]
+    on_device = [op(a.to("neuron"), b.to("neuron")).cpu() for op in _COMPARISONS]
+    compiled = torch.compile(lambda x, y: [op(x, y) for op in _COMPARISONS], backend="neuron")(a, b)
+    for want, eager, graph in zip(expected, on_device, compiled, strict=True):
+        assert torch.equal(eager, want) and torch.equal(graph, want), (want, eager, graph)
+
+
+@pytest.mark.parametrize("op", [torch.reciprocal, torch.erf, lambda t: 1 / t], ids=["reciprocal", "erf", "one_over"])
+def test_float_functions_of_integer_tensors_compile(op):
+    """torch-mlir legalizes ``reciprocal`` and ``erf`` of floats only: ``1 / n`` of an int64 tensor
+    (SWA's ``AveragedModel`` weight) failed to compile, and ran on the CPU with a warning on the device."""
+    import warnings
+
+    n = torch.tensor([2, 3, 6, -1, 1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "runs on the CPU" fallback
+        on_device = op(n.to("neuron")).cpu()
+    compiled = torch.compile(op, backend="neuron")(n)
+    torch.testing.assert_close(on_device, op(n))
+    torch.testing.assert_close(compiled, op(n))
+
+
+def test_sparse_embedding_gradients_are_a_clear_error():
+    """``nn.Embedding(sparse=True)``: its forward computes on the device (the flag concerns the
+    gradient), its sparse gradient is refused naming the remedy (it was torch's raw "Could not
+    run ... from the 'Sparseneuron' backend")."""
+    import warnings
+
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(10, 3, sparse=True)
+    ids = torch.tensor([1, 2, 1])
+    on_device = torch.nn.Embedding(10, 3, sparse=True).to("neuron")
+    on_device.load_state_dict(embedding.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "runs on the CPU" fallback
+        out = on_device(ids.to("neuron"))
+    torch.testing.assert_close(out.cpu(), embedding(ids))
+    with pytest.raises(NotImplementedError, match="dense tensors only.*sparse=False"):
+        out.sum().backward()

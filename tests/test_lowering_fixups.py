@@ -222,3 +222,26 @@ def test_sign_ops_of_every_float_width_lower_to_linalg(dtype):
     linalg = torch_to_stablehlo.to_stablehlo(torch_to_stablehlo.parse_raw(torch_to_stablehlo.asm(raw)), "linalg")
     assert "tensor.bitcast" in linalg or "arith.bitcast" in linalg
     assert "torch." not in linalg.replace("torch.onnx", "")
+
+
+def test_alike_one_element_ops_become_one_op_over_their_stack():
+    """``passes/scalar_batches.py``: dozens of alike scalar ops (IREE put them all in one dispatch,
+    one binding each) become one op over a stack; chains stay stacked; fewer stay as they were."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_neuronx.compiler.passes.scalar_batches import MIN_GROUP, scalar_ops_batched
+
+    def per_tensor(*xs):
+        return [((x * x).sum().sqrt() * 0.5).pow(2.0) + x for x in xs]
+
+    for count in (MIN_GROUP - 1, 40):
+        xs = [torch.randn(3) for _ in range(count)]
+        gm = make_fx(per_tensor)(*xs)
+        scalars_before = sum(1 for n in gm.graph.nodes if n.target == torch.ops.aten.sqrt.default)
+        gm = scalar_ops_batched(gm)
+        sqrt = [n for n in gm.graph.nodes if n.target == torch.ops.aten.sqrt.default]
+        assert len(sqrt) == (scalars_before if count < MIN_GROUP else 1)
+        stacks = [n for n in gm.graph.nodes if n.target == torch.ops.aten.stack.default]
+        assert len(stacks) == (0 if count < MIN_GROUP else 1)  # sqrt, mul and pow share one stack
+        for got, want in zip(gm(*xs), per_tensor(*xs), strict=True):
+            torch.testing.assert_close(got, want)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn as nn
@@ -132,3 +136,53 @@ def test_compiled_steps_of_several_groups_on_the_device_keep_every_groups_step(f
     assert steps == expected_steps == [3.0, 3.0]
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_a_compiled_step_over_many_parameters_loads_and_matches_eager():
+    """IREE put every one-element op of a graph into one dispatch, whatever their number: the
+    per-parameter bias corrections of foreach AdamW and the norm of each gradient in
+    ``clip_grad_norm_`` made a dispatch of one binding per parameter, which the runtime refused
+    past 32 and 64 ("binding count 42 > 32"): any model of a few dozen parameters failed."""
+    def make() -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Linear(4, 4) for _ in range(40)])  # 80 parameters
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=True)
+
+    def step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> torch.Tensor:
+        loss = model(x).square().mean()
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5, foreach=True)
+        opt.step()
+        opt.zero_grad()
+        return norm
+
+    eager, eager_opt = make()
+    compiled, opt = make()
+    compiled_step = torch.compile(step, backend="neuron")
+    for _ in range(2):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(compiled_step(compiled, opt, x), step(eager, eager_opt, x))
+    for p, q in zip(eager.parameters(), compiled.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+
+
+_NEW_KERNELS_UNDER_DYNAMO = """
+import torch
+torch.compile(lambda x: x + 1, backend="neuron")(torch.ones(2))  # a first compile sets traces' locking up
+params = [torch.randn(23, 29, device="neuron", requires_grad=True)]
+opt = torch.optim.Adam(params, lr=0.1)
+for p in params:
+    p.grad = torch.ones_like(p)
+torch.compile(opt.step, backend="neuron")()  # Adam's state is made by eager ops while Dynamo traces
+print(float(params[0].detach().cpu()[0, 0] - 0))
+"""
+
+
+def test_eager_kernels_traced_while_dynamo_compiles_do_not_deadlock(tmp_path):
+    """A trace holds Dynamo's compile lock; an eager op run by Dynamo's trace (an optimizer's
+    state made on the device) traces its kernel on the compile thread while the tracing thread,
+    holding that lock, waits for it: it waited forever before the lock was lent."""
+    env = {**os.environ, "TORCH_NEURONX_HLO_CACHE": "0"}  # every kernel traced, none from the cache
+    result = subprocess.run([sys.executable, "-c", _NEW_KERNELS_UNDER_DYNAMO], capture_output=True, text=True,
+                            timeout=300, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]

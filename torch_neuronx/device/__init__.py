@@ -122,6 +122,7 @@ def _register_kernels() -> None:
     _library.impl("scalar_tensor", torch._disable_dynamo(_scalar_tensor), "PrivateUse1")
     _fallback_library = torch.library.Library("_", "IMPL")  # a fallback lives in the global namespace
     _fallback_library.fallback(torch._disable_dynamo(_factory_fallback), "PrivateUse1")
+    _fallback_library.fallback(torch._disable_dynamo(_sparse_refused), "SparsePrivateUse1")
     _libraries.append(_fallback_library)
 
 
@@ -172,6 +173,15 @@ def _one_hot(x, num_classes=-1):
             raise RuntimeError("Class values must be smaller than num_classes.")
     classes = torch.arange(num_classes, device=x.device)
     return (x.unsqueeze(-1) == classes).to(torch.int64)
+
+
+def _sparse_refused(op, *args, **kwargs):
+    """Sparse tensors on the device (``nn.Embedding(sparse=True)``'s gradient): torch's raw
+    "Could not run ... from the 'Sparseneuron' backend" said nothing of what to do."""
+    raise NotImplementedError(
+        f"{op}: the neuron device holds dense tensors only, no sparse ones (such as the gradient of "
+        "nn.Embedding(sparse=True) or EmbeddingBag(sparse=True)): use sparse=False there (and a dense "
+        "optimizer for it), or keep that module on the CPU")
 
 
 def _factory_fallback(op, *args, **kwargs):

@@ -207,6 +207,11 @@ def _compile(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any],
     return STATIC if compiled is STATIC else Kernel(*compiled, name=str(func))
 
 
+def _compile_lent(lent: bool, *args: Any) -> Any:
+    with tracing.compile_lock_lent(lent):
+        return _compile(*args)
+
+
 def _compile_graph(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any], dynamic: bool) -> Any:
     use_hlo_cache = hlo_cache_enabled()
     name = f"eager_{func._schema.name.split('::')[1]}"
@@ -286,7 +291,8 @@ def compiled_kernel(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str
             try:
                 # On a fresh thread: inside __torch_dispatch__ the Python dispatch key is
                 # excluded (thread-locally), which would blind make_fx's tracing modes.
-                kernel = _compiler_thread().submit(_compile, func, key, args, kwargs, dynamic).result()
+                lent = tracing.compile_lock_held()  # this thread waits: the trace may not take it
+                kernel = _compiler_thread().submit(_compile_lent, lent, func, key, args, kwargs, dynamic).result()
             except Exception as exc:  # nothing lowers this op: it is unimplemented here
                 bad_input = input_error(exc)
                 if bad_input is not None:  # torch's kernel rejects these arguments: its error, nothing kept

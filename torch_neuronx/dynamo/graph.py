@@ -84,6 +84,9 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                     return split
                 compiled, plan = build_graph(target, options, name, artifacts, inputs_as_outputs=True,
                                              resident=resident_inputs(dynamo_inputs) if plain else ())
+                # Loaded now, not at the first call (which follows at once): a NEFF the runtime
+                # refuses falls back like any failed compile, and leaves no plan to warm-start from.
+                compiled.load()
         except NeuronCompileError as err:
             if not options.fallback:
                 raise

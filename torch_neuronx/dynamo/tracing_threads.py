@@ -19,7 +19,9 @@ Dynamo compiling in another thread meanwhile cannot be kept out that way: it rea
 thread-choosing wrapper ("Unsupported ... _thread.get_ident"; a graph break without
 ``fullgraph``). So a trace also holds Dynamo's own compile lock (``convert_frame.compile_lock``,
 re-entrant: a trace inside a compile, this backend's, already holds it), as every Dynamo compile
-does: no thread compiles while another's trace has nn.Module patched. An eager kernel's trace
+does: no thread compiles while another's trace has nn.Module patched. (A thread that holds it
+and waits for a trace it handed to another thread, an eager kernel's on the compile thread,
+lends it: ``pipeline.trace.compile_lock_lent``.) An eager kernel's trace
 in a thread that is not compiling waits for a compile under way in another thread. And the
 tracer's "current patcher" is per thread (torch keeps one for the process: two threads tracing
 at once reverted each other's patches and failed with "CURRENT_PATCHER is None in finally
@@ -37,6 +39,8 @@ from typing import Any
 import torch
 from torch.fx import _symbolic_trace
 
+from torch_neuronx.pipeline import trace as tracing
+
 __all__ = ["install"]
 
 _installed = False
@@ -52,7 +56,7 @@ def _counted(trace: Any) -> Any:
 
     @functools.wraps(trace)
     def trace_counted(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with compile_lock:
+        with contextlib.nullcontext() if tracing.compile_lock_is_lent() else compile_lock:
             _here.depth = getattr(_here, "depth", 0) + 1
             try:
                 return trace(self, *args, **kwargs)

@@ -84,6 +84,12 @@ class CompiledGraph:
         self._executable = self._open(self._neff, on_volatile)
         return self._executable
 
+    def load(self) -> None:
+        """Load the NEFF now (it loads at the first call otherwise): the runtime's refusal of it
+        (``NeuronCompileError`` of the load stage) surfaces here."""
+        if self._executable is None and not compile_only_enabled():
+            self._load()
+
     def _open(self, neff: Any, on_volatile: Callable[[], None] | None = None) -> Executable:
         try:
             with observe.stage("runtime.load", graph=self.name):

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -78,6 +79,36 @@ class Trace:
         """The pytree structure the kernel's flat outputs are put back into."""
         return pytree.treespec_loads(self.out_spec)
 
+
+
+# Traces hold Dynamo's compile lock (dynamo/tracing_threads.py). A thread that holds it and waits
+# for a trace it handed to another thread (an eager kernel compiled on the compile thread while
+# Dynamo runs the op) lends it for that trace: acquiring it there would wait forever.
+_lent = threading.local()
+
+
+@contextlib.contextmanager
+def compile_lock_lent(lent: bool = True) -> Iterator[None]:
+    """Traces in this block run on behalf of a thread that holds Dynamo's compile lock and waits for them."""
+    before = getattr(_lent, "active", False)
+    _lent.active = lent or before
+    try:
+        yield
+    finally:
+        _lent.active = before
+
+
+def compile_lock_is_lent() -> bool:
+    """Whether traces in this thread run under a compile lock another thread holds for them."""
+    return getattr(_lent, "active", False)
+
+
+def compile_lock_held() -> bool:
+    """Whether this thread holds Dynamo's compile lock (False when Dynamo is not loaded)."""
+    import sys
+
+    convert_frame = sys.modules.get("torch._dynamo.convert_frame")
+    return convert_frame is not None and convert_frame.compile_lock._is_owned()
 
 def _dumps(spec: pytree.TreeSpec) -> str:
     try:

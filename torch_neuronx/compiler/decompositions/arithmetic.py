@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -261,7 +262,21 @@ def eq_tensor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     if a is b and (a.is_floating_point() or a.is_complex()):
         return a.isnan().logical_not()
-    return NotImplemented
+    return compared_in_common_type(aten.eq.Tensor)(a, b)
+
+
+def compared_in_common_type(op: Any) -> Callable:
+    """A comparison of two integer tensors of different types, in their promoted type, as torch.
+
+    torch-mlir compared a uint8 tensor with an int8 one as signed 8-bit integers: ``uint8(255) <
+    int8(127)`` was True (torch compares in int16)."""
+    def comparison(a: Any, b: Any) -> Any:
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.dtype == b.dtype \
+                or a.is_floating_point() or b.is_floating_point() or a.is_complex() or b.is_complex():
+            return NotImplemented
+        common = torch.result_type(a, b)
+        return op(a.to(common), b.to(common))
+    return comparison
 
 
 def isfinite(x: torch.Tensor) -> torch.Tensor:
@@ -416,8 +431,21 @@ def ldexp(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return torch.mul(x, torch.pow(2.0, other))
 
 
+def in_default_float(op: Any) -> Callable:
+    """``op`` of an integer or bool tensor in the default float type, as torch computes it
+    (torch-mlir legalizes ``reciprocal`` and ``erf`` of floats only: ``1 / n`` of an integer
+    tensor, SWA's ``AveragedModel`` weight, failed to compile)."""
+    def decomposition(x: Any) -> Any:
+        if not isinstance(x, torch.Tensor) or x.is_floating_point() or x.is_complex():
+            return NotImplemented
+        return op(x.to(torch.get_default_dtype()))
+    return decomposition
+
+
 #: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
+    aten.reciprocal.default: in_default_float(aten.reciprocal.default),
+    aten.erf.default: in_default_float(aten.erf.default),
     aten.ldexp.Tensor: ldexp,
     aten.remainder.Tensor: remainder,
     aten.remainder.Scalar: remainder_scalar,
@@ -437,6 +465,8 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.lerp.Tensor: lerp,
     aten.isfinite.default: isfinite,
     aten.eq.Tensor: eq_tensor,
+    **{op: compared_in_common_type(op) for op in (aten.ne.Tensor, aten.lt.Tensor, aten.le.Tensor,
+                                                    aten.gt.Tensor, aten.ge.Tensor)},
     aten.atan2.default: atan2,
     aten.pow.Tensor_Tensor: pow_tensor,
     aten.pow.Scalar: pow_scalar,

@@ -286,8 +286,9 @@ def embedding_bag_per_sample_weights_backward(grad: torch.Tensor, weight: torch.
 
 def embedding(weight: torch.Tensor, indices: torch.Tensor, padding_idx: int = -1,
               scale_grad_by_freq: bool = False, sparse: bool = False) -> torch.Tensor:
-    """``aten.embedding`` as a gather of rows (torch-mlir rejects ``scale_grad_by_freq=True``)."""
-    if not scale_grad_by_freq:
+    """``aten.embedding`` as a gather of rows (torch-mlir rejects ``scale_grad_by_freq=True`` and
+    ``sparse=True``, flags of the gradient: ``nn.Embedding(sparse=True)``'s forward ran on the CPU)."""
+    if not (scale_grad_by_freq or sparse):
         return NotImplemented
     return weight.index_select(0, indices.reshape(-1)).view(*indices.shape, weight.shape[1])
 

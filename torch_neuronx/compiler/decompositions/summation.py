@@ -51,6 +51,13 @@ def _dims(x: torch.Tensor, dim: Any) -> list[int]:
     return sorted({d % max(x.dim(), 1) for d in dims})
 
 
+def _whole(x: torch.Tensor, dims: list[int]) -> bool:
+    """Whether a floating reduction of ``x`` over ``dims`` leaves one element (static sizes)."""
+    if not x.is_floating_point() or x.dim() == 0 or not all(isinstance(s, int) for s in x.shape):
+        return False
+    return all(size == 1 for d, size in enumerate(x.shape) if d not in dims)
+
+
 def _long(size: Any) -> bool:
     return isinstance(size, int) and size > PLAIN
 
@@ -123,11 +130,16 @@ def mean_all(x: torch.Tensor, *, dtype: torch.dtype | None = None) -> Any:
 
 def vector_norm(x: torch.Tensor, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,
                 dtype: torch.dtype | None = None) -> Any:
-    """``aten.linalg_vector_norm`` of a finite positive order: ``(Σ|x|^p)^(1/p)``, the sum chunked."""
+    """``aten.linalg_vector_norm`` of a finite positive order: ``(Σ|x|^p)^(1/p)``, the sum chunked.
+
+    A norm of the whole tensor (one value: ``clip_grad_norm_``'s norm of each gradient) is written
+    out too, so that the root of each is a one-element op of the graph, which
+    ``passes/scalar_batches.py`` batches with the others (inside torch-mlir's lowering of the op,
+    IREE put every such root of a graph in one dispatch, over its binding limits)."""
     source = x if dtype is None else x.to(dtype)
     dims = _dims(source, dim)
     if isinstance(ord, bool) or not isinstance(ord, int | float) or not math.isfinite(ord) or ord <= 0 \
-            or not _needed(source, dims) or source.is_complex():
+            or not (_needed(source, dims) or _whole(source, dims)) or source.is_complex():
         return NotImplemented
     magnitude = source.abs()
     powered = magnitude * magnitude if ord == 2 else magnitude.pow(ord)

@@ -29,6 +29,7 @@ from torch_neuronx.compiler.passes.inplace_temporaries import inplace_temporarie
 from torch_neuronx.compiler.passes.output_layouts import outputs_in_memory_order
 from torch_neuronx.compiler.passes.pointwise_views import pointwise_views_unviewed
 from torch_neuronx.compiler.passes.random_inputs import random_ops_to_inputs
+from torch_neuronx.compiler.passes.scalar_batches import scalar_ops_batched
 from torch_neuronx.compiler.passes.scalar_inputs import inline_scalar_inputs
 from torch_neuronx.compiler.passes.scalar_operands import scalar_operands_to_tensors
 from torch_neuronx.compiler.passes.squeeze_dims import squeeze_dims_to_view
@@ -54,6 +55,7 @@ PIPELINE: list[Pass] = [
     squeeze_dims_to_view,
     empty_slices_to_full,
     bool_constants_to_int8,
+    scalar_ops_batched,  # on the legalized graph: IREE puts every scalar op of a graph in one dispatch
     pointwise_views_unviewed,  # an optimization: on the legalized graph
     views_merging_symbols_to_flatten,  # dynamic traces: torch-mlir's view lowering mis-merges symbols
     outputs_in_memory_order,  # last: it adds the outputs' final permutes
