@@ -746,6 +746,9 @@ def main() -> None:
     bound = {"device_id": torch.device("neuron", 0)} if case == "device_id_bound" else {}
     dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=float(os.environ.get("PG_TIMEOUT", "10"))),
                             **bound)
+    # Every rank's init has returned before a case starts: a peer that dies at once (peer_dies)
+    # otherwise closed its connections while the other rank's init still set its group up.
+    _store_barrier("initialized")
     rank = dist.get_rank()
     if "," in case:  # mismatches every rank catches, one after another, each on a new group
         for name in case.split(","):

@@ -144,3 +144,29 @@ def test_sparse_embedding_gradients_are_a_clear_error():
     torch.testing.assert_close(out.cpu(), embedding(ids))
     with pytest.raises(NotImplementedError, match="dense tensors only.*sparse=False"):
         out.sum().backward()
+
+
+def test_rounding_integers_to_decimals_is_torchs_error():
+    """torch's CPU kernel has no ``round(decimals=d)`` for integers; here ``round(ints,
+    decimals=-1)`` returned the integers unchanged (where 20 might have been expected)."""
+    x = torch.tensor([15, -25], dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="not implemented for 'Int'"):
+        torch.round(x, decimals=-1)
+    with pytest.raises(NotImplementedError, match="not implemented for 'Int'"):
+        torch.round(x.to("neuron"), decimals=-1).cpu()
+    assert torch.equal(torch.round(x.to("neuron")).cpu(), x)  # without decimals: the integers
+
+
+def test_equal_computes_on_the_device():
+    """``torch.equal`` ran on the CPU with a fallback warning (training code checks with it)."""
+    import warnings
+
+    a = torch.tensor([1.0, 2.0, float("nan")])
+    cases = [(a[:2], a[:2].clone()), (a[:2], torch.tensor([1, 2])), (a[:2], a[:1]), (a, a.clone()),
+             (a[:2], torch.tensor([1.0, 2.5])), (torch.zeros(0), torch.zeros(0))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for x, y in cases:
+            assert torch.equal(x.to("neuron"), y.to("neuron")) == torch.equal(x, y), (x, y)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.equal(a.to("neuron"), a)

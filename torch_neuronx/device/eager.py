@@ -330,7 +330,18 @@ def _no_nested_tensors(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
                               "enable_nested_tensor=False")
 
 
+def _equal(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """``torch.equal``: same shape and equal values (in the promoted type; NaN equals nothing),
+    computed on the device and read once (it ran on the CPU with a fallback warning: a common
+    check in training code)."""
+    a, b = args
+    if a.shape != b.shape:
+        return False
+    return bool(aten.eq.Tensor(a, b).all().item())
+
+
 _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
+    aten.equal.default: _equal,
     aten._nested_tensor_from_mask_left_aligned.default: _no_nested_fast_path,
     aten._nested_tensor_from_mask.default: _no_nested_tensors,
     aten.set_.source_Storage_storage_offset: _set_storage,

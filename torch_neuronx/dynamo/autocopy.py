@@ -199,7 +199,7 @@ def call_device(args: Sequence[Any]) -> int:
     put its outputs on device 0 (``neuron:1`` inputs gave ``neuron:0`` outputs)."""
     index = -1
     for a in args:
-        if type(a) is NeuronTensor and a._index != index:
+        if isinstance(a, NeuronTensor) and a._index != index:
             if index >= 0:
                 raise RuntimeError("Expected all tensors to be on the same device, but found at least two "
                                    f"devices, neuron:{index} and neuron:{a._index}! (when checking the "

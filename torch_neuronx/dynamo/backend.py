@@ -201,7 +201,7 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     # tensors): skip aot_autograd's runtime wrapper, which costs more than the whole NEFF
     # call for small graphs.
     if _fakified_first_call():
-        return _neuron_fakes_first(wrapped, _device_outputs(gm), _device_index(example_inputs))
+        return _neuron_fakes_first(wrapped, _device_outputs(gm), autocopy.call_device(example_inputs))
     if not plain:
         return wrapped
     compiled, plan = plain[0]
@@ -213,10 +213,6 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
 def _fakified_first_call() -> bool:
     context = torch._guards.TracingContext.try_get()
     return bool(context is not None and getattr(context, "fakify_first_call", False))
-
-
-def _device_index(example_inputs: Sequence[Any]) -> int:
-    return next((a._index for a in example_inputs if isinstance(a, NeuronTensor)), 0)
 
 
 def _neuron_fakes_first(fn: Callable, positions: list[int], index: int) -> Callable:

@@ -70,6 +70,7 @@ class CompiledGraph:
         self._outputs = outputs  # (shape, dtype) of each compiled output
         self._artifacts: GraphArtifacts | None = artifacts
         self._executable = None
+        self._loaded: Executable | None = None  # loaded ahead by load(), taken up by the first call
         self._calls = 0
         # No complex conversion, no constant outputs: results go back exactly as the NEFF returns them.
         self._plain = not (self._complex_inputs or self._complex_outputs or copy_inputs or random_inputs
@@ -78,6 +79,9 @@ class CompiledGraph:
         self._returns_inputs = any(slot is not None and slot[0] == "input" for slot in template)
 
     def _load(self) -> Executable:
+        if self._loaded is not None:
+            self._executable, self._loaded = self._loaded, None
+            return self._executable
         on_volatile = self._pass_parameters_as_arguments if self._argument_neff is not None else None
         if callable(self._neff):
             self._neff = self._neff()
@@ -86,9 +90,11 @@ class CompiledGraph:
 
     def load(self) -> None:
         """Load the NEFF now (it loads at the first call otherwise): the runtime's refusal of it
-        (``NeuronCompileError`` of the load stage) surfaces here."""
-        if self._executable is None and not compile_only_enabled():
+        (``NeuronCompileError`` of the load stage) surfaces here. The first call still takes the
+        full path (its tensor dumps, the artifacts' release), then the hot path."""
+        if self._executable is None and self._loaded is None and not compile_only_enabled():
             self._load()
+            self._loaded, self._executable = self._executable, None
 
     def _open(self, neff: Any, on_volatile: Callable[[], None] | None = None) -> Executable:
         try:

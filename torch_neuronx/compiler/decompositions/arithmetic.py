@@ -431,6 +431,19 @@ def ldexp(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return torch.mul(x, torch.pow(2.0, other))
 
 
+_CPU_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+              torch.uint8: "Byte", torch.bool: "Bool"}
+
+
+def round_decimals(x: torch.Tensor, *, decimals: int = 0) -> torch.Tensor:
+    """``aten.round.decimals`` of an integer tensor: torch's error (its CPU kernel has none; here
+    ``round(ints, decimals=-1)`` returned the integers unchanged)."""
+    if x.is_floating_point() or x.is_complex():
+        return NotImplemented
+    kernel = "round_vml_cpu" if decimals == 0 else "round_cpu"
+    raise NotImplementedError(f'"{kernel}" not implemented for \'{_CPU_NAMES.get(x.dtype, x.dtype)}\'')
+
+
 def in_default_float(op: Any) -> Callable:
     """``op`` of an integer or bool tensor in the default float type, as torch computes it
     (torch-mlir legalizes ``reciprocal`` and ``erf`` of floats only: ``1 / n`` of an integer
@@ -445,6 +458,7 @@ def in_default_float(op: Any) -> Callable:
 #: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.reciprocal.default: in_default_float(aten.reciprocal.default),
+    aten.round.decimals: round_decimals,
     aten.erf.default: in_default_float(aten.erf.default),
     aten.ldexp.Tensor: ldexp,
     aten.remainder.Tensor: remainder,
