@@ -172,3 +172,13 @@ def test_first_compiles_in_several_threads_at_once(tmp_path):
                             cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == str(["ok"] * 4), result.stdout[-2000:]
+
+
+def test_compiled_code_calling_the_wrapped_constructors_keeps_one_graph(on_device_1):
+    """The index-less wrappers of ``torch.tensor``/``torch.as_tensor`` are Python functions that
+    Dynamo inlines: a compiled function calling them still compiles as one graph."""
+    f = torch.compile(lambda x: x * torch.tensor([2.0, 3.0], device=x.device)
+                      + torch.as_tensor([1.0, 1.0], device=x.device), backend="neuron", fullgraph=True)
+    out = f(torch.ones(2, device="neuron:1"))
+    assert out.device == _ONE
+    torch.testing.assert_close(out.cpu(), torch.tensor([3.0, 4.0]))
