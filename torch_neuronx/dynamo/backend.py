@@ -55,6 +55,7 @@ from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
 
 _log = logging.getLogger("torch_neuronx.dynamo")
 
+
 def _calls_the_tolerant_registration(compiler_fn: Any = None, name: Any = None, tags: Any = ()) -> Any:
     # Its code becomes torch's register_backend's (whose globals hold the name it calls).
     return _neuron_register_backend(compiler_fn, name, tags)  # noqa: F821

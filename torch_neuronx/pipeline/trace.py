@@ -80,7 +80,6 @@ class Trace:
         return pytree.treespec_loads(self.out_spec)
 
 
-
 # Traces hold Dynamo's compile lock (dynamo/tracing_threads.py). A thread that holds it and waits
 # for a trace it handed to another thread (an eager kernel compiled on the compile thread while
 # Dynamo runs the op) lends it for that trace: acquiring it there would wait forever.
@@ -109,6 +108,7 @@ def compile_lock_held() -> bool:
 
     convert_frame = sys.modules.get("torch._dynamo.convert_frame")
     return convert_frame is not None and convert_frame.compile_lock._is_owned()
+
 
 def _dumps(spec: pytree.TreeSpec) -> str:
     try:

@@ -523,18 +523,17 @@ def in_worker() -> bool:
 
 current_device = process.current_device
 set_current_device = process.set_current_device
-_index = device_index  # None and "neuron": the current device
 
 
 def default_stream(device: Any = None) -> Stream:
     """The default stream (id 0) of ``device`` (the current device if None)."""
-    return _default_stream(_index(device))
+    return _default_stream(device_index(device))
 
 
 def current_stream(device: Any = None) -> Stream:
     """This thread's current stream on ``device`` (the current device if None; its default stream
     unless set)."""
-    index = _index(device)
+    index = device_index(device)
     current = getattr(_local, "streams", None)
     if current is not None and index in current:
         return current[index]
@@ -583,7 +582,7 @@ def launch(fn: Callable[..., Any], *args: Any) -> Any:
 
 def synchronize(device: Any = None) -> None:
     """Wait for the work of every stream of ``device`` (the current device if None)."""
-    index = _index(device)
+    index = device_index(device)
     with _registry_lock:
         queues = list(_queues[index])
     for queue in queues:
