@@ -206,9 +206,9 @@ def compile_neff(job: CompileJob) -> bytes:
         _publish(workdir, final)
         raise
     preserve = job.preserve if job.preserve is not None else config.get("TORCH_NEURONX_PRESERVE_COMPILATION_ARTIFACTS")
-    if preserve:
-        _publish(workdir, final)
-    else:
+    if not preserve or _publish(workdir, final) != final:
+        # Not kept; or another process compiling this key published its (identical) artifacts
+        # between our removal of the old ones and our move: a private directory left behind.
         shutil.rmtree(workdir, ignore_errors=True)
     return data
 
