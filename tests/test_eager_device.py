@@ -208,7 +208,7 @@ def test_execution_errors_follow_the_fallback_policy(only_unimplemented, monkeyp
     reaches the next synchronization instead (a host read of the result)."""
     import types
 
-    from torch_neuronx.device import eager
+    from torch_neuronx.device import eager, fallback
     from torch_neuronx.runtime.executable import NeuronRuntimeError
 
     x = torch.full((3,), 2.0).to("neuron")
@@ -227,7 +227,7 @@ def test_execution_errors_follow_the_fallback_policy(only_unimplemented, monkeyp
                                      name=kernel.name, shapes=kernel.shapes, dtypes=kernel.dtypes)
     monkeypatch.setitem(eager._kernels, key, injected)
     monkeypatch.setenv("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", only_unimplemented)
-    monkeypatch.setattr(eager, "_warned", set())
+    monkeypatch.setattr(fallback, "_warned", set())
     if only_unimplemented == "1":
         out = x - 0.5
         with pytest.raises(NeuronRuntimeError, match="aten.sub.Tensor failed.*injected device fault"):

@@ -41,6 +41,7 @@ def register() -> bool:
         accelerator,
         autocast,
         backward_errors,
+        copies,
         eager,
         index_less,
         lazy,
@@ -53,7 +54,7 @@ def register() -> bool:
     from torch_neuronx.runtime import hops, tensor
 
     hops.install()
-    tensor.register_dispatcher(eager.dispatch, on_error=backward_errors.note, host_read=eager.host_read)
+    tensor.register_dispatcher(eager.dispatch, on_error=backward_errors.note, host_read=copies.host_read)
 
     autocast.register()
     accelerator.install()
@@ -96,19 +97,19 @@ def _register_kernels() -> None:
     global _library
     import torch
 
-    from torch_neuronx.device import eager, recurrent
+    from torch_neuronx.device import copies, recurrent
     from torch_neuronx.device.queued import on_host
     from torch_neuronx.runtime.tensor import NeuronTensor
 
     def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-        return eager.empty_on_device(size, None, dtype, device)
+        return copies.empty_on_device(size, None, dtype, device)
 
     def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-        return eager.empty_on_device(size, stride, dtype, device)
+        return copies.empty_on_device(size, stride, dtype, device)
 
     def copy_from(src, dst, non_blocking=False):
         neuron = dst if isinstance(dst, NeuronTensor) else src
-        return on_host(neuron._index, [src, dst], eager.transfer, dst, src)
+        return on_host(neuron._index, [src, dst], copies.transfer, dst, src)
 
     # Never traced by Dynamo (as torch does for __torch_dispatch__): eager code inside a
     # compiled region, after a graph break (nn.LSTM's initial states), calls them too.

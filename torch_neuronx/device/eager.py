@@ -14,17 +14,17 @@ Not every op runs compiled:
 - in-place ops run their functional variant compiled and write the result back;
 - random ops run on the host, drawing from their device's generator (:mod:`.random`);
 - an op nothing can lower falls back to CPU execution (one warning per op,
-  counted as ``eager_fallbacks``); an op that lowers but fails to execute falls
-  back too, unless TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS=1.
+  counted as ``eager_fallbacks``; :mod:`.fallback`); an op that lowers but fails to
+  execute falls back too, unless TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS=1;
+- copies, host reads and storage changes have handlers of their own (:mod:`.copies`,
+  :mod:`.special_ops`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -42,7 +42,6 @@ from torch_neuronx.device import (
     host_kernels,
     kernels,
     launch,
-    lazy,
     long_sorts,
     masks,
     math_bits,
@@ -55,112 +54,38 @@ from torch_neuronx.device import (
     scalar_checks,
     scalars,
     shape_checks,
+    special_ops,
+)
+from torch_neuronx.device.copies import (
+    empty_on_device,
+    queue_copy,
+    wrote,
+)
+from torch_neuronx.device.fallback import (
+    fallback,
+    fell_back,
+    first_neuron,
+    mutated,
+    on_device,
+    run_on_cpu,
+    run_without_functional_form,
+    to_device,
+    warn_fallback,
+    written,
 )
 from torch_neuronx.device.queued import on_host
-from torch_neuronx.process import checked_device_index
-from torch_neuronx.runtime.device import current_index as current_device
-from torch_neuronx.runtime.tensor import NeuronTensor, alias, allocate, from_cpu
+from torch_neuronx.runtime.tensor import NeuronTensor, alias
 
 _log = logging.getLogger("torch_neuronx.device.eager")
 aten = torch.ops.aten
 
 _kernels = kernels.registry  # the kernels of every key seen (tests inject faults here)
-_warned: set[str] = set()
-_fell_back = threading.local()  # how the op being dispatched ran, when not as classified (its eager.op span)
-
-
 _cpu = kernels.host_view
-
-
-def _to_device(value: Any, index: int = 0) -> Any:
-    """A CPU result of an op on neuron tensors, placed in the memory of device ``index``."""
-    if isinstance(value, torch.Tensor) and not isinstance(value, NeuronTensor):
-        return from_cpu(value, index=index)
-    return value
-
-
-def _on_device(index: int) -> Callable[[Any], Any]:
-    return lambda value: _to_device(value, index)
 
 
 def _mixed_devices(func: Any, first: int, other: int) -> RuntimeError:
     return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                         f"neuron:{first} and neuron:{other}! (when checking arguments for {func})")
-
-
-def _first_neuron(args: Any) -> NeuronTensor:
-    return next(a for a in pytree.tree_leaves(args) if isinstance(a, NeuronTensor))
-
-
-_synchronized = queued.synchronized
-
-
-def _host_op(fn: Callable[[Sequence[Any], dict[str, Any]], Any]) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
-    """``fn(args, kwargs)``, which touches device memory on the host, run as a synchronization."""
-    return lambda args, kwargs: _synchronized(args, kwargs, fn, args, kwargs)
-
-
-def host_read(t: NeuronTensor) -> None:
-    """Wait until ``t``'s memory can be read on the host (printing reads it outside the dispatcher)."""
-    on_host(t._index, [t], lambda: None)
-
-
-# -- ops that are not computations -------------------------------------------------
-
-
-_PLAIN_FORMATS = (None, torch.preserve_format, torch.contiguous_format)
-
-
-def _to_copy(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
-    source = args[0]
-    device = kwargs.get("device")
-    same_device = device is None or torch.device(device) == source.device
-    if (same_device and len(args) == 1 and kwargs.get("layout") in (None, torch.strided)
-            and kwargs.get("memory_format") in _PLAIN_FORMATS and not kwargs.get("pin_memory")):
-        # A dtype conversion or copy on the device: queued, as any op.
-        out = empty_on_device(source.shape, None, kwargs.get("dtype") or source.dtype, source.device)
-        _queue_copy(out, source, "aten::_to_copy")
-        return out
-    return on_host(source._index, [source], _to_copy_on_host, args, kwargs)
-
-
-def _queue_copy(dst: NeuronTensor, src: NeuronTensor, name: str) -> None:
-    """Queue ``dst.copy_(src)`` (both neuron tensors of one device) on the current stream.
-
-    What torch checks before copying is checked here, where the op is called: a shape that
-    does not broadcast raises torch's own error (from the same copy on meta tensors).
-    """
-    if src.shape != dst.shape:
-        torch.empty(dst.shape, dtype=dst.dtype, device="meta").copy_(torch.empty(src.shape, dtype=src.dtype,
-                                                                                 device="meta"))
-    queued.enqueue(dst._index, name, [src, dst], [dst._allocation], dst._data.detach().copy_, src._data.detach())
-    wrote(dst)
-
-
-def _to_copy_on_host(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
-    source = args[0]
-    device = kwargs.get("device")
-    plain = {k: v for k, v in kwargs.items() if k != "device"}
-    if device is not None and torch.device(device).type != "neuron":  # leaves device memory
-        if not observe.state.active:
-            return aten._to_copy.default(_cpu(source), **plain).to(device)
-        with observe.span("transfer.device_to_host", source._data.nbytes, device=source._index):
-            return aten._to_copy.default(_cpu(source), **plain).to(device)
-    copied = aten._to_copy.default(_cpu(source), **plain)
-    index = torch.device(device).index if device is not None else None
-    return from_cpu(copied, index=source._index if index is None else checked_device_index(index))
-
-
-def wrote(*tensors: Any) -> None:
-    """Count a write into the device memory of each neuron tensor among ``tensors`` (lists too).
-
-    Inside ``__torch_dispatch__`` autograd's version counting is off for the inner tensors
-    an op writes through, so their version counters would never move; compiled graphs
-    that keep weights resident watch those counters to see in-place updates.
-    """
-    inner = [t._data for t in pytree.tree_leaves(tensors) if isinstance(t, NeuronTensor)]
-    if inner:
-        torch._C._increment_version(inner)
 
 
 #: In-place ops torch lets write a tensor whose elements share memory (an expanded one): every
@@ -173,44 +98,10 @@ def _fill_from_first(target: torch.Tensor, values: torch.Tensor) -> None:
         target.fill_(values.reshape(-1)[0].item())
 
 
-def _copy_(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
-    dst, src = args[0], args[1]
-    if isinstance(dst, NeuronTensor) and isinstance(src, NeuronTensor) and dst._index == src._index:
-        overlap.refuse_internal_overlap(dst)
-        overlap.refuse_partial_overlap(dst, (src,))
-        _queue_copy(dst, src, "aten::copy_")  # device to device: queued
-        return dst
-    return _host_op(_copy_on_host)(args, kwargs)
+_synchronized = queued.synchronized
 
 
-def _copy_on_host(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
-    dst, src = args[0], args[1]
-    transfer(dst, src, **kwargs)
-    if isinstance(dst, NeuronTensor) and not isinstance(src, NeuronTensor):
-        lazy.mark_moved(src, dst)  # a lazy module's placeholder stays one (``.to("neuron")``)
-    return dst
-
-
-def transfer(dst: torch.Tensor, src: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-    """``dst.copy_(src)`` over the host views of neuron tensors, on the calling thread (the caller
-    synchronizes); a ``transfer.*`` span when it crosses between host and device memory."""
-    to_device, from_device = isinstance(dst, NeuronTensor), isinstance(src, NeuronTensor)
-    if observe.state.active and to_device != from_device:  # a transfer (``x.to("neuron")``, ``.copy_``)
-        neuron = dst if to_device else src
-        with observe.span("transfer.host_to_device" if to_device else "transfer.device_to_host",
-                          dst.nbytes, device=neuron._index):
-            _cpu(dst).copy_(_cpu(src), **kwargs)
-    else:
-        _cpu(dst).copy_(_cpu(src), **kwargs)
-    wrote(dst)
-    return dst
-
-
-def _local_scalar_dense(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    if not observe.state.active:
-        return _cpu(args[0]).item()
-    with observe.span("transfer.device_to_host", args[0].element_size(), device=args[0]._index):
-        return _cpu(args[0]).item()
+# -- ops whose schema hides a write (the others that are not computations: special_ops.py) --
 
 
 def _native_batch_norm(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
@@ -226,8 +117,8 @@ def _native_batch_norm(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     out, mean, invstd, new_mean, new_var = _run_compiled(aten._native_batch_norm_legit_functional.default, (
         bound["input"], bound["weight"], bound["bias"], running_mean, running_var, True, bound["momentum"],
         bound["eps"]), {})
-    _queue_copy(running_mean, new_mean, "aten::native_batch_norm")
-    _queue_copy(running_var, new_var, "aten::native_batch_norm")
+    queue_copy(running_mean, new_mean, "aten::native_batch_norm")
+    queue_copy(running_var, new_var, "aten::native_batch_norm")
     return out, mean, invstd
 
 
@@ -241,132 +132,14 @@ def _gather_stats(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     for running, new in batch_norm_sync.running_statistics(
             bound["running_mean"], bound["running_var"], bound["mean"], bound["invstd"], bound["momentum"],
             bound["eps"], bound["counts"]):
-        _queue_copy(running, new, "aten::batch_norm_gather_stats_with_counts")
+        queue_copy(running, new, "aten::batch_norm_gather_stats_with_counts")
     return mean, invstd
 
 
-def _foreach_copy_(args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-    """``_foreach_copy_(dsts, srcs)`` (FSDP2's all-gather copy-in): queued copies when every pair is on
-    one device, otherwise each pair copied as ``copy_`` does."""
-    for dst, src in zip(args[0], args[1], strict=True):
-        _copy_((dst, src), {})
-
-
-def _host_factory_out(func: Any) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
-    """``func`` (an ``out=`` form of ``arange``, ``eye``, ``linspace`` or ``logspace``) through
-    :func:`mutations.host_factory_out`, else the CPU route."""
-    def write(out: NeuronTensor, values: torch.Tensor) -> None:
-        queued.enqueue(out._index, str(func), [out], [out._allocation], mutations.upload, out._data.detach(), values,
-                       out._index)
-        wrote(out)
-
-    def run(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        done = mutations.host_factory_out(func, args, kwargs, write)
-        return done if done is not None else run_without_functional_form(func, args, kwargs)
-    return run
-
-
-def _set_storage(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """``set_`` onto a storage: a loaded checkpoint's, restored into device memory (mutations.py), or
-    the general route."""
-    done = mutations.set_restored_storage(args, kwargs)
-    return done if done is not None else run_without_functional_form(
-        aten.set_.source_Storage_storage_offset, args, kwargs)
-
-
-def _set_whole_storage(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """``t.set_(storage)``: ``t`` over all of ``storage``, as one dimension of its elements."""
-    target, storage = args[0], args[1]
-    return _set_storage((target, storage, 0, [storage.nbytes() // target.element_size()], [1]), {})
-
-
-def _set_tensor(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """``t.set_(source)``: ``t`` over ``source``'s storage with its offset, sizes and strides."""
-    target, source = args[0], args[1]
-    if not isinstance(source, NeuronTensor):
-        return run_without_functional_form(aten.set_.source_Tensor, args, kwargs)
-    return _set_storage((target, source.untyped_storage(), source.storage_offset(), list(source.shape),
-                         list(source.stride())), {})
-
-
-def _set_empty(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """``t.set_()``: ``t`` over a new storage of no bytes, of size (0,)."""
-    target = args[0]
-    return target.set_(torch.empty(0, dtype=target.dtype, device=target.device))
-
-
-def _is_set_to(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
-    """``a.is_set_to(b)``: the same storage, offset, sizes and strides (the CPU's rule)."""
-    a, b = args[0], args[1]
-    if not isinstance(b, NeuronTensor):
-        return False
-    mine, theirs = a.untyped_storage(), b.untyped_storage()
-    return (mine.data_ptr() == theirs.data_ptr() and mine.nbytes() == theirs.nbytes()
-            and a.storage_offset() == b.storage_offset() and a.shape == b.shape and a.stride() == b.stride())
-
-
-def _new_empty_strided(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
-    """``new_empty_strided``: uninitialized memory of the size and strides asked (no kernel: it
-    had one that failed to lower, and ran on the CPU at every channels-last backward)."""
-    source, size, stride = args[0], args[1], args[2]
-    dtype = kwargs.get("dtype") or source.dtype
-    device = torch.device(kwargs["device"]) if kwargs.get("device") is not None else source.device
-    if device.type != "neuron":
-        return torch.empty_strided(size, stride, dtype=dtype, device=device)
-    return empty_on_device(size, stride, dtype, device)
-
-
-def _no_nested_fast_path(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
-    """``torch._nested_tensor_from_mask_left_aligned`` on neuron tensors: False, so that
-    ``nn.TransformerEncoder`` in eval with a padding mask takes its dense path (same values) instead
-    of the nested-tensor fast path, which neuron tensors cannot hold ("NestedTensorImpl doesn't
-    support sizes")."""
-    return False
-
-
-def _no_nested_tensors(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    raise NotImplementedError("nested tensors are not supported on the neuron device (torch._nested_tensor_"
-                              "from_mask); nn.TransformerEncoder: keep mask_check=True or pass "
-                              "enable_nested_tensor=False")
-
-
-def _equal(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
-    """``torch.equal``: same shape and equal values (in the promoted type; NaN equals nothing),
-    computed on the device and read once (it ran on the CPU with a fallback warning: a common
-    check in training code)."""
-    a, b = args
-    if a.shape != b.shape:
-        return False
-    return bool(aten.eq.Tensor(a, b).all().item())
-
-
 _SPECIAL: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
-    aten.equal.default: _equal,
-    aten._nested_tensor_from_mask_left_aligned.default: _no_nested_fast_path,
-    aten._nested_tensor_from_mask.default: _no_nested_tensors,
-    aten.set_.source_Storage_storage_offset: _set_storage,
-    aten.set_.source_Storage: _set_whole_storage,
-    aten.set_.source_Tensor: _set_tensor,
-    aten.set_.default: _set_empty,
-    aten.is_set_to.default: _is_set_to,
-    aten.new_empty_strided.default: _new_empty_strided,
-    aten.arange.out: _host_factory_out(aten.arange.out),
-    aten.arange.start_out: _host_factory_out(aten.arange.start_out),
-    aten.eye.out: _host_factory_out(aten.eye.out),
-    aten.eye.m_out: _host_factory_out(aten.eye.m_out),
-    aten.linspace.out: _host_factory_out(aten.linspace.out),
-    aten.logspace.out: _host_factory_out(aten.logspace.out),
-    aten._foreach_copy_.default: _foreach_copy_,
+    **special_ops.HANDLERS,
     aten.native_batch_norm.default: _native_batch_norm,
     aten.batch_norm_gather_stats_with_counts.default: _gather_stats,
-    aten._to_copy.default: _to_copy,
-    aten.copy_.default: _copy_,
-    aten._local_scalar_dense.default: _host_op(_local_scalar_dense),
-    # ``item`` decomposes into ``_local_scalar_dense`` above autograd; code running below it
-    # (a higher-order op's rule, a custom autograd Function's forward) reaches it as is.
-    aten.item.default: _host_op(_local_scalar_dense),
-    aten.resize_.default: _host_op(mutations.resize_op),
-    aten.resize_as_.default: _host_op(mutations.resize_as_op),
 }
 
 
@@ -376,13 +149,9 @@ def _is_view(func: Any) -> bool:
     return func.is_view or func in (aten.alias.default, aten.detach.default, aten._unsafe_view.default)
 
 
-def _mutated(func: Any) -> list[int]:
-    return [i for i, a in enumerate(func._schema.arguments) if a.alias_info is not None and a.alias_info.is_write]
-
-
 def _run_view(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     if kwargs or any(isinstance(a, list | tuple) for a in args):
-        source = _first_neuron(args)
+        source = first_neuron(args)
         out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
     else:  # the common case, without pytree's cost
         source = next(a for a in args if isinstance(a, NeuronTensor))
@@ -433,47 +202,6 @@ def _functional_variant(func: Any) -> Any | None:
     return same_name
 
 
-def _fallback(func: Any, args: Sequence[Any], kwargs: dict[str, Any], reason: str) -> Any:
-    """``func`` on the CPU over the neuron tensors' memory (a synchronization), results placed on the device.
-
-    Warned about once it ran: a call the CPU rejects raises torch's error and nothing else (a kernel
-    whose trace failed because the call is invalid is no missing kernel).
-    """
-    out = _synchronized(args, kwargs, _run_on_cpu, func, args, kwargs)
-    _warn_fallback(func, reason)
-    return out
-
-
-def _warn_fallback(func: Any, reason: str) -> None:
-    observe.count("eager_fallbacks")
-    observe.count("aten::" + func._schema.name.split("::")[-1])  # TorchXLA's per-op fallback counter
-    _fell_back.op = "fallback"
-    name = str(func)
-    if name not in _warned:
-        _warned.add(name)
-        warnings.warn(f"neuron: {name} runs on the CPU ({reason})", RuntimeWarning, stacklevel=5)
-
-
-#: Results that stay in host memory, as CUDA's kernels leave them (``pack_padded_sequence``'s
-#: ``batch_sizes``, which ``PackedSequence`` requires on the CPU).
-_HOST_RESULTS = {aten._pack_padded_sequence.default: frozenset({1})}
-
-
-def _run_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    with math_bits.host_dispatch():
-        out = func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs))
-    for leaf in pytree.tree_leaves(out):
-        if isinstance(leaf, torch.Tensor) and (leaf.is_quantized or leaf.layout != torch.strided):
-            kind = "quantized" if leaf.is_quantized else f"{leaf.layout}"
-            raise NotImplementedError(f"{func} on neuron tensors: its result is a {kind} tensor, which the "
-                                      "neuron device does not hold; call it on CPU tensors")
-    place = _on_device(_first_neuron((args, kwargs))._index)
-    kept = _HOST_RESULTS.get(func)
-    if kept is not None:
-        return tuple(o if i in kept else pytree.tree_map(place, o) for i, o in enumerate(out))
-    return pytree.tree_map(place, out)
-
-
 def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """``func`` on neuron tensors through its compiled kernel (floats as runtime inputs: :mod:`.scalars`)."""
     plan = launch.find(func, args, kwargs)
@@ -485,16 +213,16 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
     if func in masks.INDEX_PUTS and masks.has_mask(args):  # x[mask] = values
         return _run_compiled(func, masks.expanded(args), kwargs)
     if long_sorts.too_long(func, args, kwargs):  # IREE's sort compares every pair
-        _fell_back.op = "other"
-        return _synchronized(*given, _run_on_cpu, func, *given)
+        fell_back.op = "other"
+        return _synchronized(*given, run_on_cpu, func, *given)
     args, kwargs = scalars.as_inputs(func, args, kwargs)
     kernel = choice.kernel_for(func, args, kwargs)
     if kernel is kernels.UNIMPLEMENTED:
         if str(func) in kernels.data_dependent_ops:
             observe.count("eager_data_dependent_ops")
-            _fell_back.op = "other"
-            return _synchronized(*given, _run_on_cpu, func, *given)
-        return _fallback(func, *given, "no neuron kernel: "
+            fell_back.op = "other"
+            return _synchronized(*given, run_on_cpu, func, *given)
+        return fallback(func, *given, "no neuron kernel: "
                          + kernels.unimplemented_because.get(str(func), "not implemented by the neuron compiler"))
     if kwargs or any(isinstance(a, list | tuple) for a in args):
         leaves = pytree.tree_leaves((list(args), kwargs))
@@ -548,11 +276,11 @@ def _execute_now(kernel: kernels.Kernel, tensors: list[torch.Tensor], func: Any,
         # Bad input (an index out of range, a singular matrix) raises eager's error, never a fallback.
         if getattr(exc, "neuron_input_error", False) or config.get("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"):
             raise
-        _warn_fallback(func, f"execution failed: {exc}")
-        return _run_on_cpu(func, *given)
+        warn_fallback(func, f"execution failed: {exc}")
+        return run_on_cpu(func, *given)
     if kernel.out_spec.is_leaf():
-        return _to_device(results[0], index)
-    return pytree.tree_map(_on_device(index), pytree.tree_unflatten(results, kernel.out_spec))
+        return to_device(results[0], index)
+    return pytree.tree_map(on_device(index), pytree.tree_unflatten(results, kernel.out_spec))
 
 
 def _execute_into(kernel: kernels.Kernel, tensors: list[torch.Tensor], storage: list[torch.Tensor | None], func: Any,
@@ -582,7 +310,7 @@ def _execute_failed(exc: Exception, storage: list[torch.Tensor | None], func: An
     """A queued kernel failed to execute: the op on the CPU, into its outputs' memory."""
     if config.get("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS"):
         raise exc
-    _warn_fallback(func, f"execution failed: {exc}")
+    warn_fallback(func, f"execution failed: {exc}")
     args, kwargs = given
     with torch.inference_mode():
         results = pytree.tree_leaves(func(*pytree.tree_map(_cpu, args), **pytree.tree_map(_cpu, kwargs)))
@@ -629,13 +357,13 @@ def _classify(func: Any) -> tuple[int, Any]:
         elif _is_view(func):
             kind = (_VIEW, None)
         elif torch.Tag.nondeterministic_seeded in func.tags:  # random numbers: the host generator
-            kind = (_RANDOM, bool(_mutated(func)))
+            kind = (_RANDOM, bool(mutated(func)))
         elif (twin := out_variants.functional_twin(func)) is not None:  # out=: the twin, copied into out
             kind = (_SPECIAL_OP, functools.partial(_run_out_variant, func, twin))
-        elif _mutated(func):
+        elif mutated(func):
             functional = _functional_variant(func)
             # A list written in place (``_foreach_copy_``) runs on the CPU over the tensors' memory.
-            usable = functional is not None and _mutated(func) == [0] \
+            usable = functional is not None and mutated(func) == [0] \
                 and str(func._schema.arguments[0].type) == "Tensor"
             kind = (_IN_PLACE, functional) if usable else (_NO_FUNCTIONAL, None)
             if usable and not func._schema.returns:
@@ -661,12 +389,12 @@ def dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     if func._overloadname != "default":
         name += "." + func._overloadname
     with observe.span("eager.op", op=name, how=_HOW[_classify(func)[0]]) as span:
-        _fell_back.op = None
+        fell_back.op = None
         try:
             return _dispatch(func, args, kwargs)
         finally:
-            if _fell_back.op:
-                span.fields["how"] = _fell_back.op
+            if fell_back.op:
+                span.fields["how"] = fell_back.op
 
 
 #: Ops that take a tensor for its metadata only and a ``device=`` for their result.
@@ -708,7 +436,7 @@ def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     if kind == _IN_PLACE:
         if not isinstance(args[0], NeuronTensor):  # a host tensor written with a neuron operand
             raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
-                               f"{_first_neuron((args, kwargs)).device} and {args[0].device}! (when checking "
+                               f"{first_neuron((args, kwargs)).device} and {args[0].device}! (when checking "
                                f"the written-to argument 'self' of {func})")
         return _run_in_place(func, extra, args, kwargs, args[0])
     if kind == _VIEW:
@@ -737,7 +465,7 @@ def _run_in_place(func: Any, functional: Any, args: Sequence[Any], kwargs: dict[
     if func in _OVERLAP_ALLOWED and _fills_on_host(func, args, kwargs, target):
         return target
     if func not in _OVERLAP_ALLOWED and overlap.shares_memory_within(target._data):
-        _warn_fallback(func, "a write into a view whose elements share memory")
+        warn_fallback(func, "a write into a view whose elements share memory")
         return _synchronized(args, kwargs, _run_in_place_on_cpu, func, args, kwargs, target)
     if torch.Tag.pointwise in func.tags:
         overlap.refuse_partial_overlap(target, (*args[1:], *kwargs.values()))
@@ -750,7 +478,7 @@ def _run_in_place(func: Any, functional: Any, args: Sequence[Any], kwargs: dict[
                            target._data.detach(), result._data.detach())
             wrote(target)
         else:
-            _queue_copy(target, result, str(func))
+            queue_copy(target, result, str(func))
     else:
         on_host(target._index, [target], _write_back, target, result)
     return None if func in _no_result else target
@@ -798,35 +526,20 @@ def _run_resolving_bits(func: Any, kind: int, extra: Any, args: Sequence[Any], k
 def _resolved_copy(t: NeuronTensor) -> NeuronTensor:
     """The values of a conjugate or negative view in plain memory (a queued copy, which resolves them)."""
     out = empty_on_device(t.shape, None, t.dtype, t.device)
-    _queue_copy(out, t, "aten::resolve_conj" if t._data.is_conj() else "aten::resolve_neg")
+    queue_copy(out, t, "aten::resolve_conj" if t._data.is_conj() else "aten::resolve_neg")
     return out
 
 
 def _run_out_variant(func: Any, twin: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    return out_variants.run(func, twin, args, kwargs, _run_compiled, _queue_copy, run_without_functional_form,
+    return out_variants.run(func, twin, args, kwargs, _run_compiled, queue_copy, run_without_functional_form,
                             _run_aliased_out)
 
 
 def _run_aliased_out(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """An ``out=`` op whose ``out`` shares memory with an input: torch's CPU kernel over the device
     memory decides, as on the CPU (:mod:`.out_variants`)."""
-    _warn_fallback(func, "an out= tensor sharing memory with an input")
+    warn_fallback(func, "an out= tensor sharing memory with an input")
     return _synchronized(args, kwargs, _run_in_place_on_cpu, func, args, kwargs, kwargs["out"])
-
-
-def run_without_functional_form(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """An op writing into its arguments that has no functional form: on the CPU over the tensors'
-    memory, as a synchronization (a warning names it once)."""
-    _warn_fallback(func, "an in-place or out= variant without a functional form")
-    return _synchronized(args, kwargs, _run_writing_on_cpu, func, args, kwargs)
-
-
-def _run_writing_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-    """An op writing into its arguments (``out=``), on the CPU: the neuron tensors it writes are
-    resized and filled (:mod:`.mutations`), its other results placed on the device."""
-    with math_bits.host_dispatch():
-        out = mutations.run_writing_on_cpu(func, args, kwargs, _written(func, args, kwargs))
-    return pytree.tree_map(_on_device(_first_neuron((args, kwargs))._index), out)
 
 
 @functools.cache
@@ -856,24 +569,12 @@ def _draw(func: Any, args: Sequence[Any], kwargs: dict[str, Any], in_place: bool
     """A random op on the host, from its device's generator (in program order: a synchronization).
     One that writes its arguments (``normal_``, ``randperm(..., out=)``, which may resize its out)
     draws into scratch copies that are then written back (:mod:`.mutations`)."""
-    first = _first_neuron((args, kwargs))
+    first = first_neuron((args, kwargs))
     if in_place:
         def draw_on_cpu(*cpu_args: Any, **cpu_kwargs: Any) -> Any:
             return random.draw(func, cpu_args, cpu_kwargs, first.device)
-        return mutations.run_writing_on_cpu(draw_on_cpu, args, kwargs, _written(func, args, kwargs))
+        return mutations.run_writing_on_cpu(draw_on_cpu, args, kwargs, written(func, args, kwargs))
     out = random.draw(func, pytree.tree_map(_cpu, args), pytree.tree_map(_cpu, kwargs), first.device)
-    return pytree.tree_map(_on_device(first._index), out)
+    return pytree.tree_map(on_device(first._index), out)
 
 
-def _written(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[Any]:
-    """The arguments ``func`` writes into (by its schema), positional or keyword."""
-    schema = func._schema.arguments
-    return [args[i] if i < len(args) else kwargs.get(schema[i].name) for i in _mutated(func)]
-
-
-def empty_on_device(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype | None,
-                    device: Any = None) -> NeuronTensor:
-    """A new uninitialized neuron tensor on ``device`` (``neuron:N``; no index: the current device)."""
-    index = device.index if isinstance(device, torch.device) and device.index is not None else current_device()
-    data, allocation = allocate(size, stride, dtype or torch.get_default_dtype(), checked_device_index(index))
-    return NeuronTensor(data, allocation, index=index)
