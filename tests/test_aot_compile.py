@@ -55,6 +55,20 @@ def test_aot_compiled_mlp_matches_eager_and_refuses_other_inputs(compiled):
             fn(*args, **kwargs)
 
 
+def test_inputs_with_a_negative_bit_are_read_with_their_sign(compiled):
+    """``torch._neg_view(x)`` is contiguous memory holding ``-x`` with a bit that says so: the NEFF
+    read the memory as is (the bit dropped at the zero-copy import), through aot_compile and
+    torch.compile alike; a conjugated complex input stays resolved."""
+    model, x, fn, _, _ = compiled
+    negative = torch._neg_view(x.clone())
+    with torch.no_grad():
+        expected = model(negative.resolve_neg())
+        torch.testing.assert_close(fn(negative), expected)
+        torch.testing.assert_close(torch.compile(model, backend="neuron")(negative), expected)
+    z = torch.randn(4, 3, dtype=torch.complex64)
+    torch.testing.assert_close(torch.compile(lambda a: a * 2, backend="neuron")(z.conj()), z.conj() * 2)
+
+
 def test_parameters_converted_after_compiling_are_refused_not_misread():
     """``model.double()`` after ``aot_compile`` (which skips Dynamo's guards): the float64 weights'
     bytes were bound as float32 (a result off by 1e21, no error); ``half()`` gave IREE's range

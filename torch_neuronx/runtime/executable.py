@@ -161,6 +161,8 @@ def _aligned_contiguous(t: torch.Tensor) -> torch.Tensor:
                                  f"on {t.device}")
     if t.numel() == 0:  # any strides (an expanded empty tensor's are 0): IREE takes only dense ones
         return torch.empty(t.shape, dtype=t.dtype)
+    if t.is_neg() or t.is_conj():  # (``torch._neg_view``): its memory holds the values' negations
+        t = t.resolve_neg().resolve_conj()
     if t.is_contiguous() and t.data_ptr() % _ALIGNMENT == 0:
         return t
     out = torch.empty(t.shape, dtype=t.dtype)  # fresh allocations are 64-byte aligned
@@ -348,7 +350,7 @@ class Executable:
                 if entry is not None and entry[0] == (t.data_ptr(), t.shape, t.stride(), t.dtype):
                     args.push_ref(entry[1])
                     continue
-            elif type(t) is plain and t.is_contiguous():
+            elif type(t) is plain and t.is_contiguous() and not t.is_neg():  # (dlpack drops the bit)
                 address = t.data_ptr()
                 if address and address % _ALIGNMENT == 0:  # an empty tensor (address 0) takes _view
                     args.push_ref(from_capsule(_to_dlpack(t)))

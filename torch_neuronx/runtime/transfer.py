@@ -103,7 +103,7 @@ def to_device(hal: object, tensors: Sequence[torch.Tensor]) -> list[object]:
 
     views = []
     for t in tensors:
-        source = t.detach().contiguous()
+        source = t.detach().resolve_neg().resolve_conj().contiguous()
         kind = element_type(source.dtype)
         try:
             buffer = hal.allocator.allocate_buffer_copy(
