@@ -274,6 +274,54 @@ def test_views_of_inputs_at_an_offset_alias_the_right_elements():
     torch.testing.assert_close(w.grad.cpu(), torch.tensor([0.0, 1, 1, 1, 0, 0]))
 
 
+def _write_a_view_read_its_base(x, y):  # y is a view of x
+    y.add_(100)
+    return x.sum() + y.sum(), x * 2
+
+
+def _write_one_of_overlapping_slices(x, y):
+    x.mul_(10)
+    return y + 1
+
+
+def _sgd_on_views_of_a_flat_buffer(params, grads):  # ZeRO-style flat parameter storage
+    with torch.no_grad():
+        for p, g in zip(params, grads):
+            p.add_(g, alpha=-0.5)
+
+
+def _flat_buffer_step(device):
+    flat = torch.arange(10.0, device=device)
+    params, grads = [flat[:4].view(2, 2), flat[4:]], [torch.ones(2, 2), torch.full((6,), 2.0)]
+    step = torch.compile(_sgd_on_views_of_a_flat_buffer, backend="neuron")
+    for _ in range(2):
+        step(params, [g.to(device) for g in grads])
+    return (flat,)
+
+
+@pytest.mark.parametrize("case", ["view and base", "overlapping slices", "flat buffer"])
+def test_inputs_sharing_memory_one_written_match_eager(case):
+    """aot_autograd refuses inputs that share memory, one of them written, when they are tensor
+    subclasses: such a graph of neuron tensors failed to compile (host tensors compiled). Without
+    autograd it runs on the neuron tensors' memory: values, writes and devices as eager's."""
+    def run(device):
+        torch._dynamo.reset()
+        if case == "flat buffer":
+            return _flat_buffer_step(device)
+        base = torch.arange(24.0).reshape(4, 6).to(device)
+        if case == "view and base":
+            out = torch.compile(_write_a_view_read_its_base, backend="neuron")(base, base[1:])
+        else:
+            flat = base.view(-1)
+            out = (torch.compile(_write_one_of_overlapping_slices, backend="neuron")(flat[:16], flat[8:]),)
+        return (*out, base)
+
+    expected, got = run("cpu"), run("neuron")
+    for e, g in zip(expected, got):
+        assert g.device.type == "neuron"
+        torch.testing.assert_close(g.cpu(), e)
+
+
 _CONJUGATE_VIEWS = {
     "conj": lambda t: t.conj(),
     "conj then resolve": lambda t: t.conj().resolve_conj(),

@@ -51,7 +51,8 @@ from torch_neuronx.dynamo import (
 )
 from torch_neuronx.dynamo.graph import compile_graph
 from torch_neuronx.pipeline.graph import CompiledGraph, from_plan
-from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
+from torch_neuronx.runtime import streams
+from torch_neuronx.runtime.tensor import NeuronTensor, alias, from_cpu
 
 _log = logging.getLogger("torch_neuronx.dynamo")
 
@@ -187,17 +188,15 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         # A value read while tracing (``x[torch.tensor(2)]``) is Dynamo's to handle, as it does for
         # inductor: it runs the frame eagerly (wrapped, it was a hard trace-stage error).
         raise
+    except RuntimeError as exc:
+        if not (on_device and _SUBCLASS_ALIASING in str(exc) and not _needs_grad(example_inputs)):
+            return _trace_failed(exc, gm, options, model)
+        # Inputs sharing device memory, some written (a view and its base, parameters that are
+        # views of one flat buffer): aot_autograd refuses that for a tensor subclass, not for
+        # plain tensors. Without autograd the graph runs on the neuron tensors' memory itself.
+        return _on_inner_tensors(_aot_compile(gm, _inner(example_inputs), options, model), _device_outputs(gm))
     except Exception as exc:  # aot_autograd / decomposition failures: the trace stage
-        if isinstance(exc, TimeoutError | OSError):  # the NEFF cache's lock or disk, not the trace
-            err = NeuronCompileError("compile", f"getting the NEFF failed: {type(exc).__name__}: {exc}",
-                                     graph=model)
-        else:
-            err = NeuronCompileError("trace", f"aot_autograd could not trace the graph: "
-                                     f"{type(exc).__name__}: {exc}", graph=model)
-        if not options.fallback:
-            raise err from exc
-        fallback.warn(err)
-        return gm.forward
+        return _trace_failed(exc, gm, options, model)
     # A plain inference graph runs as-is on Dynamo's inputs (on the inner tensors of neuron
     # tensors): skip aot_autograd's runtime wrapper, which costs more than the whole NEFF
     # call for small graphs.
@@ -209,6 +208,53 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     if on_device:
         return _on_device(compiled.call_unboxed, _device_outputs(gm))
     return precompile.NeuronCompiledFn(compiled.call_unboxed, plan, options.options)
+
+
+#: aot_autograd's refusal of inputs that share memory, one of them written, when they are subclasses.
+_SUBCLASS_ALIASING = "aliased inputs that are mutated in the graph, but at least one input/output"
+
+
+def _trace_failed(exc: Exception, gm: torch.fx.GraphModule, options: ResolvedOptions, model: str) -> Callable:
+    """The trace stage's error for ``exc`` (aot_autograd's, a decomposition's), raised, or with
+    fallback on, warned about and the graph run eagerly."""
+    if isinstance(exc, TimeoutError | OSError):  # the NEFF cache's lock or disk, not the trace
+        err = NeuronCompileError("compile", f"getting the NEFF failed: {type(exc).__name__}: {exc}", graph=model)
+    else:
+        err = NeuronCompileError("trace", f"aot_autograd could not trace the graph: {type(exc).__name__}: {exc}",
+                                 graph=model)
+    if not options.fallback:
+        raise err from exc
+    fallback.warn(err)
+    return gm.forward
+
+
+def _needs_grad(inputs: Sequence[Any]) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in inputs)
+
+
+def _inner(inputs: Sequence[Any]) -> list[Any]:
+    return [a._data if isinstance(a, NeuronTensor) else a for a in inputs]
+
+
+def _on_inner_tensors(fn: Callable, outputs: list[int]) -> Callable:
+    """``fn``, compiled for the inner (host) tensors of neuron tensor arguments, called with them
+    after the work queued on the device's streams; its outputs at ``outputs`` placed in device
+    memory (a view of an argument's memory as a view of that argument)."""
+
+    def call(*args: Any) -> list[Any]:
+        index = autocopy.call_device(args)
+        neuron = [a for a in args if isinstance(a, NeuronTensor)]
+        results = list(streams.launch(fn, *_inner(args)))
+        for i in outputs:
+            result = results[i]
+            if isinstance(result, torch.Tensor) and not isinstance(result, NeuronTensor):
+                source = next((a for a in neuron if result.untyped_storage().data_ptr()
+                               == a._data.untyped_storage().data_ptr()), None)
+                results[i] = alias(result, source) if source is not None else from_cpu(
+                    result, stride=result.stride(), index=index, upload=False)
+        return results
+
+    return call
 
 
 def _fakified_first_call() -> bool:
