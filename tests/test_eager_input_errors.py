@@ -88,7 +88,28 @@ _OVERLAPS = {
     "add itself": lambda y: y.add_(y),
     "same elements, other tensor": lambda y: y[:3].add_(y[:3]),
     "strided copy": lambda y: y.view(2, 3)[:, 0].copy_(y.view(2, 3)[:, 1]),
+    "copysign_ shifted": lambda y: y[1:].copysign_(y[:-1]),  # (an in-place op without the pointwise tag)
+    # index ops refuse any overlap with their source, the same elements included (assert_no_overlap)
+    "index_copy_ from a slice": lambda y: y.index_copy_(0, _at(y, [1, 2, 3]), y[0:3]),
+    "index_add_ from itself": lambda y: y.index_add_(0, _at(y, range(6)), y),
+    "index_reduce_ from a slice": lambda y: y.index_reduce_(0, _at(y, [1, 2]), y[3:5], "prod"),
+    "scatter_ from a slice": lambda y: y.scatter_(0, _at(y, [1, 2, 3]), y[0:3]),
+    "scatter_add_ from a slice": lambda y: y.scatter_add_(0, _at(y, [1, 2, 3]), y[2:5]),
+    "scatter_reduce_ from a slice": lambda y: y.scatter_reduce_(0, _at(y, [4, 5]), y[0:2], "amax"),
+    "setitem from a slice": lambda y: y.__setitem__(_at(y, [1, 2, 3]), y[0:3]),
+    "index_put_ accumulating a slice": lambda y: y.index_put_((_at(y, [0, 1]),), y[4:6], accumulate=True),
+    "put_ from a slice": lambda y: y.put_(_at(y, [1, 2, 3]), y[0:3]),
+    "sort into its input": lambda y: torch.sort(y[:4], out=(y[2:6], torch.empty(4, dtype=torch.long,
+                                                                                 device=y.device))),
+    # allowed: a strided source torch does not judge, another tensor's memory, masked ops
+    "index_add_ from a strided view": lambda y: y.index_add_(0, _at(y, [0, 1, 2]), y[::2]),
+    "index_copy_ from a clone": lambda y: y.index_copy_(0, _at(y, [1, 2, 3]), y[0:3].clone()),
+    "masked_scatter_ from a slice": lambda y: y[:3].masked_scatter_(y[:3] > 0, y[2:5]),
 }
+
+
+def _at(y: torch.Tensor, positions) -> torch.Tensor:
+    return torch.tensor(list(positions), device=y.device)
 
 
 @pytest.mark.parametrize("name", list(_OVERLAPS))

@@ -467,8 +467,10 @@ def _run_in_place(func: Any, functional: Any, args: Sequence[Any], kwargs: dict[
     if func not in _OVERLAP_ALLOWED and overlap.shares_memory_within(target._data):
         warn_fallback(func, "a write into a view whose elements share memory")
         return _synchronized(args, kwargs, _run_in_place_on_cpu, func, args, kwargs, target)
-    if torch.Tag.pointwise in func.tags:
+    if torch.Tag.pointwise in func.tags or torch.Tag.pointwise in functional.tags:  # (copysign_ has no tag)
         overlap.refuse_partial_overlap(target, (*args[1:], *kwargs.values()))
+    elif func.overloadpacket in overlap.NO_OVERLAP:
+        overlap.refuse_any_overlap(target, pytree.tree_leaves((list(args[1:]), kwargs)))
     result = _run_compiled(functional, args, kwargs)
     if isinstance(result, NeuronTensor) and result._index == target._index:
         _check_in_place(target, result)

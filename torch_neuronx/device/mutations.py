@@ -21,6 +21,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from torch_neuronx import observe
+from torch_neuronx.device import overlap
 from torch_neuronx.runtime.tensor import NeuronTensor, _contiguous_strides, allocate, rebind
 
 
@@ -101,11 +102,16 @@ def run_writing_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any], w
     filled from it. Returns the op's result with the scratch tensors given back as the neuron tensors."""
     targets = {id(t): t for t in written if isinstance(t, NeuronTensor)}
     scratch: dict[int, torch.Tensor] = {}
+    read = [a for a in pytree.tree_leaves((list(args), kwargs)) if isinstance(a, NeuronTensor) and id(a) not in targets]
+    # A written tensor sharing memory with an argument it reads is written in place: the CPU kernel
+    # then sees the overlap and refuses it or defines the result, as on the CPU (a scratch copy
+    # hid it: ``torch.sort(x[:5], out=(x[2:7], i))`` computed with clone semantics).
+    direct = {key for key, t in targets.items() if overlap.touches_any(t, read)}
 
     def to_cpu(value: Any) -> Any:
         if not isinstance(value, NeuronTensor):
             return value
-        if id(value) not in targets:
+        if id(value) not in targets or id(value) in direct:
             return value._data
         copy = scratch.get(id(value))
         if copy is None:
@@ -113,13 +119,13 @@ def run_writing_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any], w
         return copy
 
     out = func(*pytree.tree_map(to_cpu, args), **pytree.tree_map(to_cpu, kwargs))
-    back: dict[int, NeuronTensor] = {}
+    back: dict[int, NeuronTensor] = {id(targets[key]._data): targets[key] for key in direct}
     for key, copy in scratch.items():
         target = targets[key]
         resize(target, copy.shape)
         upload(target._data, copy, target._index)
         back[id(copy)] = target
-    if scratch:
+    if scratch or direct:
         torch._C._increment_version([t._data for t in targets.values()])
     return pytree.tree_map(lambda v: back.get(id(v), v) if isinstance(v, torch.Tensor) else v, out)
 

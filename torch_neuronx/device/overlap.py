@@ -16,7 +16,8 @@ import torch
 
 from torch_neuronx.runtime.tensor import _span_bytes
 
-__all__ = ["refuse_internal_overlap", "refuse_partial_overlap", "shares_memory_within", "touches_any"]
+__all__ = ["NO_OVERLAP", "refuse_any_overlap", "refuse_internal_overlap", "refuse_partial_overlap",
+           "shares_memory_within", "touches_any"]
 
 _PARTIAL = ("unsupported operation: some elements of the input tensor and the written-to tensor refer to a "
             "single memory location. Please clone() the tensor before performing the operation.")
@@ -73,6 +74,29 @@ def refuse_partial_overlap(target: torch.Tensor, sources: Iterable[object]) -> N
         if theirs == mine and data.shape == target.shape and data.stride() == target.stride():
             continue  # full overlap: the same elements
         raise RuntimeError(_PARTIAL)
+
+
+#: In-place ops whose ATen kernels refuse any overlap of the written tensor with another argument,
+#: the same elements included (``assert_no_overlap``: ``x.index_copy_(0, i, x[:3])``, ``x[i] = x[:3]``).
+NO_OVERLAP = frozenset(getattr(torch.ops.aten, name) for name in (
+    "index_copy_", "index_add_", "index_reduce_", "index_put_", "_index_put_impl_", "put_", "scatter_",
+    "scatter_add_", "scatter_reduce_"))
+
+
+def refuse_any_overlap(target: torch.Tensor, sources: Iterable[object]) -> None:
+    """Raise torch's error when a neuron tensor among ``sources`` shares any of ``target``'s memory,
+    as ``assert_no_overlap`` judges it: the target itself, or a dense tensor whose bytes meet the
+    dense target's (layouts with gaps or shared elements are too hard to judge: allowed)."""
+    mine = _dense_span(target._data)
+    for source in sources:
+        data = getattr(source, "_data", None)
+        if not isinstance(data, torch.Tensor):
+            continue
+        if data is target._data:
+            raise RuntimeError(_PARTIAL)
+        theirs = _dense_span(data) if mine is not None else None
+        if theirs is not None and theirs[0] < mine[1] and mine[0] < theirs[1]:
+            raise RuntimeError(_PARTIAL)
 
 
 def _reach(t: torch.Tensor) -> tuple[int, int] | None:
