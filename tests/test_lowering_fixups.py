@@ -245,3 +245,36 @@ def test_alike_one_element_ops_become_one_op_over_their_stack():
         assert len(stacks) == (0 if count < MIN_GROUP else 1)  # sqrt, mul and pow share one stack
         for got, want in zip(gm(*xs), per_tensor(*xs), strict=True):
             torch.testing.assert_close(got, want)
+
+
+_WIDENING = [(torch.uint8, torch.int16), (torch.int8, torch.float16), (torch.uint8, torch.float32),
+             (torch.int8, torch.int64), (torch.int16, torch.bfloat16), (torch.int16, torch.float64),
+             (torch.float16, torch.int32), (torch.bfloat16, torch.float32), (torch.int32, torch.int64),
+             (torch.float32, torch.float64), (torch.float32, torch.int64)]
+
+
+@pytest.mark.parametrize("source, target", _WIDENING, ids=lambda d: str(d).removeprefix("torch."))
+def test_dtype_views_to_a_wider_element_compile_bit_exact(source, target):
+    """``x.view(int64)`` of int32 values failed to lower (torch-mlir lowers only views that keep or
+    narrow the width), and with it every in-place op through a narrowing view (its inverse view
+    writes the base back). Random bits, negative and NaN patterns included, match eager's bit for bit."""
+    torch.manual_seed(0)
+    ratio = target.itemsize // source.itemsize
+    x = torch.randint(0, 256, (3, 4 * ratio * source.itemsize), dtype=torch.uint8).view(source)
+    x.view(torch.uint8)[0, :8] = 255  # all ones: -1 and NaN patterns
+
+    def f(t):
+        return t.view(target)
+
+    def written_through(t):
+        wide = t.clone()
+        narrow = wide.view(source)[..., ::2]
+        narrow.zero_() if source.is_floating_point else narrow.add_(1)
+        return wide
+
+    got = torch.compile(f, backend="neuron")(x)
+    assert got.dtype == target and torch.equal(got.view(torch.uint8), f(x).view(torch.uint8))
+    y = f(x)
+    torch._dynamo.reset()
+    got = torch.compile(written_through, backend="neuron")(y)
+    assert torch.equal(got.view(torch.uint8), written_through(y).view(torch.uint8))

@@ -11,6 +11,11 @@ their broadcast compare for a 0-d operand; torch's decomposition is a prim) are 
 storage offsets its size and strides name, in the storage order of ``input``'s
 clone; ``unfold`` of a 0-d tensor is its one-element view (torch's ``as_strided``
 of it crashed torch-mlir).
+
+A ``view(dtype)`` to a wider element (``int32`` as ``int64``: torch-mlir lowers only views that
+keep or narrow the width) assembles each wide element from its narrow ones, little-endian,
+in integer arithmetic; the inverse view functionalization writes after an in-place op through
+a narrowing view is one of these.
 """
 
 from __future__ import annotations
@@ -70,7 +75,27 @@ def unfold(x: torch.Tensor, dimension: int, size: int, step: int) -> torch.Tenso
     return decomposition_table[aten.unfold.default](x, dimension, size, step)
 
 
+_INTEGERS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def view_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x.view(dtype)`` for a wider ``dtype`` (others are left to the lowering: NotImplemented)."""
+    narrow_bytes, wide_bytes = x.element_size(), dtype.itemsize
+    if (wide_bytes <= narrow_bytes or x.dim() == 0 or x.is_complex() or dtype.is_complex
+            or torch.bool in (x.dtype, dtype) or wide_bytes not in _INTEGERS):
+        return NotImplemented
+    narrow, wide = _INTEGERS[narrow_bytes], _INTEGERS[wide_bytes]
+    ratio, bits = wide_bytes // narrow_bytes, 8 * narrow_bytes
+    parts = (x if x.dtype == narrow else x.view(narrow)).reshape(*x.shape[:-1], x.shape[-1] // ratio, ratio)
+    unsigned = parts.to(wide) & ((1 << bits) - 1)  # (sign-extended by the conversion: masked off)
+    assembled = unsigned[..., 0]
+    for i in range(1, ratio):  # (the parts share no bit: a sum is their OR; wrapping is two's complement's)
+        assembled = assembled + unsigned[..., i] * (1 << (bits * i))
+    return assembled if dtype == wide else assembled.view(dtype)
+
+
 DECOMPOSITIONS = {
+    aten.view.dtype: view_dtype,
     aten.as_strided_scatter.default: as_strided_scatter,
     aten.unfold.default: unfold,
     aten.fmax.default: _ignoring_nan(torch.maximum),
