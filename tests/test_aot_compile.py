@@ -69,6 +69,26 @@ def test_inputs_with_a_negative_bit_are_read_with_their_sign(compiled):
     torch.testing.assert_close(torch.compile(lambda a: a * 2, backend="neuron")(z.conj()), z.conj() * 2)
 
 
+def test_one_tensor_given_for_several_arguments_serves_distinct_ones():
+    """Compiled with one tensor for two arguments (self-attention's ``q, q, q``), the callable
+    computed every later call as if the repeats were the first argument (Dynamo made them one
+    graph input, guarded by an identity check the callable drops): distinct tensors, the same
+    tensor again, and a keyword argument repeating a positional one all give eager's values."""
+    def f(a, b, scale=None):
+        return a * 2 + b + (0 if scale is None else scale * 3)
+
+    x, y, z = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8)
+    fn = torch_neuronx.aot_compile(f, (x, x), {"scale": x})
+    torch.testing.assert_close(fn(x, y, scale=z), f(x, y, scale=z))
+    torch.testing.assert_close(fn(y, y, scale=y), f(y, y, scale=y))
+    torch.manual_seed(0)
+    attention = nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    q, k, v = torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    served = torch_neuronx.aot_compile(attention, (q, q, q), {"need_weights": False})
+    with torch.no_grad():
+        torch.testing.assert_close(served(q, k, v, need_weights=False)[0], attention(q, k, v, need_weights=False)[0])
+
+
 def test_parameters_converted_after_compiling_are_refused_not_misread():
     """``model.double()`` after ``aot_compile`` (which skips Dynamo's guards): the float64 weights'
     bytes were bound as float32 (a result off by 1e21, no error); ``half()`` gave IREE's range

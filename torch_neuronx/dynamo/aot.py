@@ -29,6 +29,7 @@ from typing import Any
 from unittest import mock
 
 import torch
+import torch.utils._pytree as pytree
 from torch._dynamo.aot_compile import AOTCompiledFunction
 from torch._dynamo.convert_frame import get_traced_fn
 from torch._dynamo.eval_frame import innermost_fn
@@ -255,7 +256,7 @@ def aot_compile(model: Any, example_inputs: Any, example_kwargs: Mapping[str, An
     with torch.no_grad(), _lean_bytecode():
         try:
             target = compiled.forward if is_module else compiled
-            function = target.aot_compile((args, kwargs))
+            function = target.aot_compile(_distinct(args, kwargs))
         except torch._dynamo.exc.PackageError as exc:
             raise AOTCompileError(
                 f"aot_compile: torch cannot serialize what {name}'s code needs checked at call time "
@@ -273,6 +274,24 @@ def aot_compile(model: Any, example_inputs: Any, example_kwargs: Mapping[str, An
     _, bound = get_traced_fn(innermost_fn(target))
     module = model if is_module else bound if isinstance(bound, torch.nn.Module) else None
     return AOTCompiled(function, module, inputs, name, bound=bound)
+
+
+def _distinct(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """The example inputs with a tensor given for several arguments (``attention(q, q, q)``) given
+    once, the others as copies: Dynamo makes such repeats one graph input, guarded by an identity
+    check that the compiled callable drops, so later calls with distinct tensors computed as if
+    each repeat were the first one."""
+    seen: set[int] = set()
+
+    def once(value: Any) -> Any:
+        if not isinstance(value, torch.Tensor):
+            return value
+        if id(value) in seen:
+            return value.clone()
+        seen.add(id(value))
+        return value
+
+    return pytree.tree_map(once, (args, kwargs))
 
 
 def aot_load(path: str | os.PathLike[str], model: torch.nn.Module | None = None) -> AOTCompiled:
