@@ -14,7 +14,10 @@ token, as ``generate()`` grows it) is traced as that expression, and the integer
 passes for its symbols are read from the tensors' sizes inside the trace. Symbols Dynamo kept
 apart that the trace needs equal (each layer's key and value cache lengths, which an attention
 decomposition multiplies) are traced as one when the first attempt fails, and each call checks
-that they are still equal. A trace that compares a size with a bound (``s0 <= 512``: BERT's
+that they are still equal. Symbols Dynamo left symbolic that the trace needs at a static size
+(the feature dimension of ``nn.TransformerEncoderLayer``'s fused inference path, which Dynamo
+does not look into) are taken at it when that fails, and each call checks the size. A trace
+that compares a size with a bound (``s0 <= 512``: BERT's
 slice of its position table) serves the sizes its guards accept, checked on every call; other
 sizes take the per-signature route. A graph whose trace fixes a size to a constant, that needs
 autograd, of neuron tensors under ``torch.autocast("neuron")`` (the trace's host stand-ins would
@@ -112,7 +115,8 @@ _PURE_SYMBOLIC = frozenset({torch.sym_sum, torch.sym_max, torch.sym_min, torch.s
 class _Layout:
     """Where Dynamo's graph inputs are and what their sizes are made of."""
 
-    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], merge: bool = False) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], merge: bool = False,
+                 pin: bool = False) -> None:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         if len(placeholders) != len(example_inputs):
             raise NotDynamicGraph("the graph's inputs do not match its example inputs")
@@ -145,6 +149,10 @@ class _Layout:
         self.source = self._sources()
         # Pairs of dimensions (tensor, dim) whose sizes the trace assumes equal: see _merge.
         self.assumed: list[tuple[tuple[int, int], tuple[int, int]]] = []
+        # Dimensions (tensor, dim) the trace takes at a fixed size: see _pin.
+        self.pinned: list[tuple[tuple[int, int], int]] = []
+        if pin:
+            self._pin([example_inputs[i] for i in self.tensors])
         if merge:
             self._merge([example_inputs[i] for i in self.tensors])
 
@@ -176,9 +184,29 @@ class _Layout:
         self.ints = {p: s.xreplace(renamed) for p, s in self.ints.items()}
         self.source = self._sources()
 
+    def _pin(self, examples: Sequence[torch.Tensor]) -> None:
+        """Take Dynamo's symbols whose size in this call is a static size of the graph as that size:
+        a fused op Dynamo does not look into (``nn.TransformerEncoderLayer``'s inference fast path)
+        leaves the feature dimension symbolic under ``dynamic=True``, which a trace meeting the
+        weights cannot follow. Every call is checked to have those sizes (:meth:`accepts`)."""
+        static = {int(examples[t].shape[d]) for t, dims in enumerate(self.dims) for d, s in enumerate(dims)
+                  if s is None}
+        fixed = {s: sympy.Integer(int(examples[t].shape[d])) for s, (t, d) in self.source.items()
+                 if int(examples[t].shape[d]) in static}
+        if not fixed or len(fixed) == len(self.source):
+            raise NotDynamicGraph("no dynamic size to take at a static size" if not fixed else
+                                  "every dynamic size is a static size of the graph")
+        self.pinned = [((t, d), int(fixed[s])) for t, dims in enumerate(self.dims) for d, s in enumerate(dims)
+                       if s is not None and s.is_Symbol and s in fixed]
+        self.dims = [[None if s is None or s.xreplace(fixed).is_number else s.xreplace(fixed) for s in dims]
+                     for dims in self.dims]
+        self.ints = {p: s.xreplace(fixed) for p, s in self.ints.items()}
+        self.source = self._sources()
+
     def accepts(self, tensors: Sequence[torch.Tensor]) -> bool:
         """Whether a call's tensor inputs keep the equalities the trace assumed."""
-        return all(tensors[t1].shape[d1] == tensors[t2].shape[d2] for (t1, d1), (t2, d2) in self.assumed)
+        return all(tensors[t1].shape[d1] == tensors[t2].shape[d2] for (t1, d1), (t2, d2) in self.assumed) and \
+            all(tensors[t].shape[d] == size for (t, d), size in self.pinned)
 
     def int_value(self, position: int, tensors: Sequence[Any]) -> Any:
         """The value of the int input at ``position`` (Dynamo's symbol, or an expression of them)
@@ -278,10 +306,11 @@ def _on_host(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
 
 
 def build(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: ResolvedOptions,
-          name: str, merge: bool = False) -> DynamicGraph:
+          name: str, merge: bool = False, pin: bool = False) -> DynamicGraph:
     """Trace and compile ``gm`` once with its symbolic sizes; raises :class:`NotDynamicGraph`
     (or the trace's or lowering's error) when it cannot serve every size. ``merge``: Dynamo's
-    symbols of equal size in ``example_inputs`` are one (``_Layout._merge``)."""
+    symbols of equal size in ``example_inputs`` are one (``_Layout._merge``); ``pin``: those whose
+    size is a static size of the graph are that size (``_Layout._pin``)."""
     if not _inference(example_inputs):
         raise NotDynamicGraph("the graph needs autograd (a training graph compiles per signature)")
     if torch.is_autocast_enabled("neuron") and any(
@@ -289,7 +318,7 @@ def build(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], options: Reso
         # The trace runs on host stand-ins, which autocast("neuron") does not reach: its casts were
         # dropped and the graph gave float32 where eager gives bfloat16.
         raise NotDynamicGraph("autocast is on for neuron tensors (a graph under autocast compiles per signature)")
-    layout = _Layout(gm, example_inputs, merge)
+    layout = _Layout(gm, example_inputs, merge, pin)
     examples = [example_inputs[i] for i in layout.tensors]
     sizes = layout.stand_in_sizes(examples)
     stand_ins = [torch.empty(size, dtype=t.dtype) for size, t in zip(sizes, examples)]
@@ -364,17 +393,22 @@ def _agrees(expected: Any, got: list[Any]) -> bool:
 
 def _build_either_way(gm: torch.fx.GraphModule, args: Sequence[Any], options: ResolvedOptions,
                       name: str) -> DynamicGraph:
-    """:func:`build` with every symbol apart, else with Dynamo's symbols of equal size as one."""
+    """:func:`build` with every symbol apart, else with Dynamo's symbols of equal size as one, else
+    with those of a static size at that size, else both (the first attempt's error when all fail)."""
     try:
         return build(gm, args, options, name)
     except NotDynamicGraph:
         raise
-    except Exception as first:  # sizes Dynamo kept apart that the trace needs equal: one symbol
+    except Exception as first:  # sizes Dynamo kept apart that the trace needs equal, or fixed
         _log.debug("%s: a dynamic trace with every symbol apart failed: %s", name, first)
-        try:
-            return build(gm, args, options, name, merge=True)
-        except NotDynamicGraph:
-            raise first from None
+        for how in ({"merge": True}, {"pin": True}, {"merge": True, "pin": True}):
+            try:
+                return build(gm, args, options, name, **how)
+            except NotDynamicGraph:
+                continue
+            except Exception as again:
+                _log.debug("%s: a dynamic trace with %s failed: %s", name, how, again)
+        raise first from None
 
 
 def compile_once(gm: torch.fx.GraphModule, args: Sequence[Any], options: ResolvedOptions,
