@@ -66,6 +66,42 @@ def test_views_alias_device_memory_and_in_place_ops_write_through():
     torch.testing.assert_close(t.cpu(), torch.tensor([5.0, 5.0, 5.0]))
 
 
+_UNDER_INFERENCE_MODE = {
+    "slice": lambda w, b: w[1:3],
+    "transpose": lambda w, b: w.t(),
+    "view": lambda w, b: w.view(24),
+    "detach": lambda w, b: w.detach(),
+    "split": lambda w, b: w.split(2)[1],
+    "expand": lambda w, b: b.unsqueeze(0).expand(3, 4),
+    "matmul": lambda w, b: w @ w.t(),
+    "pointwise": lambda w, b: w * 2,
+    "write an element": lambda w, b: b.__setitem__(0, 5.0) or b,
+    "write a slice in place": lambda w, b: (b[1:3].add_(1), b)[1],
+    "attention": lambda w, b: torch.nn.functional.scaled_dot_product_attention(w[None], w[None], w[None]),
+}
+
+
+@pytest.mark.parametrize("name", list(_UNDER_INFERENCE_MODE))
+def test_ops_in_inference_mode_on_tensors_made_outside_it(name):
+    """Every view of a neuron tensor made outside ``torch.inference_mode()`` raised "Cannot set
+    version_counter for inference tensor" inside it (an evaluation loop of any Hugging Face model
+    failed at its first slice of a buffer): values, inference flags and writes as the CPU's."""
+    fn = _UNDER_INFERENCE_MODE[name]
+
+    def run(device):
+        torch.manual_seed(0)
+        w, b = torch.randn(4, 6, device=device), torch.zeros(4, device=device)
+        with torch.inference_mode():
+            out = fn(w, b)
+        return out, b
+
+    (expected, b_host), (got, b_device) = run("cpu"), run("neuron")
+    assert got.device.type == "neuron" and got.is_inference() == expected.is_inference()
+    torch.testing.assert_close(got.cpu(), expected)
+    torch.testing.assert_close(b_device.cpu(), b_host)
+    assert b_device._version == b_host._version  # (writes counted on the tensor made outside)
+
+
 def test_inference_tensors_leave_the_device_and_alias_like_others():
     """Without autograd keys (inference mode), ``to``/``reshape`` reach the device whole."""
     with torch.inference_mode():

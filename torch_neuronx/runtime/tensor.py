@@ -577,7 +577,13 @@ def alias(data: torch.Tensor, source: NeuronTensor) -> NeuronTensor:
     """A neuron tensor over ``data``, a view of ``source``'s memory, with ``data``'s conjugate and
     negative bits (``x.conj()``, ``torch._neg_view(x)``): torch resolves them above the backend
     only when the wrapper carries them (``device/math_bits.py``)."""
-    view = NeuronTensor(data, source._allocation, index=source._index)
+    if torch.is_inference_mode_enabled() and not source.is_inference():
+        # A view of a tensor made outside inference mode is no inference tensor (autograd sets its
+        # version counter to its base's next, which an inference tensor refuses): made as one outside.
+        with torch.inference_mode(False):
+            view = NeuronTensor(data, source._allocation, index=source._index)
+    else:
+        view = NeuronTensor(data, source._allocation, index=source._index)
     if data.is_conj():
         torch._C._set_conj(view, True)
     if data.is_neg():
