@@ -229,20 +229,21 @@ def test_alike_one_element_ops_become_one_op_over_their_stack():
     one binding each) become one op over a stack; chains stay stacked; fewer stay as they were."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from torch_neuronx.compiler.passes.scalar_batches import MIN_GROUP, scalar_ops_batched
+    from torch_neuronx.compiler.passes.scalar_batches import MIN_SCALARS, scalar_ops_batched
 
-    def per_tensor(*xs):
+    def per_tensor(*xs):  # three one-element ops per tensor: sqrt, mul, pow
         return [((x * x).sum().sqrt() * 0.5).pow(2.0) + x for x in xs]
 
-    for count in (MIN_GROUP - 1, 40):
+    for count in (2, 3, 40):
+        batched = 3 * count >= MIN_SCALARS
         xs = [torch.randn(3) for _ in range(count)]
         gm = make_fx(per_tensor)(*xs)
         scalars_before = sum(1 for n in gm.graph.nodes if n.target == torch.ops.aten.sqrt.default)
         gm = scalar_ops_batched(gm)
         sqrt = [n for n in gm.graph.nodes if n.target == torch.ops.aten.sqrt.default]
-        assert len(sqrt) == (scalars_before if count < MIN_GROUP else 1)
+        assert len(sqrt) == (1 if batched else scalars_before)
         stacks = [n for n in gm.graph.nodes if n.target == torch.ops.aten.stack.default]
-        assert len(stacks) == (0 if count < MIN_GROUP else 1)  # sqrt, mul and pow share one stack
+        assert len(stacks) == (1 if batched else 0)  # sqrt, mul and pow share one stack
         for got, want in zip(gm(*xs), per_tensor(*xs), strict=True):
             torch.testing.assert_close(got, want)
 

@@ -10,8 +10,9 @@ model of a few dozen parameters failed to load.
 
 :func:`scalar_ops_batched` finds groups of such ops that do the same thing (same op, same
 constant arguments, same operand that all share, operands of one shape and dtype where they
-differ) at the same depth of the graph (so none depends on another), and writes each group of
-:data:`MIN_GROUP` or more as the op on the stacked differing operands, each member's result a
+differ) at the same depth of the graph (so none depends on another), and, in a graph of
+:data:`MIN_SCALARS` or more such ops (fewer bind fewer buffers than the limits), writes each group
+of two or more as the op on the stacked differing operands, each member's result a
 ``select`` of it. Chains stay vectorized: a stack of every ``select`` of one batched result, in
 order, is that result. The arithmetic is the same op on the same values, element by element.
 """
@@ -24,9 +25,12 @@ from typing import Any
 import torch
 from torch.fx import GraphModule, Node
 
-__all__ = ["MIN_GROUP", "scalar_ops_batched"]
+__all__ = ["MIN_SCALARS", "scalar_ops_batched"]
 
-MIN_GROUP = 16  # below this, scalars stay as they are (IREE's limits need dozens)
+#: A graph with fewer one-element pointwise ops keeps them as they are: each binds at most three
+#: buffers, under the runtime's 32. (At 16, a compiled AdamW step over 9 to 15 parameters, a LoRA
+#: fine-tune's, bound 36 to 60 buffers: "binding count 36 > 32".)
+MIN_SCALARS = 8
 _aten = torch.ops.aten
 
 
@@ -155,9 +159,10 @@ def _sorted_topologically(graph: torch.fx.Graph) -> None:
 
 
 def scalar_ops_batched(gm: GraphModule) -> GraphModule:
-    """Batch groups of :data:`MIN_GROUP` or more alike one-element pointwise ops (see the module)."""
+    """Batch the groups of alike one-element pointwise ops of a graph with :data:`MIN_SCALARS` or
+    more of them (see the module)."""
     candidates = [n for n in gm.graph.nodes if _candidate(n)]
-    if len(candidates) < MIN_GROUP:
+    if len(candidates) < MIN_SCALARS:
         return gm
     depth = _depths(gm)
     groups: dict[tuple, list[Node]] = collections.defaultdict(list)
@@ -166,7 +171,7 @@ def scalar_ops_batched(gm: GraphModule) -> GraphModule:
     selected: dict[Node, tuple[Node, int]] = {}
     changed = False
     for (_, _), members in sorted(groups.items(), key=lambda item: item[0][0]):
-        if len(members) >= MIN_GROUP:
+        if len(members) >= 2:
             _batch(gm, members, selected)
             changed = True
     if changed:
