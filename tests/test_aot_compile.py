@@ -105,6 +105,19 @@ def test_parameters_converted_after_compiling_are_refused_not_misread():
         torch.testing.assert_close(fn(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+def test_a_nan_scalar_compiled_for_is_accepted_and_no_other_float():
+    """A callable compiled for the float NaN refused NaN at every call ("is the float nan; it was
+    compiled for the float nan"); it serves NaN and still refuses other values."""
+    x = torch.randn(3)
+    fn = torch_neuronx.aot_compile(lambda t, s: t * s, (x, float("nan")))
+    assert fn(x, float("nan")).isnan().all()
+    with pytest.raises(aot.AOTInputError, match="args\\[1\\] is the float 1.0"):
+        fn(x, 1.0)
+    served = torch_neuronx.aot_compile(lambda t, s: t * s, (x, 2.0))
+    with pytest.raises(aot.AOTInputError, match="is the float nan"):
+        served(x, float("nan"))
+
+
 def test_scalars_and_keyword_inputs_are_checked():
     def scaled(x: torch.Tensor, *, bias: torch.Tensor, scale: float) -> torch.Tensor:
         return torch.tanh(x * scale + bias)
@@ -158,6 +171,23 @@ def test_torch_aot_compile_path_serializes_the_neuron_result(compiled):
     restored = AOTCompiledFunction.deserialize(data, external_closure_data={"model": model})
     restored.disable_guard_check()
     torch.testing.assert_close(restored(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_torch_aot_compile_path_of_a_second_shape_runs_and_says_why_it_cannot_be_saved():
+    """A second batch size through torch's path gets a graph with dynamic sizes (Dynamo's automatic
+    dynamic shapes), compiled at its calls: torch refused the backend's result with a raw
+    "does not implement SerializableCallable"; it runs, and saving it names the way out."""
+    from torch._dynamo.aot_compile import AOTCompiledFunction
+
+    model = _mlp()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        for batch in (4, 8):
+            x = torch.randn(batch, 64)
+            fn = torch.compile(model, backend="neuron", fullgraph=True).forward.aot_compile(((x,), {}))
+            torch.testing.assert_close(fn(x), model(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="dynamic=False"):
+        AOTCompiledFunction.serialize(fn, {"model": model})
 
 
 _SERVE = """

@@ -125,7 +125,8 @@ class AOTCompiled:
         for key, shape, dtype, device in self._checks:  # device: a scalar's type
             value = args[key] if key.__class__ is int else kwargs[key]
             if shape is None:
-                if type(value) is not device or value != dtype:
+                # (a NaN compiled for is the NaN given: ``!=`` alone refused it at every call)
+                if type(value) is not device or (value != dtype and (value == value or dtype == dtype)):
                     raise self._mismatch(args, kwargs)
             elif (not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype
                   or value.device != device):

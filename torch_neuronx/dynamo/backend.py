@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from torch._dynamo.aot_compile_types import SerializableCallable
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.partitioners import min_cut_rematerialization_partition
 
@@ -299,8 +300,11 @@ def _on_device(fn: Callable, outputs: list[int]) -> Callable:
     return call
 
 
-class _ShapeSpecialized:
+class _ShapeSpecialized(SerializableCallable):
     """Compiles a symbolic-shape Dynamo graph once per concrete input signature.
+
+    Serializable by type only (torch's ``aot_compile`` takes it and runs it in the process): its
+    NEFFs are made at its calls, so there is nothing to save; saving says so.
 
     Python scalars Dynamo turned into tensor inputs (``specialize_float=False``: the graph
     calls ``.item()`` on them) are part of the signature by value and enter the traced graph
@@ -316,6 +320,17 @@ class _ShapeSpecialized:
         # those values, outside Dynamo's compile, whose tracing context a symbolic trace must not share.
         self.dynamic: dict[tuple, Callable | bool] = {}
         self.dynamic_allowed = bool(config.get("TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES"))
+
+    @classmethod
+    def serialize_compile_artifacts(cls, fn: Any) -> bytes:
+        raise RuntimeError(
+            "a graph Dynamo compiled with dynamic sizes (a second input shape, dynamic=True, or "
+            "mark_dynamic) is compiled at its calls and cannot be saved: pass dynamic=False to "
+            "torch.compile for one saved callable per shape, or use torch_neuronx.aot_compile (docs/aot.md)")
+
+    @classmethod
+    def deserialize_compile_artifacts(cls, data: bytes) -> Any:
+        raise RuntimeError("no graph with dynamic sizes is ever saved by the neuron backend")
 
     @staticmethod
     def signature(args: Sequence[Any]) -> tuple:
