@@ -65,6 +65,19 @@ def test_a_restored_frame_recompiles_for_a_new_shape(tmp_path):
     assert third["err"] < 1e-5
 
 
+def test_a_frame_that_saw_two_batch_sizes_is_restored_with_its_dynamic_graph(tmp_path):
+    """A serving process's frame sees a second batch size (Dynamo compiles a graph with dynamic
+    sizes): torch found no backend result for that graph at exit ("Backend not found") and saved
+    nothing, so every later process traced again. Both graphs are restored; the dynamic one
+    compiles at its calls, from the NEFF cache."""
+    dynamic = {"TORCH_CACHING_PRECOMPILE": "1", "TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES": "1"}
+    first = run(tmp_path, ROWS="4,6", **dynamic)
+    assert first["restores"] == 0
+    second = run(tmp_path, ROWS="4,6,9", **dynamic)  # 9: served by the dynamic NEFF, from the cache
+    assert second["dynamo_hits"] == 1 and second["restores"] == 2
+    assert second["invocations"] == 0 and second["err"] < 1e-5
+
+
 def test_a_saved_frame_that_cannot_be_installed_is_traced_again(tmp_path):
     """A Hugging Face model's saved frame failed inside torch's install with an AttributeError,
     which torch.compile let through: the serving process died before its first call (and torch's

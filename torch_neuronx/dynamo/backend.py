@@ -300,6 +300,11 @@ def _on_device(fn: Callable, outputs: list[int]) -> Callable:
     return call
 
 
+def shape_specialized(gm: torch.fx.GraphModule, options: CompileOptions, model: str) -> Callable:
+    """A graph with dynamic sizes restored from PyTorch's precompile cache, compiled at its calls."""
+    return _ShapeSpecialized(gm, options.resolve(), model)
+
+
 class _ShapeSpecialized(SerializableCallable):
     """Compiles a symbolic-shape Dynamo graph once per concrete input signature.
 
@@ -449,6 +454,7 @@ def _compile_dynamo_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any
     resolved = opts.resolve()  # once, for the whole compilation; an unknown target fails here
     model = _model_name(opts)
     if _is_symbolic(example_inputs):
+        precompile.record_graph(gm, opts, model)
         return _ShapeSpecialized(gm, resolved, model)
     plan_key = plans.dynamo_key(gm, example_inputs, resolved)
     plan = plans.load(plan_key) if plan_key else None

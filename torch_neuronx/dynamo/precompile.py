@@ -9,7 +9,9 @@ With TORCH_CACHING_PRECOMPILE=1 PyTorch saves whole Dynamo frames (bytecode,
 guards and each graph's backend result) under ``{TORCHINDUCTOR_CACHE_DIR}/dynamo``
 and a later process installs them without tracing. The neuron backend's result
 is the compiled graph's plan (its StableHLO and calling metadata, see
-``plans.py``): restoring it only fetches the NEFF from the NEFF cache and loads it.
+``plans.py``): restoring it only fetches the NEFF from the NEFF cache and loads it. A graph
+with dynamic sizes is stored as the Dynamo graph itself (:func:`record_graph`), compiled at
+its calls in the new process.
 Entries are split per rank (``dynamo/rank{RANK}``) when RANK is set, and saved at
 process exit. Graphs that need aot_autograd at run time (training graphs) are
 not stored: PyTorch then traces their frame again. A saved frame PyTorch cannot
@@ -22,6 +24,7 @@ frame is traced again (:func:`_installs_or_retraces`).
 from __future__ import annotations
 
 import atexit
+import base64
 import dataclasses
 import itertools
 import json
@@ -96,13 +99,71 @@ def read_payload(content: str | bytes) -> tuple[plans.Plan, CompileOptions]:
     return plans.Plan(**fields["plan"]), CompileOptions.from_any(fields["options"])
 
 
-def restore(content: str | bytes) -> NeuronCompiledFn:
+def restore(content: str | bytes) -> Any:
     """The compiled graph of a :func:`payload`: its NEFF from the NEFF cache (compiled from the
-    plan's StableHLO on a miss), loaded: no tracing, no lowering."""
+    plan's StableHLO on a miss), loaded: no tracing, no lowering. A graph with dynamic sizes
+    (:func:`record_graph`) is its Dynamo graph again, compiled at its calls."""
     from torch_neuronx.dynamo.graph import from_plan_unboxed
 
+    fields = json.loads(content)
+    if "graph" in fields:
+        return _restore_graph(fields)
     plan, options = read_payload(content)
     return NeuronCompiledFn(from_plan_unboxed(plan, options.resolve()), plan, options)
+
+
+#: Node metadata a pickled Dynamo graph leaves out (module stacks and sources name live objects).
+_UNPICKLED_META = ("nn_module_stack", "source_fn_stack", "stack_trace")
+
+
+def _graph_bytes(gm: torch.fx.GraphModule) -> bytes:
+    """``gm`` pickled with its nodes' symbolic values (what its dynamic NEFF's trace reads), or
+    without the placeholders' ``example_value`` when those do not pickle."""
+    from torch.fx._graph_pickler import GraphPickler, Options
+
+    kept = [(node, {k: node.meta.pop(k) for k in _UNPICKLED_META if k in node.meta}) for node in gm.graph.nodes]
+    try:
+        try:
+            return GraphPickler.dumps(gm, Options(ops_filter=None))
+        except Exception:  # noqa: BLE001 - a value that does not pickle: the metadata torch itself drops
+            values = [(node, node.meta.pop("example_value")) for node in gm.graph.nodes if "example_value" in node.meta]
+            try:
+                return GraphPickler.dumps(gm, Options(ops_filter=None))
+            finally:
+                for node, value in values:
+                    node.meta["example_value"] = value
+    finally:
+        for node, meta in kept:
+            node.meta.update(meta)
+
+
+def record_graph(gm: torch.fx.GraphModule, options: CompileOptions, model: str) -> None:
+    """Offer ``gm`` itself as its backend result to PyTorch's precompile cache: a graph with dynamic
+    sizes, whose NEFFs are made at its calls (a frame that saw a second batch size was never
+    restored: torch found no backend for that graph and dropped the whole frame)."""
+    backend_id = getattr(gm, "_backend_id", None)
+    if not enabled() or backend_id is None:
+        return
+    try:
+        graph = base64.b64encode(_graph_bytes(gm)).decode()
+    except Exception as exc:  # noqa: BLE001 - not stored: the frame is traced again in a new process
+        _log.info("a graph with dynamic sizes is not stored in the precompile cache: %s", exc)
+        return
+    content = json.dumps({"graph": graph, "options": option_fields(options), "model": model})
+    _record(NeuronPrecompileArtifact(key=backend_id, content=content))
+
+
+def _restore_graph(fields: dict[str, Any]) -> Any:
+    from torch._subclasses import FakeTensorMode
+    from torch.fx._graph_pickler import GraphPickler
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from torch_neuronx.dynamo.backend import shape_specialized
+
+    gm = GraphPickler.loads(base64.b64decode(fields["graph"]), FakeTensorMode(shape_env=ShapeEnv()))
+    gm.meta.pop("dynamo_compile_id", None)  # no Dynamo sources to guard on: aot_autograd's plain route
+    gm.recompile()
+    return shape_specialized(gm, CompileOptions.from_any(fields["options"]), fields["model"])
 
 
 class NeuronCompiledFn(SerializableCallable):
@@ -182,12 +243,15 @@ def _save_at_exit() -> None:
 
 def record(gm: torch.fx.GraphModule, plan: plans.Plan, options: CompileOptions) -> None:
     """Offer ``plan`` as the backend result of ``gm`` to PyTorch's precompile cache."""
-    global _save_registered
     backend_id = getattr(gm, "_backend_id", None)
     if not enabled() or backend_id is None:
         return
-    content = payload(plan, options)
-    PrecompileContext.record_artifact(NeuronPrecompileArtifact(key=backend_id, content=content))
+    _record(NeuronPrecompileArtifact(key=backend_id, content=payload(plan, options)))
+
+
+def _record(artifact: NeuronPrecompileArtifact) -> None:
+    global _save_registered
+    PrecompileContext.record_artifact(artifact)
     if not _save_registered:
         _per_rank_store()
         atexit.register(_save_at_exit)
