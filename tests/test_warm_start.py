@@ -234,3 +234,43 @@ def test_a_lowering_made_under_another_default_dtype_is_not_served(tmp_path, mon
         torch.set_default_dtype(before)
     assert out.dtype == torch.float64
     torch.testing.assert_close(out, expected)
+
+
+def _cond_doubling(x):
+    return torch.cond(x.sum() > 0, lambda a: a * 2, lambda a: a * 3, (x,))
+
+
+def _cond_quintupling(x):  # the same outer graph; only the taken branch's body differs
+    return torch.cond(x.sum() > 0, lambda a: a * 5, lambda a: a * 3, (x,))
+
+
+def _checkpoint_of(scale):
+    return lambda x: torch.utils.checkpoint.checkpoint(lambda a: (a * scale).sin(), x, use_reentrant=False)
+
+
+def _allowed_closure(k):
+    @torch.compiler.allow_in_graph
+    def helper(a):
+        return a * k
+    return helper
+
+
+def _calling_allowed_closures():  # (two functions of their own: Dynamo shares one code object's graphs)
+    twice, five_times = _allowed_closure(2.0), _allowed_closure(5.0)
+    return lambda x: twice(x) + 1, lambda x: five_times(x) + 1
+
+
+@pytest.mark.parametrize("make", [
+    lambda: (_cond_doubling, _cond_quintupling),
+    lambda: (_checkpoint_of(2.0), _checkpoint_of(3.0)),
+    _calling_allowed_closures,
+], ids=["cond branches", "checkpointed bodies", "allow_in_graph closures"])
+def test_graphs_that_differ_only_in_what_their_code_names_never_share_a_plan(make):
+    """A graph's plan key hashed its code, which names the bodies of higher-order ops and a
+    function called whole only by name: two such graphs were served one plan, the second
+    function returning the first one's results (in one process, and across processes after an
+    edit of the body)."""
+    x = torch.rand(4) + 0.1
+    with torch.no_grad():
+        for fn in make():
+            torch.testing.assert_close(torch.compile(fn, backend="neuron")(x), fn(x))

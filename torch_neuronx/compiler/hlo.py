@@ -13,6 +13,8 @@ import functools
 import hashlib
 import logging
 import os
+import secrets
+from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -88,15 +90,47 @@ def graph_key(gm: torch.fx.GraphModule) -> str:
     h = hashlib.sha256()
     h.update(lowering_versions().encode())
     h.update(global_state().encode())
+    _update(h, gm)
+    return "graph-" + h.hexdigest()
+
+
+#: Where the functions a graph may call are defined whose code its own code stands for (by name).
+_LIBRARIES = ("torch", "operator", "_operator", "math", "builtins", "einops")
+
+
+def _update(h: Any, gm: torch.fx.GraphModule) -> None:
+    """Add ``gm``'s code, placeholders, constants and subgraphs to ``h``.
+
+    A graph's code names what it calls: the bodies of higher-order ops (``torch.cond``'s
+    branches, a checkpointed region, ``wrap``) are subgraphs, added by their own code; a user's
+    function called whole (``torch.compiler.allow_in_graph``) or a module called opaquely is
+    known only by name, so such a graph gets a key of its own that no other graph or process
+    shares (two closures of one factory, or a function edited between runs, were served one
+    plan: the first one's results).
+    """
     h.update(gm.code.encode())
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             h.update(_placeholder_spec(node).encode())
-        elif node.op == "get_attr":
-            value = getattr(gm, str(node.target))
+        elif node.op in ("get_attr", "call_module"):
+            value = functools.reduce(getattr, str(node.target).split("."), gm)
             if isinstance(value, torch.Tensor):
                 h.update(f"{node.target}:{tuple(value.shape)}:{value.dtype}".encode())
                 # aot_autograd calls compilers under its fake mode; constants are real tensors.
                 with unset_fake_temporarily():
                     h.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return "graph-" + h.hexdigest()
+            elif isinstance(value, torch.fx.GraphModule):
+                h.update(f"{node.target}:subgraph".encode())
+                _update(h, value)
+            elif isinstance(value, torch.nn.Module):
+                h.update(f"{node.target}:{secrets.token_hex(16)}".encode())
+        elif node.op == "call_function" and not _from_a_library(node.target):
+            h.update(f"{node.target}:{secrets.token_hex(16)}".encode())
+
+
+def _from_a_library(target: Any) -> bool:
+    """Whether ``target`` is an op or a function of torch (or Python's own): the same name, the same code."""
+    if isinstance(target, torch._ops.OpOverload | torch._ops.OpOverloadPacket | torch._ops.HigherOrderOperator):
+        return True
+    module = getattr(target, "__module__", None) or ""
+    return module.split(".")[0] in _LIBRARIES
