@@ -10,6 +10,11 @@ records the check (``gm.meta["host_checks"]``: ``{"api_name", "is_matrix"}``
 dicts, JSON-serializable for plans). :func:`run_checks` applies them to those
 outputs on the host, with torch's own ``_linalg_check_errors``: the same
 exception and message as eager.
+
+A tensor assertion (``assert (x > 0).all(), "msg"`` in a compiled function, which Dynamo makes
+``torch._assert_async(cond, "msg")``) was dropped by the lowering, so the graph computed on bad
+input where eager raises: each becomes a trailing failure count, raised on the host as eager's
+``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -20,21 +25,46 @@ from typing import Any
 import torch
 
 from torch_neuronx.compiler.decompositions.linalg import CHECK
-from torch_neuronx.compiler.passes.rewrite import append_checks
+from torch_neuronx.compiler.passes.rewrite import GATE, append_checks
+
+_ASSERTS = (torch.ops.aten._assert_async.msg, torch.ops.aten._assert_async.default)
+#: torch's message for an assertion without one (``_assert_async(t)``).
+_NO_MESSAGE = "Expected Tensor with single nonzero value, but got zero"
 
 
 def checks_to_outputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
-    """Replace every ``neuron::linalg_check_errors`` call by a trailing output and a recorded check."""
-    checks = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is CHECK]
+    """Replace every ``neuron::linalg_check_errors`` call and tensor assertion by a trailing output
+    and a recorded check."""
+    checks = [n for n in gm.graph.nodes if n.op == "call_function" and (n.target is CHECK or n.target in _ASSERTS)]
     if not checks:
         return gm
     recorded = []
     for node in checks:
-        info, api_name, is_matrix = node.args
-        recorded.append((info, {"api_name": api_name, "is_matrix": bool(is_matrix)}))
+        if node.target in _ASSERTS:
+            recorded.append((_failures(gm, node), {"kind": "assert", "message": (node.args[1:] or [_NO_MESSAGE])[0]}))
+        else:
+            info, api_name, is_matrix = node.args
+            recorded.append((info, {"api_name": api_name, "is_matrix": bool(is_matrix)}))
         gm.graph.erase_node(node)
     append_checks(gm, recorded)
     return gm
+
+
+def _failures(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.Node:
+    """1 where an assertion's one-element condition is false (zero), else 0: an int32 count."""
+    condition = node.args[0]
+    with gm.graph.inserting_before(node):
+        false = gm.graph.call_function(torch.ops.aten.eq.Scalar, (condition, 0))
+        count = gm.graph.call_function(torch.ops.aten._to_copy.default, (false,), {"dtype": torch.int32})
+        flat = gm.graph.call_function(torch.ops.aten.reshape.default, (count, []))
+    value = condition.meta.get("val")
+    if isinstance(value, torch.Tensor):
+        false.meta["val"] = torch.empty(value.shape, dtype=torch.bool, device=value.device)
+        count.meta["val"] = torch.empty(value.shape, dtype=torch.int32, device=value.device)
+        flat.meta["val"] = torch.empty((), dtype=torch.int32, device=value.device)
+    if node.meta.get(GATE):  # an assertion in a torch.cond branch holds where that branch is taken
+        flat.meta[GATE] = node.meta[GATE]
+    return flat
 
 
 def run_checks(checks: Sequence[dict[str, Any]], results: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -53,6 +83,11 @@ def run_checks(checks: Sequence[dict[str, Any]], results: list[torch.Tensor]) ->
             raise_out_of_range(check, value)
         elif check.get("kind") == "zero_division":
             raise_on_zero(value)
+        elif check.get("kind") == "assert":
+            if int(value.item()):
+                error = RuntimeError(check["message"])
+                error.neuron_input_error = True  # type: ignore[attr-defined]  # bad input: never a fallback
+                raise error
         else:
             try:
                 torch._linalg_check_errors(value, check["api_name"], is_matrix=check["is_matrix"])
