@@ -178,3 +178,82 @@ def test_neuron_tensors_cross_spawned_processes_both_ways():
         assert (device, dtype, requires_grad) == (str(original.device), original.dtype, original.requires_grad)
         assert doubled.device == original.device and doubled.shape == original.shape
         torch.testing.assert_close(doubled.cpu(), (original.detach() * 2).cpu())
+
+
+def _trained_copy(device: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1).to(device)
+    model(torch.ones(1, 2, device=device)).sum().backward()
+    return model, copy.deepcopy(model)
+
+
+def test_deepcopy_follows_torchs_parameter_and_tensor_rules():
+    """A deep-copied parameter got the source's gradient (torch's ``Parameter.__deepcopy__`` copies
+    the values only): a copied model's first backward added onto it. A tensor that is no parameter
+    keeps its gradient and Python attributes, as torch's ``Tensor.__deepcopy__`` does."""
+    for device in ("cpu", "neuron"):
+        model, copied = _trained_copy(device)
+        assert copied.weight.grad is None and model.weight.grad is not None
+        copied(torch.ones(1, 2, device=device)).sum().backward()
+        assert copied.weight.grad.cpu().tolist() == [[1.0, 1.0]]
+    for device in ("cpu", "neuron"):
+        t = torch.ones(2, device=device, requires_grad=True)
+        (t * 3).sum().backward()
+        t.tag = {"shard": 1}
+        p = torch.nn.Parameter(torch.ones(2, device=device))
+        p.tag = "kept?"
+        t2, p2 = copy.deepcopy(t), copy.deepcopy(p)
+        assert t2.grad.cpu().tolist() == [3.0, 3.0] and t2.tag == {"shard": 1} and t2.tag is not t.tag
+        assert not hasattr(p2, "tag") and p2.requires_grad  # (torch drops a parameter's attributes here)
+
+
+@pytest.mark.parametrize("how", ["pickle", "torch.save", "torch.save legacy"])
+def test_python_attributes_of_tensors_and_parameters_survive_saving(how):
+    """``p.tensor_model_parallel = True`` (Megatron's marks, sharding and weight-decay tags) was
+    dropped by pickling and torch.save of neuron tensors; torch keeps them."""
+    t = torch.arange(3.0, device="neuron")
+    t.tag = "activations"
+    p = torch.nn.Parameter(torch.ones(2, device="neuron"))
+    p.tensor_model_parallel = True
+    if how == "pickle":
+        t2, p2 = pickle.loads(pickle.dumps((t, p)))
+    else:
+        buffer = io.BytesIO()
+        torch.save((t, p), buffer, _use_new_zipfile_serialization=how == "torch.save")
+        buffer.seek(0)
+        t2, p2 = torch.load(buffer, weights_only=False)
+    assert t2.tag == "activations" and p2.tensor_model_parallel is True and isinstance(p2, torch.nn.Parameter)
+    assert t2.device.type == "neuron" and t2.tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("map_location", [None, "cpu", "neuron", "callable"])
+def test_the_legacy_format_round_trips_values_to_where_map_location_says(map_location):
+    """``torch.save(..., _use_new_zipfile_serialization=False)`` writes storages after the pickle and
+    fills them after unpickling: the rebuild copied uninitialized memory to the device (garbage,
+    silently), and ``map_location="cpu"`` left the tensors on ``neuron``."""
+    state = {"weight": torch.randn(4, 3).to("neuron"), "steps": torch.tensor([7, 8]).to("neuron"),
+             "mask": torch.tensor([True, False]).to("neuron"), "half": torch.randn(5).half().to("neuron")}
+    location = (lambda s, where: s) if map_location == "callable" else map_location
+    buffer = io.BytesIO()
+    torch.save(state, buffer, _use_new_zipfile_serialization=False)
+    buffer.seek(0)
+    loaded = torch.load(buffer, map_location=location)
+    expected_device = "neuron" if map_location in (None, "neuron") else "cpu"
+    for name, value in loaded.items():
+        assert value.device.type == expected_device, name
+        assert torch.equal(value.cpu(), state[name].cpu()), name
+
+
+def test_a_file_saved_by_the_earlier_format_still_loads():
+    """Files written before tensors were pickled as bytes name ``serialization.rebuild``."""
+    from torch_neuronx.runtime import serialization
+
+    class Earlier:
+        def __reduce_ex__(self, protocol):
+            return serialization.rebuild, (torch.arange(4.0), 0, True, False)
+
+    buffer = io.BytesIO()
+    torch.save({"w": Earlier()}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)["w"]
+    assert loaded.device.type == "neuron" and loaded.requires_grad and loaded.tolist() == [0.0, 1.0, 2.0, 3.0]

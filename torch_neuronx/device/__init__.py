@@ -84,7 +84,8 @@ def _register_serialization() -> None:
 
     storage.install_constructor()
     serialization.register_for_processes()
-    torch.serialization.add_safe_globals([serialization.rebuild])
+    serialization.install_legacy_map_location()
+    torch.serialization.add_safe_globals([serialization.rebuild, serialization.rebuild_from_bytes])
     torch.serialization.register_package(9, lambda obj: None, serialization.restore_storage)
 
 

@@ -10,8 +10,10 @@ a Python backend does not have: the process died with SIGSEGV. Here:
   whether it is a parameter (:func:`reduce`); :func:`rebuild` puts it back on ``neuron:N``, or
   where ``torch.load``'s ``map_location`` sends it (torch's own ``_get_restore_location``), and
   is allowed in ``torch.load``'s default ``weights_only`` mode (registered by the device);
-- ``copy.deepcopy`` is a device copy (``clone``) keeping requires_grad, the gradient and the
-  parameter flag (:func:`deepcopy`);
+- ``copy.deepcopy`` is a device copy (``clone``) keeping requires_grad and the parameter flag,
+  and for a tensor that is no parameter its gradient and Python attributes, as torch's
+  ``Tensor.__deepcopy__`` and ``Parameter.__deepcopy__`` do (:func:`deepcopy`); pickling keeps
+  the Python attributes too;
 - a checkpoint of CPU tensors loaded with ``map_location="neuron"`` (which also died with
   SIGSEGV, in ``UntypedStorage(..., device="neuron")``) gets its storages copied into device
   memory (:func:`restore_storage`), and torch's rebuild then sets neuron tensors over them.
@@ -20,6 +22,7 @@ a Python backend does not have: the process died with SIGSEGV. Here:
 from __future__ import annotations
 
 import copy
+import functools
 import weakref
 from typing import Any
 
@@ -27,47 +30,100 @@ import torch
 
 from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
 
+#: The attributes of a neuron tensor's ``__dict__`` that are the device's, not the program's.
+_INTERNAL = frozenset({"_data", "_allocation", "_index", "_is_param"})
 
-def rebuild(values: torch.Tensor, index: int, requires_grad: bool, is_param: bool) -> torch.Tensor:
-    """The tensor :func:`reduce` saved: ``values`` on ``neuron:index`` (or ``map_location``'s device)."""
+
+def _state(t: torch.Tensor) -> dict[str, Any]:
+    """The Python attributes a program set on ``t`` (``p.tensor_model_parallel = True``), which torch
+    keeps through pickling (and, for a tensor that is no parameter, through ``deepcopy``)."""
+    return {k: v for k, v in vars(t).items() if k not in _INTERNAL}
+
+
+def rebuild(values: torch.Tensor, index: int, requires_grad: bool, is_param: bool,
+            state: dict[str, Any] | None = None) -> torch.Tensor:
+    """A saved neuron tensor: ``values`` on ``neuron:index`` (or ``map_location``'s device), with the
+    Python attributes it had (files saved before :func:`rebuild_from_bytes` name this function)."""
     device = f"neuron:{index}"
     try:
         target = torch._utils._get_restore_location(device)
-    except RuntimeError:  # a callable map_location: it mapped the values' storage already (as the
-        target = values.device  # host's, "cpu"): where it put them (``lambda s, loc: s``: the CPU)
+    except RuntimeError:  # a callable map_location: where it puts the values' storage
+        target = _mapped_by_callable(values, device)
     t = values.to(target)
     if is_param:
-        return torch.nn.Parameter(t, requires_grad)
-    return t.requires_grad_() if requires_grad else t
+        t = torch.nn.Parameter(t, requires_grad)
+    elif requires_grad:
+        t.requires_grad_()
+    for name, value in (state or {}).items():
+        setattr(t, name, value)
+    return t
+
+
+def _mapped_by_callable(values: torch.Tensor, device: str) -> torch.device:
+    """Where ``torch.load``'s callable ``map_location`` sends a storage saved on ``device``
+    (``lambda s, loc: s``: where it is, the host), as torch asks it for each storage."""
+    map_location = torch.serialization._serialization_tls.map_location
+    if not callable(map_location):  # (a file of the earlier format: its values were mapped already)
+        return values.device
+    mapped = map_location(values.untyped_storage(), device)
+    if mapped is None:  # torch's default: the saved location
+        return torch.device(device)
+    return mapped.device
 
 
 def reduce(t: NeuronTensor) -> tuple[Any, tuple[Any, ...]]:
-    """``t.__reduce_ex__``: its values read to the host (after the op that writes them) and how to
-    rebuild it."""
+    """``t.__reduce_ex__``: its values read to the host (after the op that writes them), as bytes in
+    the pickle, and how to rebuild it (:func:`rebuild_from_bytes`).
+
+    Bytes, not a host tensor: ``torch.save``'s legacy format (``_use_new_zipfile_serialization=
+    False``) writes a tensor's storage after the pickle and fills it after unpickling, so the
+    rebuild copied uninitialized memory to the device (garbage, silently); and ``multiprocessing``
+    sent a host tensor through shared memory that its pickler expects the sender to keep alive
+    (freed at once, the receiving process died unpickling it, "unable to resize file").
+    """
     allocation = getattr(t, "_allocation", None)
     if allocation is not None and allocation.memory is None and t.numel():
         raise RuntimeError(f"cannot save a neuron tensor of shape {tuple(t.shape)} whose storage was resized "
                            "to 0 bytes (it holds no values)")
     with torch.no_grad():
         values = t.detach().cpu()
-    return rebuild, (values, t._index, t.requires_grad, bool(getattr(t, "_is_param", False)))
-
-
-def reduce_for_processes(t: NeuronTensor) -> tuple[Any, tuple[Any, ...]]:
-    """How ``multiprocessing`` pickles a neuron tensor (a ``Process``'s arguments, a ``Queue``): its
-    values as bytes in the message. (Pickled as for ``torch.save``, the host copy went through
-    shared memory that torch's pickler expects the sender to keep alive: freed at once, the
-    receiving process died unpickling it, "unable to resize file".)"""
-    _, (values, index, requires_grad, is_param) = reduce(t)
     raw = values.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-    return rebuild_from_bytes, (raw, values.dtype, tuple(values.shape), index, requires_grad, is_param)
+    return rebuild_from_bytes, (raw, values.dtype, tuple(values.shape), t._index, t.requires_grad,
+                                bool(getattr(t, "_is_param", False)), _state(t))
+
+
+#: How ``multiprocessing`` pickles a neuron tensor (a ``Process``'s arguments, a ``Queue``).
+reduce_for_processes = reduce
 
 
 def rebuild_from_bytes(raw: bytes, dtype: torch.dtype, shape: tuple[int, ...], index: int, requires_grad: bool,
-                       is_param: bool) -> torch.Tensor:
-    """The tensor :func:`reduce_for_processes` sent."""
+                       is_param: bool, state: dict[str, Any] | None = None) -> torch.Tensor:
+    """The tensor :func:`reduce` pickled."""
     flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
-    return rebuild(flat.view(dtype).reshape(shape), index, requires_grad, is_param)
+    return rebuild(flat.view(dtype).reshape(shape), index, requires_grad, is_param, state)
+
+
+def install_legacy_map_location() -> None:
+    """Let ``torch.load`` of a legacy-format file (``_use_new_zipfile_serialization=False``) tell a
+    neuron tensor's rebuild where ``map_location`` sends it, as its zip-format load does (torch sets
+    the location for wrapper subclasses there only: ``map_location="cpu"`` gave neuron tensors)."""
+    from torch import serialization
+
+    original = serialization._legacy_load
+    if getattr(original, "_neuron_wrapped", False):
+        return
+
+    @functools.wraps(original)
+    def legacy_load(f: Any, map_location: Any, pickle_module: Any, **pickle_load_args: Any) -> Any:
+        state = serialization._serialization_tls
+        before, state.map_location = state.map_location, map_location
+        try:
+            return original(f, map_location, pickle_module, **pickle_load_args)
+        finally:
+            state.map_location = before
+
+    legacy_load._neuron_wrapped = True  # type: ignore[attr-defined]
+    serialization._legacy_load = legacy_load
 
 
 def register_for_processes() -> None:
@@ -86,13 +142,17 @@ def deepcopy(t: NeuronTensor, memo: dict[int, Any]) -> torch.Tensor:
                            "protocol at the moment.")
     with torch.no_grad():
         new = t.clone()
-    if getattr(t, "_is_param", False):
-        new = torch.nn.Parameter(new, t.requires_grad)
-    elif t.requires_grad:
+    if getattr(t, "_is_param", False):  # as ``Parameter.__deepcopy__``: the values, no gradient
+        new = torch.nn.Parameter(new, t.requires_grad)  # (a copied model's first backward added
+        memo[id(t)] = new  # onto the source's stale gradient), no attributes
+        return new
+    if t.requires_grad:
         new.requires_grad_()
-    if t.grad is not None:
-        new.grad = copy.deepcopy(t.grad, memo)
     memo[id(t)] = new
+    if t.grad is not None:  # as ``Tensor.__deepcopy__``: the gradient and the attributes too
+        new.grad = copy.deepcopy(t.grad, memo)
+    for name, value in copy.deepcopy(_state(t), memo).items():
+        setattr(new, name, value)
     return new
 
 
