@@ -315,6 +315,22 @@ def test_numpy_of_a_neuron_tensor_behaves_as_on_cuda():
     assert np.array_equal(d.requires_grad_().numpy(force=True), x.numpy())
 
 
+def test_a_call_the_device_rejects_is_judged_on_its_values_not_on_zeros():
+    """A call whose meta check fails is confirmed on the CPU kernel: on zero-filled copies, lengths
+    ``[5, 3, 1]`` of ``pack_padded_sequence`` on the device were "an element in 'lengths' that is
+    <= 0". The CPU's verdict on the real values decides (here: it packs)."""
+    x, lengths = torch.randn(3, 5, 2), torch.tensor([5, 3, 1])
+    want = torch.nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        got = torch.nn.utils.rnn.pack_padded_sequence(x.to("neuron"), lengths.to("neuron"), batch_first=True)
+    assert torch.equal(got.batch_sizes, want.batch_sizes)
+    torch.testing.assert_close(got.data.cpu(), want.data)
+    with pytest.raises(RuntimeError, match="<= 0"):  # a real zero length is still the CPU's error
+        torch.nn.utils.rnn.pack_padded_sequence(x.to("neuron"), torch.tensor([5, 3, 0]).to("neuron"),
+                                                batch_first=True)
+
+
 def test_a_packed_sequence_runs_an_lstm_on_neuron():
     """``pack_padded_sequence`` keeps ``batch_sizes`` on the CPU, as CUDA does (PackedSequence refuses
     it anywhere else: "batch_sizes should always be on CPU")."""

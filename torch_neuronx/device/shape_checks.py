@@ -5,8 +5,9 @@ before its meta kernel could check the call: ``F.pad(x, (5, 5), mode="reflect")`
 3-wide row, or a reflection pad of an empty dimension, traced into gathers that read
 clamped positions and returned a tensor where the CPU raises. :func:`check` runs the op
 on meta tensors first, once per signature (``launch.signature``); a meta error is torch's
-error for the call when the CPU kernel agrees (run on zero-filled host tensors of the same
-metadata: a meta kernel stricter than the CPU's must not reject a call that works).
+error for the call when the CPU kernel agrees (run on host copies of the operands, or for large
+ones zero-filled host tensors of the same metadata: a meta kernel stricter than the CPU's must
+not reject a call that works).
 
 Meta kernels also skip rules the CPU's kernels enforce on an op's indices, targets and masks
 (``index_select`` with an int8 index, ``index_fill`` with an int32 one, ``nll_loss`` with an
@@ -35,6 +36,8 @@ _LIMIT = 1 << 14
 _INDEX_ARGS = frozenset({"index", "indices", "target", "mask", "offsets"})
 #: Above this many bytes of operands the CPU's check of a narrow index is skipped (its zero-filled copies).
 _HOST_CHECK_BYTES = 1 << 28
+#: Up to this many bytes of operands, the CPU's confirmation of a rejected call reads their values.
+_HOST_VALUES_BYTES = 1 << 24
 _passed: dict[tuple, bool] = {}
 #: What a meta run that cannot judge the call raises: no meta kernel, a size that depends on values.
 _UNJUDGED = (NotImplementedError, torch._subclasses.fake_tensor.DynamicOutputShapeException,
@@ -106,10 +109,17 @@ def _meta(value: Any) -> Any:
     return value
 
 
+def _host_values(value: Any) -> Any:
+    """A host copy of a neuron tensor's values (after the work queued on it)."""
+    if isinstance(value, NeuronTensor):
+        return queued.on_host(value._index, [value], lambda: value._data.clone())
+    return value
+
+
 def _zeros(value: Any) -> Any:
     if isinstance(value, NeuronTensor):
         if value.dtype in (torch.bool, torch.uint8):  # a mask: its count of selected elements is a shape
-            return queued.on_host(value._index, [value], lambda: value._data.clone())
+            return _host_values(value)
         return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype).zero_()
     return value
 
@@ -135,8 +145,13 @@ def _unjudged(func: Any) -> bool:
 
 
 def _cpu_error(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> BaseException | None:
-    """The error torch's CPU kernel raises for this call's metadata (zero-filled operands), or None."""
-    host_args, host_kwargs = pytree.tree_map(_zeros, (list(args), kwargs))
+    """The error torch's CPU kernel raises for this call, or None: on host copies of the operands'
+    values when they are small (zero-filled ones gave value errors of their own: lengths ``[5, 3, 1]``
+    of ``pack_padded_sequence`` were "an element in 'lengths' that is <= 0"), else on zero-filled
+    operands of the same metadata."""
+    tensors = [t for t in pytree.tree_leaves((list(args), kwargs)) if isinstance(t, torch.Tensor)]
+    small = sum(t.numel() * t.element_size() for t in tensors) <= _HOST_VALUES_BYTES
+    host_args, host_kwargs = pytree.tree_map(_host_values if small else _zeros, (list(args), kwargs))
     try:
         func(*host_args, **host_kwargs)
     except Exception as exc:  # noqa: BLE001 - the CPU's rejection, raised as the op's error
