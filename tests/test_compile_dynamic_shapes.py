@@ -620,3 +620,19 @@ def test_a_dynamic_graph_on_neuron_tensors_follows_autocast_in_both_orders():
                     got, expected = compiled(x), model(x)
                 assert got.dtype == expected.dtype == (torch.bfloat16 if inside else torch.float32)
                 torch.testing.assert_close(got.cpu().float(), expected.cpu().float(), rtol=2e-2, atol=2e-2)
+
+
+def test_python_floats_read_in_the_graph_key_its_compiles_by_their_bits():
+    """Under dynamic=True a Python float the graph reads with ``.item()`` keys its per-value compile:
+    by ``==``, ``-0.0`` reused the graph of ``0.0`` (``x / -0.0`` gave ``+inf``) and a NaN matched
+    nothing (a compile per call)."""
+    def f(x, a):
+        return x / a
+
+    compiled = torch.compile(f, backend="neuron", dynamic=True)
+    x = torch.ones(3)
+    for a in (2.0, 0.0, -0.0, float("nan"), -0.0, float("nan")):
+        torch.testing.assert_close(compiled(x, a), f(x, a), equal_nan=True)
+    before = _compiles()
+    torch.testing.assert_close(compiled(x, float("nan")), f(x, float("nan")), equal_nan=True)
+    assert _compiles() == before

@@ -300,6 +300,14 @@ def _on_device(fn: Callable, outputs: list[int]) -> Callable:
     return call
 
 
+def _value_key(value: Any) -> tuple:
+    """A Python scalar as a key: floats by their bits (``-0.0`` is not ``0.0``: ``x / -0.0`` is
+    ``-inf``; a NaN finds its own entry), others by value."""
+    if type(value) is float:
+        return ("float", value.hex())
+    return (type(value).__name__, value)
+
+
 def shape_specialized(gm: torch.fx.GraphModule, options: CompileOptions, model: str) -> Callable:
     """A graph with dynamic sizes restored from PyTorch's precompile cache, compiled at its calls."""
     return _ShapeSpecialized(gm, options.resolve(), model)
@@ -340,11 +348,11 @@ class _ShapeSpecialized(SerializableCallable):
     @staticmethod
     def signature(args: Sequence[Any]) -> tuple:
         return tuple((tuple(a.shape), tuple(a.stride()), a.dtype, a.requires_grad)
-                     if isinstance(a, torch.Tensor) else (type(a).__name__, a) for a in args)
+                     if isinstance(a, torch.Tensor) else _value_key(a) for a in args)
 
     def __call__(self, *args: Any) -> Any:
         values = {i: args[i].item() for i in self.scalars} if self.scalars else {}
-        scalars = tuple(values.items())
+        scalars = tuple((i, _value_key(v)) for i, v in values.items())
         if self.dynamic_allowed:
             found = self.dynamic.get(scalars)
             if found is None:
