@@ -35,3 +35,23 @@ def test_a_failing_assertion_raises_and_a_holding_one_computes(device, fn, good,
     negatives = torch.tensor([-1.0, -2.0, -3.0], device=device)
     if fn is _in_a_branch:  # the branch not taken: its assertion does not apply
         torch.testing.assert_close(compiled(negatives).cpu(), fn(negatives.cpu()))
+
+
+def _checked_item(x):
+    s = x.sum().item()
+    torch._check(s > 0)
+    torch._check(2.0 <= s * 4)  # (a number first, arithmetic on the value)
+    return x * s
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_checks_on_values_read_with_item_compile_and_hold(device):
+    """``torch._check(s > 0)`` on ``s = t.item()`` (captured as a graph value) failed to lower
+    ("failed to legalize operation 'torch.runtime.assert'") even when it held; it runs, and a
+    check that fails raises as aot_autograd's own runtime assertion does."""
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):
+        compiled = torch.compile(_checked_item, backend="neuron")
+        x = torch.ones(3, device=device)
+        torch.testing.assert_close(compiled(x).cpu(), _checked_item(x.cpu()))
+        with pytest.raises(RuntimeError, match="Runtime assertion failed"):
+            compiled(-x)

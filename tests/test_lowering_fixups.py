@@ -279,3 +279,26 @@ def test_dtype_views_to_a_wider_element_compile_bit_exact(source, target):
     torch._dynamo.reset()
     got = torch.compile(written_through, backend="neuron")(y)
     assert torch.equal(got.view(torch.uint8), written_through(y).view(torch.uint8))
+
+
+def test_alike_one_element_ops_of_the_same_operands_become_one_op():
+    """Groups of the same op on the same operands (common subexpressions: nothing to stack) were
+    batched as one op on the 0-d operand typed as a stack of them, which the lowering refused
+    ("inferred type(s) 'tensor<f32>' are incompatible with 'tensor<2xf32>'")."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torch_neuronx.compiler.passes.scalar_batches import MIN_SCALARS, scalar_ops_batched
+
+    def repeated(x):
+        s = x.sum()
+        return [(s * 4.0 >= 2.0).int() for _ in range(MIN_SCALARS)]
+
+    x = torch.randn(3)
+    gm = scalar_ops_batched(make_fx(repeated)(x))
+    assert sum(1 for n in gm.graph.nodes if n.target == torch.ops.aten.mul.Tensor) <= 1
+    assert not [n for n in gm.graph.nodes if n.target == torch.ops.aten.stack.default]
+    for got, want in zip(gm(x), repeated(x), strict=True):
+        torch.testing.assert_close(got, want)
+    compiled = torch.compile(repeated, backend="neuron")
+    for got, want in zip(compiled(x), repeated(x), strict=True):
+        torch.testing.assert_close(got, want)

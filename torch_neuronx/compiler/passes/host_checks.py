@@ -19,6 +19,7 @@ input where eager raises: each becomes a trailing failure count, raised on the h
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +29,16 @@ from torch_neuronx.compiler.decompositions.linalg import CHECK
 from torch_neuronx.compiler.passes.rewrite import GATE, append_checks
 
 _ASSERTS = (torch.ops.aten._assert_async.msg, torch.ops.aten._assert_async.default)
+_SCALAR_ASSERT = torch.ops.aten._assert_scalar.default
+#: Python operators on values read with ``.item()``, as the tensor ops of their 0-d tensors.
+_AS_TENSOR_OPS = {operator.gt: torch.ops.aten.gt, operator.lt: torch.ops.aten.lt, operator.ge: torch.ops.aten.ge,
+                  operator.le: torch.ops.aten.le, operator.eq: torch.ops.aten.eq, operator.ne: torch.ops.aten.ne,
+                  operator.and_: torch.ops.aten.logical_and, operator.or_: torch.ops.aten.logical_or,
+                  operator.add: torch.ops.aten.add, operator.sub: torch.ops.aten.sub, operator.mul: torch.ops.aten.mul,
+                  operator.truediv: torch.ops.aten.div}
+_REVERSED = {operator.gt: operator.lt, operator.lt: operator.gt, operator.ge: operator.le, operator.le: operator.ge,
+             operator.eq: operator.eq, operator.ne: operator.ne, operator.add: operator.add, operator.mul: operator.mul,
+             operator.and_: operator.and_, operator.or_: operator.or_}
 #: torch's message for an assertion without one (``_assert_async(t)``).
 _NO_MESSAGE = "Expected Tensor with single nonzero value, but got zero"
 
@@ -35,6 +46,7 @@ _NO_MESSAGE = "Expected Tensor with single nonzero value, but got zero"
 def checks_to_outputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Replace every ``neuron::linalg_check_errors`` call and tensor assertion by a trailing output
     and a recorded check."""
+    _scalar_asserts_as_tensor_asserts(gm)
     checks = [n for n in gm.graph.nodes if n.op == "call_function" and (n.target is CHECK or n.target in _ASSERTS)]
     if not checks:
         return gm
@@ -48,6 +60,61 @@ def checks_to_outputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         gm.graph.erase_node(node)
     append_checks(gm, recorded)
     return gm
+
+
+def _scalar_asserts_as_tensor_asserts(gm: torch.fx.GraphModule) -> None:
+    """``torch._check(s > 0)`` on ``s = t.item()`` (``_assert_scalar`` of Python operators on the
+    value, which torch-mlir cannot lower: "failed to legalize 'torch.runtime.assert'") becomes
+    ``_assert_async`` of the same comparison of ``t``. One whose condition is no such expression
+    (sizes' asserts, which Dynamo's guards check before the call) is dropped."""
+    asserts = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is _SCALAR_ASSERT]
+    for node in asserts:
+        with gm.graph.inserting_before(node):
+            condition = _as_tensor(gm, node.args[0])
+            if isinstance(condition, torch.fx.Node):
+                gm.graph.call_function(torch.ops.aten._assert_async.msg, (condition, node.args[1]))
+        gm.graph.erase_node(node)
+    if asserts:
+        gm.graph.eliminate_dead_code()  # the Python comparisons no assertion reads any more
+
+
+def _as_tensor(gm: torch.fx.GraphModule, value: Any) -> Any:
+    """``value`` (a number, a value read with ``.item()``, Python operators on those) as a 0-d tensor
+    node or a number; None when it is something else."""
+    if isinstance(value, bool | int | float):
+        return value
+    if not isinstance(value, torch.fx.Node) or value.op != "call_function":
+        return None
+    if value.target is torch.ops.aten._local_scalar_dense.default:
+        return value.args[0]
+    if value.target is operator.not_ and len(value.args) == 1:
+        inner = _as_tensor(gm, value.args[0])
+        return _call(gm, torch.ops.aten.logical_not.default, inner) if isinstance(inner, torch.fx.Node) else None
+    op = value.target
+    if op not in _AS_TENSOR_OPS or len(value.args) != 2:
+        return None
+    a, b = (_as_tensor(gm, v) for v in value.args)
+    if a is None or b is None or not (isinstance(a, torch.fx.Node) or isinstance(b, torch.fx.Node)):
+        return None
+    if not isinstance(a, torch.fx.Node):  # (a number first: the reversed op, where there is one)
+        if op not in _REVERSED:
+            return None
+        a, b, op = b, a, _REVERSED[op]
+    packet = _AS_TENSOR_OPS[op]
+    overload = packet.Tensor if isinstance(b, torch.fx.Node) else (
+        packet.default if packet in (torch.ops.aten.logical_and, torch.ops.aten.logical_or) else packet.Scalar)
+    if overload is packet.default and not isinstance(b, torch.fx.Node):
+        return None
+    return _call(gm, overload, a, b)
+
+
+def _call(gm: torch.fx.GraphModule, op: Any, *args: Any) -> torch.fx.Node:
+    """A new node of ``op`` with its value's metadata (computed on meta tensors)."""
+    node = gm.graph.call_function(op, args)
+    metas = [torch.empty(a.meta["val"].shape, dtype=a.meta["val"].dtype, device="meta")
+             if isinstance(a, torch.fx.Node) else a for a in args]
+    node.meta["val"] = op(*metas)
+    return node
 
 
 def _failures(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.Node:

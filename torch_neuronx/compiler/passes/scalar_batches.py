@@ -47,7 +47,8 @@ def _candidate(node: Node) -> bool:
     target = node.target
     if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
         return False
-    if torch.Tag.pointwise not in target.tags or target._schema.is_mutable or not _one_element(node):
+    if (torch.Tag.pointwise not in target.tags or torch.Tag.nondeterministic_seeded in target.tags
+            or target._schema.is_mutable or not _one_element(node)):
         return False
     tensors = [_meta(a) for a in (*node.args, *node.kwargs.values()) if isinstance(a, Node)]
     # One dtype and the result's shape for every tensor operand: stacking some of them then
@@ -106,6 +107,11 @@ def _batch(gm: GraphModule, members: list[Node], selected: dict[Node, tuple[Node
     graph, first = gm.graph, members[0]
     positions = [name for name, value in [*enumerate(first.args), *first.kwargs.items()]
                  if isinstance(value, Node) and len({id(_arg(m, name)) for m in members}) > 1]
+    if not positions:  # the same op of the same operands: one value (a stack of none was one 0-d op
+        for member in members[1:]:  # typed as the stack, which its lowering refused)
+            member.replace_all_uses_with(first)
+            graph.erase_node(member)
+        return
     insert_after = max((a for m in members for a in m.all_input_nodes), key=_order(gm))
     with graph.inserting_after(insert_after):
         stacks = {name: _stacked(graph, [_arg(m, name) for m in members], selected) for name in positions}
