@@ -117,6 +117,23 @@ def test_unlowerable_op_raises_with_stage_op_and_artifacts(debug_dir, monkeypatc
 
 
 
+def test_a_higher_order_op_the_importer_cannot_follow_is_named(monkeypatch):
+    """flex_attention with a score_mod failed with "torch-mlir could not import the FX graph:
+    KeyError: 140188980966160", naming nothing the user wrote."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    monkeypatch.delenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", raising=False)
+    q = torch.randn(1, 2, 16, 8)
+    with pytest.raises(Exception) as info, torch.no_grad():
+        torch.compile(lambda a: flex_attention(a, a, a, score_mod=lambda s, b, h, i, j: s + (i - j)),
+                      backend="neuron")(q)
+    err = info.value
+    while not isinstance(err, NeuronCompileError) and err is not None:
+        err = getattr(err, "inner_exception", None) or err.__cause__
+    assert isinstance(err, NeuronCompileError) and err.op == "flex_attention"
+    assert "higher-order op flex_attention" in str(err)
+
+
 def test_editing_the_lowering_code_changes_every_graph_key(tmp_path, monkeypatch):
     """Plans, HLO entries and eager kernels are keyed on the decomposition and lowering sources."""
     from torch_neuronx.compiler import hlo

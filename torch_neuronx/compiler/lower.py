@@ -43,8 +43,20 @@ def import_raw(gm: torch.fx.GraphModule, func_name: str = "main") -> object:
             return tmfx.stateless_fx_import(gm, output_type="raw", model_name=func_name)
     except Exception as exc:  # torch-mlir raises many types; all mean "cannot import"
         message = f"{type(exc).__name__}: {exc}"
-        raise NeuronCompileError("import", f"torch-mlir could not import the FX graph: {message}",
-                                 op=op_from_message(message)) from exc
+        op = op_from_message(message)
+        higher_order = _higher_order_ops(gm)
+        if op is None and higher_order:  # (a subgraph the importer cannot follow: "KeyError: 1401...")
+            op = higher_order[0]
+            message += (f" (the graph holds the higher-order op{'s' if len(higher_order) > 1 else ''} "
+                        f"{', '.join(higher_order)}, which the neuron compiler cannot import)")
+        raise NeuronCompileError("import", f"torch-mlir could not import the FX graph: {message}", op=op) from exc
+
+
+def _higher_order_ops(gm: torch.fx.GraphModule) -> list[str]:
+    """The names of the higher-order ops ``gm`` calls (``flex_attention``, ``while_loop``), in order."""
+    names = [node.target.name() for node in gm.graph.nodes
+             if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator)]
+    return list(dict.fromkeys(names))
 
 
 def to_stablehlo(raw_module: object, dialect: str = "stablehlo") -> str:
