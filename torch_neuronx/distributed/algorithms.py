@@ -213,14 +213,11 @@ def all_gather_base(pg: dist.ProcessGroup, output: torch.Tensor, input: torch.Te
         return
     step = max(1, _chunk_bytes() // input.element_size())
     flat_in = flat_in.contiguous()
-    # one chunk's gather lands in a buffer reused by every chunk (its pages touched once; the
-    # transport's list form allocates a new one per call), then in each rank's row of the output
-    buffer = torch.empty(size * step, dtype=input.dtype)
     for start in range(0, n, step):
         count = min(step, n - start)
-        chunk = buffer[:size * count]
-        _wait(pg._allgather_base(chunk, flat_in[start:start + count], c10d.AllgatherOptions()))
-        out[:, start:start + count].copy_(chunk.view(size, count))
+        # each rank's slice of the chunk lands straight in its row of the output (contiguous views)
+        rows = [out[r, start:start + count] for r in range(size)]
+        _wait(pg.allgather([rows], [flat_in[start:start + count]], c10d.AllgatherOptions()))
 
 
 def _chunk_bytes() -> int:
