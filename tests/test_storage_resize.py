@@ -210,7 +210,10 @@ def test_set_onto_a_neuron_storage_and_resize_as_work_as_on_cuda():
     assert x.cpu()[0, 2] == 102 and x.cpu()[2, 0] == 106
     bits = torch.empty(0, dtype=torch.int32, device="neuron").set_(x.untyped_storage(), 0, (2,), (1,))
     assert torch.equal(bits.cpu(), torch.tensor([0.0, 1.0]).view(torch.int32))
-    with pytest.raises(RuntimeError, match="out of bounds for storage of size 48"):
-        z.set_(x.untyped_storage(), 11, (2, 2), (3, 1))
+    # past the storage's end: the storage grows, its bytes kept, as torch's CPU and CUDA storages do
+    z.set_(x.untyped_storage(), 11, (2, 2), (3, 1))
+    assert x.untyped_storage().nbytes() == 64 and z.cpu()[0, 0] == 11 and x.cpu()[2, 0] == 106
+    z.fill_(-1)
+    assert x.cpu()[3, 2] == -1 and x.shape == (4, 3)
     with pytest.raises(RuntimeError, match="devices must match"):
         torch.zeros(3).set_(x.untyped_storage())

@@ -81,16 +81,13 @@ def allocation_of(storage: Any) -> Allocation | None:
 def view_of(allocation: Allocation, dtype: torch.dtype, offset: int, size: Sequence[int],
             stride: Sequence[int]) -> torch.Tensor:
     """A CPU view of ``allocation``'s memory as ``dtype`` with ``size``/``stride`` from element ``offset``
-    (``set_``'s view), after checking that it stays inside the memory as torch's ``set_`` does."""
+    (``set_``'s view). A view past the memory's end grows it first, keeping its bytes, as torch's
+    ``set_`` grows a resizable storage (CPU's and CUDA's: it raised "out of bounds" here)."""
     span = _tensor._span_bytes(list(size), list(stride), dtype) if all(size) else 0
-    if span and offset * dtype.itemsize + span > allocation.nbytes:
-        raise RuntimeError(f"setStorage: sizes {list(size)}, strides {list(stride)}, storage offset {offset}, and "
-                           f"itemsize {dtype.itemsize} requiring a storage size of {offset * dtype.itemsize + span} "
-                           f"are out of bounds for storage of size {allocation.nbytes}")
+    if span and (offset * dtype.itemsize + span > allocation.nbytes or allocation.memory is None):
+        resize(allocation, max(offset * dtype.itemsize + span, allocation.nbytes))
     if not span:
         return torch.empty(0, dtype=dtype).as_strided(list(size), list(stride), 0)
-    if allocation.memory is None:
-        raise RuntimeError("set_ onto a neuron storage whose memory was freed (resized to 0 bytes)")
     usable = allocation.nbytes - allocation.nbytes % dtype.itemsize
     flat = memory.block_view(allocation.address, usable, owner=allocation.memory, dtype=dtype)
     return flat.as_strided(list(size), list(stride), offset)
