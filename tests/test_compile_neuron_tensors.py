@@ -477,3 +477,24 @@ def test_a_loss_through_tensors_made_on_the_device_inside_a_graph_trains():
     got.backward()
     torch.testing.assert_close(got.cpu(), expected.detach())
     torch.testing.assert_close(on_device.grad.cpu(), w.grad)
+
+
+def _zero_diagonal_then_gram(x):
+    x.diagonal().zero_()
+    return x @ x.t()
+
+
+def test_views_at_changing_offsets_recompile_without_failing_in_dynamos_guards():
+    """Square views ``buf[i:, i:]`` of one buffer (size and offset change each call): the recompile
+    with dynamic sizes put a symbolic storage offset into the neuron tensor's flattened metadata,
+    a symbol without a source, and Dynamo failed building guards ("sources must not be empty for
+    symbol s27") in most runs. The offset is taken as a number (one graph per offset, as guarded)."""
+    base = torch.randn(12, 12, generator=torch.Generator().manual_seed(0))
+    for _ in range(3):  # (it failed in 6 runs of 8: three tries make a pass on the old code unlikely)
+        torch._dynamo.reset()
+        compiled = torch.compile(_zero_diagonal_then_gram, backend="neuron")
+        host, device = base.clone(), base.clone().to("neuron")
+        for i in range(5):
+            torch.testing.assert_close(compiled(device[i:, i:]).cpu(), _zero_diagonal_then_gram(host[i:, i:]),
+                                       rtol=1e-4, atol=1e-4)
+        assert torch.equal(device.cpu(), host)

@@ -359,7 +359,10 @@ class NeuronTensor(torch.Tensor):
             # before its fill ran: gradients 2.8 off on every other call).
             wait_for_host((self,))
         bits = math_bits(self)
-        return ["_data"], (self._index, self.storage_offset(), *((bits,) if bits else ()))
+        offset = self.storage_offset()
+        if isinstance(offset, torch.SymInt):  # (a symbol in this metadata has no source to guard it
+            offset = int(offset)  # by: Dynamo failed "sources must not be empty for symbol"); per offset
+        return ["_data"], (self._index, offset, *((bits,) if bits else ()))
 
     def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: type | None = None
                                             ) -> torch.Tensor | None:
