@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from torch_neuronx.compiler.decompositions.linalg import CHECK
-from torch_neuronx.compiler.passes.rewrite import GATE, append_checks
+from torch_neuronx.compiler.passes.rewrite import append_checks, call_before
 
 _ASSERTS = (torch.ops.aten._assert_async.msg, torch.ops.aten._assert_async.default)
 _SCALAR_ASSERT = torch.ops.aten._assert_scalar.default
@@ -69,18 +69,18 @@ def _scalar_asserts_as_tensor_asserts(gm: torch.fx.GraphModule) -> None:
     (sizes' asserts, which Dynamo's guards check before the call) is dropped."""
     asserts = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is _SCALAR_ASSERT]
     for node in asserts:
-        with gm.graph.inserting_before(node):
-            condition = _as_tensor(gm, node.args[0])
-            if isinstance(condition, torch.fx.Node):
+        condition = _as_tensor(gm, node, node.args[0])
+        if isinstance(condition, torch.fx.Node):
+            with gm.graph.inserting_before(node):
                 gm.graph.call_function(torch.ops.aten._assert_async.msg, (condition, node.args[1]))
         gm.graph.erase_node(node)
     if asserts:
         gm.graph.eliminate_dead_code()  # the Python comparisons no assertion reads any more
 
 
-def _as_tensor(gm: torch.fx.GraphModule, value: Any) -> Any:
+def _as_tensor(gm: torch.fx.GraphModule, before: torch.fx.Node, value: Any) -> Any:
     """``value`` (a number, a value read with ``.item()``, Python operators on those) as a 0-d tensor
-    node or a number; None when it is something else."""
+    node (new ones inserted before ``before``) or a number; None when it is something else."""
     if isinstance(value, bool | int | float):
         return value
     if not isinstance(value, torch.fx.Node) or value.op != "call_function":
@@ -88,12 +88,13 @@ def _as_tensor(gm: torch.fx.GraphModule, value: Any) -> Any:
     if value.target is torch.ops.aten._local_scalar_dense.default:
         return value.args[0]
     if value.target is operator.not_ and len(value.args) == 1:
-        inner = _as_tensor(gm, value.args[0])
-        return _call(gm, torch.ops.aten.logical_not.default, inner) if isinstance(inner, torch.fx.Node) else None
+        inner = _as_tensor(gm, before, value.args[0])
+        return call_before(gm, before, torch.ops.aten.logical_not.default, inner) \
+            if isinstance(inner, torch.fx.Node) else None
     op = value.target
     if op not in _AS_TENSOR_OPS or len(value.args) != 2:
         return None
-    a, b = (_as_tensor(gm, v) for v in value.args)
+    a, b = (_as_tensor(gm, before, v) for v in value.args)
     if a is None or b is None or not (isinstance(a, torch.fx.Node) or isinstance(b, torch.fx.Node)):
         return None
     if not isinstance(a, torch.fx.Node):  # (a number first: the reversed op, where there is one)
@@ -105,33 +106,15 @@ def _as_tensor(gm: torch.fx.GraphModule, value: Any) -> Any:
         packet.default if packet in (torch.ops.aten.logical_and, torch.ops.aten.logical_or) else packet.Scalar)
     if overload is packet.default and not isinstance(b, torch.fx.Node):
         return None
-    return _call(gm, overload, a, b)
-
-
-def _call(gm: torch.fx.GraphModule, op: Any, *args: Any) -> torch.fx.Node:
-    """A new node of ``op`` with its value's metadata (computed on meta tensors)."""
-    node = gm.graph.call_function(op, args)
-    metas = [torch.empty(a.meta["val"].shape, dtype=a.meta["val"].dtype, device="meta")
-             if isinstance(a, torch.fx.Node) else a for a in args]
-    node.meta["val"] = op(*metas)
-    return node
+    return call_before(gm, before, overload, a, b)
 
 
 def _failures(gm: torch.fx.GraphModule, node: torch.fx.Node) -> torch.fx.Node:
-    """1 where an assertion's one-element condition is false (zero), else 0: an int32 count."""
-    condition = node.args[0]
-    with gm.graph.inserting_before(node):
-        false = gm.graph.call_function(torch.ops.aten.eq.Scalar, (condition, 0))
-        count = gm.graph.call_function(torch.ops.aten._to_copy.default, (false,), {"dtype": torch.int32})
-        flat = gm.graph.call_function(torch.ops.aten.reshape.default, (count, []))
-    value = condition.meta.get("val")
-    if isinstance(value, torch.Tensor):
-        false.meta["val"] = torch.empty(value.shape, dtype=torch.bool, device=value.device)
-        count.meta["val"] = torch.empty(value.shape, dtype=torch.int32, device=value.device)
-        flat.meta["val"] = torch.empty((), dtype=torch.int32, device=value.device)
-    if node.meta.get(GATE):  # an assertion in a torch.cond branch holds where that branch is taken
-        flat.meta[GATE] = node.meta[GATE]
-    return flat
+    """1 where an assertion's one-element condition is false (zero), else 0: an int32 count (gated by
+    the assertion's torch.cond branch, as ``call_before`` gates what it inserts)."""
+    false = call_before(gm, node, torch.ops.aten.eq.Scalar, node.args[0], 0)
+    count = call_before(gm, node, torch.ops.aten._to_copy.default, false, dtype=torch.int32)
+    return call_before(gm, node, torch.ops.aten.reshape.default, count, [])
 
 
 def run_checks(checks: Sequence[dict[str, Any]], results: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -139,7 +122,8 @@ def run_checks(checks: Sequence[dict[str, Any]], results: list[torch.Tensor]) ->
 
     A check is a linear-algebra ``info`` (this pass's) or, with ``kind: "index"``, an index
     operand's (min, max) (``passes/index_bounds.py``), or with ``kind: "zero_division"`` whether
-    an integer divisor held a zero (``passes/zero_divisors.py``).
+    an integer divisor held a zero (``passes/zero_divisors.py``), or with ``kind: "assert"`` a
+    tensor assertion's failure count.
     """
     from torch_neuronx.compiler.passes.index_bounds import raise_out_of_range
     from torch_neuronx.compiler.passes.zero_divisors import raise_on_zero
