@@ -95,7 +95,10 @@ def payload(plan: plans.Plan, options: CompileOptions) -> str:
 
 def read_payload(content: str | bytes) -> tuple[plans.Plan, CompileOptions]:
     """The plan and options of a :func:`payload`."""
-    fields = json.loads(content)
+    return _plan_fields(json.loads(content))
+
+
+def _plan_fields(fields: dict[str, Any]) -> tuple[plans.Plan, CompileOptions]:
     return plans.Plan(**fields["plan"]), CompileOptions.from_any(fields["options"])
 
 
@@ -108,7 +111,7 @@ def restore(content: str | bytes) -> Any:
     fields = json.loads(content)
     if "graph" in fields:
         return _restore_graph(fields)
-    plan, options = read_payload(content)
+    plan, options = _plan_fields(fields)
     return NeuronCompiledFn(from_plan_unboxed(plan, options.resolve()), plan, options)
 
 
