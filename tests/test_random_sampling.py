@@ -158,3 +158,43 @@ def test_a_neuron_generator_draws_the_sequence_of_a_cpu_generator_with_its_seed(
         assert again.device == made.device and torch.equal(again.get_state(), made.get_state())
     with pytest.raises(RuntimeError, match="neuron device 5 does not exist"):
         torch.Generator(device="neuron:5")
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_compiled_random_ops_on_neuron_draw_from_the_devices_generator(training):
+    """A compiled graph's random ops on neuron tensors (a factory placed there too) draw from the
+    neuron device's generator, as the eager device's do: ``torch.neuron.manual_seed`` and its RNG
+    state replay them, and the host's generator is left alone (they drew from it: the seeds did
+    not apply, and a compiled draw repeated the next eager one). A graph of host tensors draws
+    from the host's generator."""
+    torch._dynamo.reset()
+    w = torch.randn(8, 8, device="neuron", requires_grad=training)
+
+    def f(x, w):
+        return F.dropout(x @ w, 0.5, training=True) + torch.randn_like(x) + torch.rand(8, device="neuron")
+
+    compiled = torch.compile(f, backend="neuron")
+    x = torch.ones(4, 8, device="neuron")
+    compiled(x, w)
+    torch.neuron.manual_seed(5)
+    first = compiled(x, w).detach().cpu()
+    torch.neuron.manual_seed(5)
+    assert torch.equal(compiled(x, w).detach().cpu(), first)
+    state = torch.neuron.get_rng_state()
+    again = compiled(x, w).detach().cpu()
+    assert not torch.equal(again, first)
+    torch.neuron.set_rng_state(state)
+    assert torch.equal(compiled(x, w).detach().cpu(), again)
+    host, device = torch.get_rng_state(), torch.neuron.get_rng_state()
+    compiled(x, w)
+    assert torch.equal(torch.get_rng_state(), host) and not torch.equal(torch.neuron.get_rng_state(), device)
+
+    on_host = torch.compile(lambda t: torch.rand_like(t), backend="neuron")
+    t = torch.ones(3)
+    on_host(t)
+    torch.manual_seed(1)
+    device = torch.neuron.get_rng_state()
+    drawn = on_host(t)
+    assert torch.equal(torch.neuron.get_rng_state(), device)
+    torch.manual_seed(1)
+    assert torch.equal(drawn, torch.rand(3))

@@ -4,25 +4,20 @@ Each neuron device has its own generator, as each CUDA device has: ``torch.manua
 seeds them all (through :func:`manual_seed_all`), ``torch.neuron.manual_seed`` the
 current one, and ``torch.random.fork_rng``, ``torch.utils.checkpoint`` and Dynamo
 save and restore them through :func:`get_rng_state` / :func:`set_rng_state`. Random
-ops on neuron tensors run on the host (their values land in device memory), drawing
-from their device's generator: a host ``torch.Generator`` whose state is a byte tensor,
-the same sequence the CPU generator gives from the same seed. Dynamo never traces these
+ops on neuron tensors, eager and compiled, draw from their device's generator
+(``runtime/random.py``). Dynamo never traces these
 functions (as it skips ``torch.cuda``'s): the RNG state it saves and restores around a
 graph with random ops would otherwise be traced as tensor ops of the graph.
 """
 
 from __future__ import annotations
 
-import functools
-import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 
-_DEFAULT_SEED = torch.Generator().initial_seed()  # what torch's CPU generator starts from
-_generators: dict[int, torch.Generator] = {}
-_lock = threading.Lock()  # serializes draws of ops that can only use the host's default generator
+from torch_neuronx.runtime.random import draw, generator  # noqa: F401 - the device API names them
 
 
 def _index(device: Any) -> int:
@@ -35,18 +30,6 @@ def _count() -> int:
     from torch_neuronx.device import module
 
     return module.device_count()
-
-
-@torch._disable_dynamo
-def generator(device: Any = None) -> torch.Generator:
-    """The generator of neuron device ``device`` (the current one when None)."""
-    index = _index(device)
-    found = _generators.get(index)
-    if found is None:
-        if not 0 <= index < _count():
-            raise ValueError(f"neuron device {index} does not exist; device_count() is {_count()}")
-        found = _generators.setdefault(index, torch.Generator().manual_seed(_DEFAULT_SEED))
-    return found
 
 
 @torch._disable_dynamo
@@ -112,43 +95,6 @@ def seed_all() -> None:
 def initial_seed() -> int:
     """The seed the current device's generator started from."""
     return generator().initial_seed()
-
-
-@functools.cache
-def _generator_position(func: Any) -> int | None:
-    """Where ``func``'s schema takes its generator: a position, -1 for keyword-only, None for none."""
-    for position, argument in enumerate(func._schema.arguments):
-        if argument.name == "generator":
-            return position if not argument.kwarg_only else -1
-    return None
-
-
-@torch._disable_dynamo
-def draw(func: Any, args: Sequence[Any], kwargs: dict[str, Any], device: Any) -> Any:
-    """Run the random op ``func`` on host tensors, drawing from ``device``'s generator.
-
-    The generator is passed as the op's ``generator`` argument when the caller gave none;
-    ops without one (dropout, the fused attention ops) run with the host's default
-    generator set to the device's state for the call, and the advanced state kept.
-    """
-    position = _generator_position(func)
-    if position is not None:
-        if position >= 0 and len(args) > position:
-            if args[position] is not None:
-                return func(*args, **kwargs)
-            return func(*args[:position], generator(device), *args[position + 1:], **kwargs)
-        if kwargs.get("generator") is not None:
-            return func(*args, **kwargs)
-        return func(*args, **{**kwargs, "generator": generator(device)})
-    own = generator(device)
-    with _lock:
-        host = torch.random.default_generator.get_state()
-        torch.random.default_generator.set_state(own.get_state())
-        try:
-            return func(*args, **kwargs)
-        finally:
-            own.set_state(torch.random.default_generator.get_state())
-            torch.random.default_generator.set_state(host)
 
 
 # -- torch.Generator(device="neuron") --------------------------------------------------------

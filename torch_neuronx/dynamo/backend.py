@@ -158,9 +158,12 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
             precompile.record(gm, plan, options.options)
         plain.append((compiled, plan))
 
+    random_device = _neuron_device(gm)
+
     def compiler(kind: str) -> Callable:
         extra = {"on_plan": keep_plan, "dynamo_inputs": list(example_inputs)} if kind == "inference" else {}
-        return functools.partial(compile_graph, options=options, model=model, kind=kind, **extra)
+        return functools.partial(compile_graph, options=options, model=model, kind=kind,
+                                 random_device=random_device, **extra)
 
     try:
         # torch's aot_compile forces aot_autograd's cache, which stores only inductor's output
@@ -397,6 +400,17 @@ def _with_items_fixed(gm: torch.fx.GraphModule, values: dict[int, Any]) -> torch
             gm.graph.erase_node(item)
     gm.recompile()
     return gm
+
+
+def _neuron_device(gm: torch.fx.GraphModule) -> str | None:
+    """The neuron device the Dynamo graph computes on (its first such value's), or None: its random
+    ops draw from that device's generator, as they do in eager (aot_autograd's graph of it holds
+    the neuron tensors' inner host tensors, and so its random ops are placed on the host)."""
+    for node in gm.graph.nodes:
+        value = node.meta.get("example_value")
+        if isinstance(value, torch.Tensor) and value.device.type == "neuron":
+            return f"neuron:{value.device.index or 0}"
+    return None
 
 
 def _device_outputs(gm: torch.fx.GraphModule, factories_only: bool = False) -> list[int]:

@@ -25,6 +25,7 @@ from torch.fx.passes.split_module import split_module
 
 from torch_neuronx import config
 from torch_neuronx.compiler.options import ResolvedOptions
+from torch_neuronx.compiler.passes import random_inputs
 from torch_neuronx.dynamo import stats
 from torch_neuronx.pipeline.artifacts import GraphArtifacts
 from torch_neuronx.pipeline.graph import build_graph
@@ -136,6 +137,8 @@ def compile_split(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str)
         if index in opaque_ids or not _computes(child):
             continue
         single = _as_tuple_output(child)
+        if random_inputs.DEVICE_META in gm.meta:
+            child.meta[random_inputs.DEVICE_META] = gm.meta[random_inputs.DEVICE_META]
         part_name = f"{name}_part{index}"
         compiled, _ = build_graph(child, options, part_name, GraphArtifacts(part_name, options.preserve_artifacts),
                                   inputs_as_outputs=True)

@@ -20,6 +20,7 @@ import torch
 from torch_neuronx import observe
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import ResolvedOptions, compile_only_enabled
+from torch_neuronx.compiler.passes import random_inputs
 from torch_neuronx.dynamo import collectives, fallback, plans, stats
 from torch_neuronx.pipeline.artifacts import GraphArtifacts
 from torch_neuronx.pipeline.graph import CompiledGraph, build_graph, from_plan
@@ -60,7 +61,7 @@ def from_plan_unboxed(plan: Plan, options: ResolvedOptions) -> Callable:
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                   options: ResolvedOptions, model: str, kind: str,
                   on_plan: Callable[[Plan, CompiledGraph], None] | None = None,
-                  dynamo_inputs: Sequence[Any] = ()) -> Callable:
+                  dynamo_inputs: Sequence[Any] = (), random_device: str | None = None) -> Callable:
     """aot_autograd's compiler hook: compile ``gm`` or, with fallback enabled, run it eagerly.
 
     ``on_plan`` (inference graphs) receives the graph's plan and compiled graph when
@@ -68,6 +69,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     serves warm starts, and the compiled graph can be called without aot_autograd's
     runtime wrapper. aot_autograd calls a backward hook lazily, at the first
     ``.backward()``: the resolved options apply here again for the FX passes.
+    ``random_device``: the neuron device whose generator the graph's random ops draw from.
     """
     name = f"{model}_{kind}"
     with options.applied():
@@ -76,6 +78,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         # The pipeline rewrites the graph it compiles in place (outputs stripped, checks appended):
         # with fallback enabled it compiles a copy, so that a failure runs aot_autograd's graph as is.
         target = copy.deepcopy(gm) if options.fallback else gm
+        if random_device is not None:
+            target.meta[random_inputs.DEVICE_META] = random_device
         try:
             with stats.compiling(gm, model, kind):
                 if collectives.present(target):  # compute compiled; collectives, custom ops as they are

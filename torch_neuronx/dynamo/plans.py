@@ -33,7 +33,7 @@ __all__ = ["PLAN_VERSION", "Plan", "dynamo_key", "load", "plain_inference", "sav
 _log = logging.getLogger("torch_neuronx.dynamo.plans")
 _PLAIN = (torch.Tensor, torch.nn.Parameter, torch._subclasses.fake_tensor.FakeTensor)
 
-PLAN_VERSION = 9  # 9: plans hold the graph's node count
+PLAN_VERSION = 10  # 9: plans hold the graph's node count; 10: random inputs name their device
 
 
 def _tensor_spec(t: torch.Tensor) -> str:

@@ -27,6 +27,7 @@ from torch_neuronx.pipeline import shapes
 from torch_neuronx.pipeline.artifacts import GraphArtifacts
 from torch_neuronx.pipeline.neffs import NeffRequest, get_neff
 from torch_neuronx.pipeline.plan import Plan, build_plan
+from torch_neuronx.runtime import random as runtime_random
 from torch_neuronx.runtime.errors import NeffLoadError, NeuronRuntimeError
 from torch_neuronx.runtime.executable import Executable
 
@@ -184,7 +185,7 @@ class CompiledGraph:
         return results
 
     def _execute(self, executable: Any, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        tensors.extend(random_inputs.draw(spec) for spec in self._random_inputs)
+        tensors.extend(_draw(spec) for spec in self._random_inputs)
         if self._copy_inputs:  # the NEFF may write into its inputs: give it copies
             tensors = [t.clone(memory_format=torch.contiguous_format) for t in tensors]
         for i in self._complex_inputs:
@@ -308,6 +309,15 @@ def executable_graph(plan: Plan, options: ResolvedOptions, artifacts: GraphArtif
                          argument_neff=argument_neff, random_inputs=plan.random_inputs,
                          checks=plan.host_checks, layouts=plan.output_layouts, storage_neff=storage_neff,
                          shape_function=shape_function)
+
+
+def _draw(spec: dict[str, Any]) -> torch.Tensor:
+    """A fresh value of a graph's random input, from the generator of the device it was placed on."""
+    device = spec.get("device")
+    if device is None or not device.startswith("neuron"):
+        return random_inputs.draw(spec)
+    op, args, kwargs = random_inputs.call(spec)
+    return runtime_random.draw(op, args, kwargs, device).contiguous()
 
 
 def build_graph(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str,

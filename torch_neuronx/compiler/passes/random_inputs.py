@@ -6,7 +6,9 @@ dropout mask at every training step). This pass replaces each random op whose
 result has a static shape by a new trailing graph input and records how to draw it
 (``gm.meta["random_inputs"]``: :func:`spec` dicts, JSON-serializable for plans);
 :func:`draw` makes the values on every call with the op itself on the host, so
-they come from torch's global generator (``torch.manual_seed`` applies).
+they come from torch's generators (``torch.manual_seed`` applies): a random op placed on
+a neuron device draws from that device's generator, as the eager device does
+(``runtime/random.py``), so ``torch.neuron.manual_seed`` and its RNG state govern it.
 """
 
 from __future__ import annotations
@@ -71,18 +73,38 @@ def _decode(value: Any) -> Any:
     return value
 
 
-def spec(node: torch.fx.Node) -> dict[str, Any]:
-    """How to draw ``node``'s value again: its op and arguments (placement dropped)."""
+#: ``gm.meta`` key: the device whose generator a graph's random ops draw from (``"neuron:0"``)
+#: when the graph computes on that device's inner host tensors (aot_autograd's graph of neuron
+#: tensors places its random ops on the host); absent: the host's generator.
+DEVICE_META = "random_device"
+
+
+def spec(node: torch.fx.Node, device: str | None = None) -> dict[str, Any]:
+    """How to draw ``node``'s value again: its op and arguments (placement dropped), and the
+    device whose generator it draws from: its own when not the host, else ``device``."""
     kwargs = {k: v for k, v in node.kwargs.items() if k not in _PLACEMENT}
-    return {"op": node.target._schema.name, "overload": node.target._overloadname,
-            "args": _encode(list(node.args)), "kwargs": _encode(kwargs)}
+    recorded = {"op": node.target._schema.name, "overload": node.target._overloadname,
+                "args": _encode(list(node.args)), "kwargs": _encode(kwargs)}
+    placed = getattr(node.meta.get("val"), "device", None)
+    if isinstance(placed, torch.device) and placed.type != "cpu":
+        device = str(placed)
+    if device is not None:
+        recorded["device"] = device
+    return recorded
+
+
+def call(random_spec: dict[str, Any]) -> tuple[Any, list[Any], dict[str, Any]]:
+    """The op of a recorded random op and its host arguments: what :func:`draw` calls."""
+    namespace, name = random_spec["op"].split("::")
+    op = getattr(getattr(getattr(torch.ops, namespace), name), random_spec["overload"])
+    return op, _decode(random_spec["args"]), _decode(random_spec["kwargs"])
 
 
 def draw(random_spec: dict[str, Any]) -> torch.Tensor:
-    """A fresh value of a recorded random op, from torch's generator."""
-    namespace, name = random_spec["op"].split("::")
-    op = getattr(getattr(getattr(torch.ops, namespace), name), random_spec["overload"])
-    return op(*_decode(random_spec["args"]), **_decode(random_spec["kwargs"])).contiguous()
+    """A fresh value of a recorded random op, from the host's generator (the pipeline draws
+    those of a ``"device"`` from that device's generator)."""
+    op, args, kwargs = call(random_spec)
+    return op(*args, **kwargs).contiguous()
 
 
 def random_ops_to_inputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
@@ -94,7 +116,7 @@ def random_ops_to_inputs(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if not _random_op(node):
             continue
         try:
-            recorded = spec(node)
+            recorded = spec(node, gm.meta.get(DEVICE_META))
         except TypeError:
             continue  # an argument we cannot replay: the op stays in the graph
         # After the last input, so the new inputs trail the ones the caller passes.
