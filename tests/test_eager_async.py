@@ -263,6 +263,29 @@ def test_a_forked_child_runs_eager_ops_after_the_parent_queued_some():
     assert y.tolist() == [0.0, 2.0, 4.0, 6.0]
 
 
+def test_a_forked_child_reads_the_values_of_kernels_the_parent_had_queued():
+    """A child forked right after eager ops were queued (DataLoader workers over a dataset just
+    made on the device) read their outputs as zeros or an earlier allocation's bytes, silently:
+    the fork now waits for the queued work. Kernels on a side stream too."""
+    import multiprocessing
+
+    side = torch.neuron.Stream()
+    for _ in range(3):  # the race is the parent's: one fork in two or more read stale memory
+        a = torch.randn(1024, 1024, device="neuron") / 32
+        a.cpu()
+        outputs = [a @ a]  # the worker is busy with it while the small ops below queue behind it
+        outputs += [torch.arange(40, device="neuron").float() * (i + 1) for i in range(8)]
+        with torch.neuron.stream(side):
+            outputs.append(a @ a + 1)
+        _inherited[:] = outputs  # the child reads them from its copy of memory (not pickled over a pipe)
+        context = multiprocessing.get_context("fork")
+        with context.Pool(1) as pool:
+            seen = pool.apply(_sums_in_child)
+        _inherited.clear()
+        expected = [float(t.cpu().double().sum()) for t in outputs]
+        assert seen == pytest.approx(expected, rel=1e-9), (seen, expected)
+
+
 def test_a_script_that_ends_with_work_queued_exits_cleanly(tmp_path):
     """The interpreter's finalization tore down a stream worker inside the runtime's native code:
     the process aborted ("terminate called after throwing an instance of ''", exit 134). The
@@ -281,6 +304,16 @@ def test_a_script_that_ends_with_work_queued_exits_cleanly(tmp_path):
     for _ in range(2):
         done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
         assert done.returncode == 0 and "terminate" not in done.stderr, done.stderr[-2000:]
+
+
+_inherited: list[torch.Tensor] = []
+
+
+def _sums_in_child() -> list[float]:
+    # The child's view of the memory, read with numpy: torch's own CPU kernels in a child forked
+    # after the parent ran parallel ones wait for OpenMP threads that are not there (plain torch too;
+    # DataLoader workers set one thread for that).
+    return [float(t._data.numpy().astype("float64").sum()) for t in _inherited]
 
 
 def _double_in_child() -> list[float]:

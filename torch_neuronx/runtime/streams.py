@@ -43,6 +43,7 @@ _NAP_S = 0.0005  # a worker out of work checks again this often ...
 _NAP_FOR_S = 0.02  # ... for this long, then sleeps until woken
 _WAKE_BATCH = 32  # queued tasks that wake a napping worker at once
 _EXIT_WAIT_S = 600.0  # at interpreter exit, how long the queued work may still run
+_FORK_WAIT_S = 600.0  # before os.fork(), how long the queued work may still run
 
 
 _DRAIN_WAIT_S = 60.0  # the longest an allocation waits for queued work before growing the pool
@@ -597,15 +598,32 @@ def _finish_at_exit() -> None:
     the process aborted ("terminate called after throwing an instance of ''"). CUDA finishes
     queued work at exit too.
     """
+    deadline = time.monotonic() + _EXIT_WAIT_S
+    for queue in _finish_queued("at exit", _EXIT_WAIT_S):
+        queue.stop(max(0.1, deadline - time.monotonic()))
+
+
+def _finish_queued(when: str, seconds: float) -> list[_Queue]:
+    """Wait up to ``seconds`` in all for the work queued on every stream (its errors stay for the
+    next synchronization); every stream's queue. A stream still busy then is logged."""
     with _registry_lock:
         queues = [queue for device in _queues.values() for queue in device]
-    deadline = time.monotonic() + _EXIT_WAIT_S
+    deadline = time.monotonic() + seconds
     for queue in queues:
         if not queue.wait(queue.submitted, max(0.0, deadline - time.monotonic())):
-            _log.warning("neuron:%d stream %d still had work queued at exit after %.0f s", queue.device,
-                         queue.id, _EXIT_WAIT_S)
-    for queue in queues:
-        queue.stop(max(0.1, deadline - time.monotonic()))
+            _log.warning("neuron:%d stream %d still had work queued %s after %.0f s", queue.device,
+                         queue.id, when, seconds)
+    return queues
+
+
+def _finish_before_fork() -> None:
+    """Let the queued work finish before ``os.fork()``: a child (a DataLoader worker with the
+    default 'fork' start method) sees the parent's memory as it is at the fork, and read the
+    tensors of kernels still queued as zeros or an earlier allocation's bytes, silently (CUDA's
+    children cannot touch the parent's device memory at all). Not from a stream's worker, which
+    must not wait for its own queue."""
+    if not getattr(_local, "in_worker", False):
+        _finish_queued("when the process forked (the child may read unwritten memory)", _FORK_WAIT_S)
 
 
 def _drain(index: int, stream_id: int) -> bool:
@@ -638,4 +656,4 @@ def _after_fork_in_child() -> None:
 
 # A child forked while a stream's worker thread ran (a DataLoader worker) would otherwise wait
 # forever for a thread it does not have.
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_finish_before_fork, after_in_child=_after_fork_in_child)
