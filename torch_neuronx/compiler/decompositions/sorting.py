@@ -377,19 +377,47 @@ def min_dim(x: torch.Tensor, dim: int, keepdim: bool = False) -> tuple[torch.Ten
     return _extreme_dim(x, dim, keepdim, torch.amin)
 
 
+#: Halvings of a binary search over a sequence of symbolic length (below 2**32 elements).
+_SYMBOLIC_SEARCH_STEPS = 32
+
+
 def searchsorted(sorted_sequence: torch.Tensor, values, *, out_int32: bool = False, right: bool = False,
                  side: str | None = None, sorter: torch.Tensor | None = None) -> torch.Tensor:
-    """``aten.searchsorted`` as a count of the sequence's elements before each value."""
+    """``aten.searchsorted`` as torch's binary search, all values at once: one gather per halving
+    of the range (``log2`` of the sequence's length), not a comparison with every element. Its
+    steps are torch's (``cus_lower_bound`` / ``cus_upper_bound``), so a sequence holding NaN
+    (``torch.sort`` puts them last) or out of order gives torch's answer: counting the elements
+    before each value counted the NaN too (``[0, 1, 2, nan, nan]`` found 0.5 at 3, torch at 1)."""
     if not isinstance(values, torch.Tensor):
         values = torch.full((), values, dtype=sorted_sequence.dtype, device=sorted_sequence.device)
     right = side == "right" if side is not None else right
     seq = sorted_sequence if sorter is None else sorted_sequence.gather(-1, sorter)
-    seq = seq if seq.dim() == 1 else seq.unsqueeze(-2)  # [N] or [..., 1, N] against [..., M, 1]
-    v = values.unsqueeze(-1)
-    # torch's binary search: left finds the first element >= the value, right the first one
-    # > it; written as negations, so a NaN value (no element compares) lands at the end, as in torch.
-    before = (seq > v).logical_not() if right else (seq >= v).logical_not()
-    return before.sum(-1).to(torch.int32 if out_int32 else torch.int64)
+    length = seq.shape[-1]
+    steps = length.bit_length() if isinstance(length, int) else _SYMBOLIC_SEARCH_STEPS
+    shape = values.shape
+    if seq.dim() == 1:
+        v = values.reshape(-1)
+        probe = lambda at: seq[at]  # noqa: E731
+    else:
+        v = values
+        probe = lambda at: seq.gather(-1, at)  # noqa: E731
+    start = torch.zeros(v.shape, dtype=torch.int64, device=v.device)
+    end = torch.full(v.shape, length, dtype=torch.int64, device=v.device)
+    for _ in range(steps):
+        active = start < end
+        mid = start + torch.div(end - start, 2, rounding_mode="floor")
+        found = probe(mid.clamp(0, length - 1))
+        # torch goes right while the probe is not past the value: written as a negation, so a NaN
+        # probe or value moves right, as in torch.
+        right_of = (found > v).logical_not() if right else (found >= v).logical_not()
+        start = torch.where(active & right_of, mid + 1, start)
+        end = torch.where(active & right_of.logical_not(), mid, end)
+    return start.reshape(shape).to(torch.int32 if out_int32 else torch.int64)
+
+
+def bucketize(values, boundaries: torch.Tensor, *, out_int32: bool = False, right: bool = False) -> torch.Tensor:
+    """``aten.bucketize``: :func:`searchsorted` of the values in the boundaries."""
+    return searchsorted(boundaries, values, out_int32=out_int32, right=right)
 
 
 #: This module's decompositions, merged into the compile path's table.
@@ -411,6 +439,8 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.min.default: min_all,
     aten.searchsorted.Tensor: searchsorted,
     aten.searchsorted.Scalar: searchsorted,
+    aten.bucketize.Tensor: bucketize,
+    aten.bucketize.Scalar: bucketize,
     aten.amin.default: amin_unsigned,
     aten.min.dim: min_dim,
 }
