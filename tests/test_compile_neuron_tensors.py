@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from compare import last_compiled_graph
 
 from torch_neuronx import metrics
@@ -202,6 +203,26 @@ def test_factories_on_the_device_inside_a_graph(factory):
     got = torch.compile(factory, backend="neuron")(x.to("neuron"))
     assert type(got) is NeuronTensor
     torch.testing.assert_close(got.cpu(), factory(x))
+
+
+@pytest.mark.parametrize("made", [
+    lambda x: torch.tensor([6.0, 5.0], device="neuron") * 2,  # a constant, traced as a neuron tensor
+    lambda x: (torch.arange(3, device="neuron") + 1, torch.ones(2, device="neuron").sum()),
+    lambda x: (x * 2, torch.tensor([1, 2], device="neuron") * x.shape[0]),  # a host input beside them
+    lambda x: torch.full((2,), 3.0, device="neuron", requires_grad=True) * 2,
+], ids=["constant", "factories", "host-input", "requires-grad"])
+def test_outputs_on_the_device_of_a_graph_without_neuron_inputs(made):
+    """A graph with no neuron tensor among its inputs whose outputs are on ``neuron`` returns them
+    there (``torch.tensor([...], device="neuron") * 2`` came back on the host: its traced value is
+    a neuron tensor, which the outputs the backend places left out; ``F.ctc_loss`` with lengths
+    made in the compiled function then failed with a device mismatch)."""
+    torch._dynamo.reset()
+    x = torch.randn(3)
+    expected = made(x)
+    got = torch.compile(made, backend="neuron")(x)
+    for e, g in zip(pytree.tree_leaves(expected), pytree.tree_leaves(got), strict=True):
+        assert g.device == e.device and g.dtype == e.dtype and g.requires_grad == e.requires_grad
+        torch.testing.assert_close(g.detach().cpu(), e.detach().cpu())
 
 
 def test_ops_of_neuron_tensors_that_name_the_device_mix_with_factories():

@@ -460,7 +460,10 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
             return autocopy.refusing_inputs(gm, example_inputs, cpu_inputs, index)
         example_inputs = autocopy.traced_as_neuron(gm, example_inputs, cpu_inputs, index)
     compiled = _compile_dynamo_graph(gm, example_inputs, options)
-    positions = _device_outputs(gm, factories_only=True)
+    # Without a neuron tensor among its inputs, the graph was traced, and runs, on plain tensors:
+    # every output on the device is placed (``torch.tensor([...], device="neuron")``, whose traced
+    # value is a neuron tensor, came back on the host). With one, those made by factories alone.
+    positions = _device_outputs(gm, factories_only=any(isinstance(a, NeuronTensor) for a in example_inputs))
     if positions:
         compiled = _placing_outputs(compiled, positions)
     return autocopy.copying_inputs(compiled, cpu_inputs, index) if cpu_inputs else compiled
