@@ -89,3 +89,79 @@ def test_a_custom_op_with_autograd_trains_compiled(device):
     trained = w.clone().to(device).requires_grad_()
     torch.compile(loss, backend="neuron")(x.to(device), trained).backward()
     torch.testing.assert_close(trained.grad.cpu(), reference.grad)
+
+
+# Ops with a kernel for the neuron device: it, not the default one, runs on neuron tensors. The
+# kernels here compute different things, so a result tells which one ran.
+@torch.library.custom_op("neuron_test::which", mutates_args=())
+def which(x: torch.Tensor) -> torch.Tensor:
+    return x + 100  # the default kernel
+
+
+@which.register_kernel("neuron")
+def _(x):
+    assert x.device.type == "neuron"
+    return x * 2
+
+
+@which.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("neuron_test::neuron_only", mutates_args=(), device_types="neuron")
+def neuron_only(x: torch.Tensor) -> torch.Tensor:
+    return x.cos() * 3
+
+
+@neuron_only.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("neuron_test::scale_into", mutates_args=("x",), device_types="neuron")
+def scale_into(x: torch.Tensor, y: torch.Tensor) -> None:
+    x.mul_(y)
+
+
+@scale_into.register_fake
+def _(x, y):
+    return None
+
+
+_device_library = torch.library.Library("neuron_test_backend", "DEF")
+_device_library.define("plus_one(Tensor x) -> Tensor")
+_device_library.impl("plus_one", lambda x: x + 1, "PrivateUse1")
+_device_library.impl("plus_one", lambda x: torch.empty_like(x), "Meta")
+
+
+def _device_kernels(x, y):
+    a = which(x.relu())
+    b = neuron_only(a - y)
+    c = torch.ops.neuron_test_backend.plus_one(b)
+    d = c * 1.5
+    scale_into(d, y)
+    return d.sin()
+
+
+def _device_kernels_expected(x, y):
+    b = (x.relu() * 2 - y).cos() * 3
+    return ((b + 1) * 1.5 * y).sin()
+
+
+def test_a_custom_ops_neuron_kernel_runs_on_neuron_tensors_eager_and_compiled():
+    """``register_kernel("neuron")``, ``custom_op(device_types="neuron")`` (a mutating one too) and
+    ``Library.impl(..., "PrivateUse1")``: the neuron device's dispatcher runs before the backend's
+    key, and ran the default kernel on host copies (an op with a neuron kernel only raised "Could
+    not run ... with arguments from the 'CPU' backend"); compiled graphs called the ops on their
+    host values likewise. On host tensors the default kernel still runs."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 3), torch.randn(4, 3)
+    expected = _device_kernels_expected(x, y)
+    xd, yd = x.to("neuron"), y.to("neuron")
+    for how, fn in (("eager", _device_kernels), ("compiled", torch.compile(_device_kernels, backend="neuron"))):
+        got = fn(xd, yd)
+        assert got.device.type == "neuron", how
+        torch.testing.assert_close(got.cpu(), expected, msg=how)
+    torch.testing.assert_close(which(x), x + 100)

@@ -344,6 +344,8 @@ def _classify(func: Any) -> tuple[int, Any]:
             kind = (_SPECIAL_OP, _SPECIAL[func])
         elif (distributed := distributed_ops.handler(func)) is not None:  # collectives, FSDP2's kernels
             kind = (_SPECIAL_OP, distributed)
+        elif _has_own_kernel(func):  # a user's torch.library op with a kernel for the neuron device
+            kind = (_SPECIAL_OP, functools.partial(_run_own_kernel, func))
         elif (updates := host_kernels.handler(func, _declined(func))) is not None:  # optimizers' list updates
             kind = (_SPECIAL_OP, updates)
         elif (per_tensor := foreach.handler(func, run_without_functional_form)) is not None:  # _foreach_*_
@@ -373,8 +375,26 @@ def _classify(func: Any) -> tuple[int, Any]:
         if kind[0] in (_FUNCTIONAL, _IN_PLACE) or twin is not None:
             if math_bits.passes_bits(func):  # mm, clone, ...: torch hands them conjugate/negative views
                 kind = (_BITS, kind)
-        _kinds[func] = kind
+        if func.namespace == "aten" or kind[0] == _SPECIAL_OP:  # a user's op may get a neuron kernel later
+            _kinds[func] = kind
     return kind
+
+
+_ON_DEVICE = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
+
+
+def _has_own_kernel(func: Any) -> bool:
+    """Whether ``func`` is a user's op (``torch.library``) with a kernel for the neuron device:
+    ``register_kernel("neuron")``, ``custom_op(device_types="neuron")``, ``Library.impl(...,
+    "PrivateUse1")``. (Ours for ATen ops are factories, which never reach this dispatcher.)"""
+    return func.namespace != "aten" and func.has_kernel_for_dispatch_key(torch._C.DispatchKey.PrivateUse1)
+
+
+def _run_own_kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """The op's neuron kernel, on the neuron tensors (this dispatcher runs before the backend's key:
+    the op's default or CPU kernel ran on host copies instead, and an op with a neuron kernel only
+    could not run at all)."""
+    return func.redispatch(_ON_DEVICE, *args, **kwargs)
 
 
 _HOW = {_SPECIAL_OP: "other", _COMPOSITE_VIEW: "view", _INPLACE_VIEW: "view", _VIEW: "view", _RANDOM: "random",

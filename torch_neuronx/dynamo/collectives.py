@@ -16,11 +16,13 @@ neuron tensors reaches the eager device's collective handling, which calls the g
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 from torch.fx.passes.split_module import split_module
 
 from torch_neuronx import config
@@ -30,7 +32,7 @@ from torch_neuronx.dynamo import stats
 from torch_neuronx.pipeline.artifacts import GraphArtifacts
 from torch_neuronx.pipeline.graph import build_graph
 from torch_neuronx.runtime import streams
-from torch_neuronx.runtime.tensor import NeuronTensor
+from torch_neuronx.runtime.tensor import NeuronTensor, wait_for_host
 
 #: Namespaces of the ops the compile path lowers (``neuron``: its own checks and layer ops).
 _LOWERED_NAMESPACES = frozenset({"aten", "prims", "neuron"})
@@ -89,6 +91,45 @@ class _CompiledPart(torch.nn.Module):
         return out[0] if self.single else tuple(out)
 
 
+def _own_kernel(node: torch.fx.Node) -> bool:
+    """Whether ``node`` calls a user's op (directly or functionalized) that has a kernel for the
+    neuron device (``register_kernel("neuron")``, ``Library.impl(..., "PrivateUse1")``)."""
+    op = node.args[0] if node.target in _FUNCTIONALIZED and node.args else node.target
+    return isinstance(op, torch._ops.OpOverload) and op.namespace not in _LOWERED_NAMESPACES \
+        and op.has_kernel_for_dispatch_key(torch._C.DispatchKey.PrivateUse1)
+
+
+class _OnDevice(torch.nn.Module):
+    """A custom op's partition called with neuron tensors over the graph's host values, so that the
+    op's neuron kernel runs (its default or CPU kernel ran on them, and an op with a neuron kernel
+    only failed: "Could not run ... with arguments from the 'CPU' backend"); its results handed on
+    as the host values of their memory, once written."""
+
+    def __init__(self, part: torch.nn.Module, index: int) -> None:
+        super().__init__()
+        self.part, self.index = part, index
+
+    def forward(self, *args: Any) -> Any:
+        _functionalized_on_neuron_tensors()
+        wrapped = [NeuronTensor(a, None, index=self.index) if type(a) is torch.Tensor else a for a in args]
+        # Without the dispatch modes of the caller: aot_autograd's first call checks custom ops'
+        # aliasing with a mode that answers NotImplemented for a tensor subclass, which a
+        # higher-order op (auto_functionalized) then returned as its result.
+        with torch.utils._python_dispatch._disable_current_modes():
+            out = self.part(*wrapped)
+        leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, NeuronTensor)]
+        wait_for_host(leaves)
+        return pytree.tree_map_only(NeuronTensor, lambda t: t._data, out)
+
+
+@functools.cache
+def _functionalized_on_neuron_tensors() -> None:
+    """``auto_functionalized`` (a mutating custom op in a compiled graph) on neuron tensors: its
+    eager implementation (clone the written inputs, call the op on them), as on host tensors."""
+    for hop in _FUNCTIONALIZED:
+        hop.py_impl(NeuronTensor)(hop.py_kernels[torch._C.DispatchKey.CompositeExplicitAutograd])
+
+
 def _as_tuple_output(part: torch.fx.GraphModule) -> bool:
     """Make the partition return a tuple (what the pipeline compiles); whether it returned one value."""
     output = next(n for n in reversed(part.graph.nodes) if n.op == "output")
@@ -132,13 +173,17 @@ def compile_split(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str)
     split = split_module(gm, None, lambda node: ids[node], keep_original_order=True)
     opaque_ids = {ids[n] for n in gm.graph.nodes if _opaque(n)}
     on_default_stream = stats.has_collectives(gm)
+    device = gm.meta.get(random_inputs.DEVICE_META)
+    on_device_ids = {ids[n] for n in gm.graph.nodes if is_custom_op(n) and _own_kernel(n)} if device else set()
     for child_name, child in list(split.named_children()):
         index = int(child_name.rsplit("_", 1)[-1])
+        if index in on_device_ids:
+            setattr(split, child_name, _OnDevice(child, int(device.split(":")[1])))
         if index in opaque_ids or not _computes(child):
             continue
         single = _as_tuple_output(child)
-        if random_inputs.DEVICE_META in gm.meta:
-            child.meta[random_inputs.DEVICE_META] = gm.meta[random_inputs.DEVICE_META]
+        if device is not None:
+            child.meta[random_inputs.DEVICE_META] = device
         part_name = f"{name}_part{index}"
         compiled, _ = build_graph(child, options, part_name, GraphArtifacts(part_name, options.preserve_artifacts),
                                   inputs_as_outputs=True)

@@ -73,9 +73,10 @@ def _decode(value: Any) -> Any:
     return value
 
 
-#: ``gm.meta`` key: the device whose generator a graph's random ops draw from (``"neuron:0"``)
-#: when the graph computes on that device's inner host tensors (aot_autograd's graph of neuron
-#: tensors places its random ops on the host); absent: the host's generator.
+#: ``gm.meta`` key: the neuron device (``"neuron:0"``) whose inner host tensors the graph computes
+#: on (aot_autograd's graph of neuron tensors places its random ops on the host): its random ops
+#: draw from that device's generator, and a custom op's neuron kernel runs on that device
+#: (``dynamo/collectives.py``); absent: a host graph, the host's generator.
 DEVICE_META = "random_device"
 
 
