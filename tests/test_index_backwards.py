@@ -206,3 +206,83 @@ def test_an_exception_raised_by_a_backward_hook_arrives_as_itself(where):
     handle.remove()
     (z * 3).sum().backward()
     torch.testing.assert_close(z.grad.cpu(), torch.full((4, 3), 9.0))
+
+
+def _checkpoint_recompute_differs(device):
+    from torch.utils.checkpoint import checkpoint
+
+    calls = [0]
+
+    def f(x):
+        calls[0] += 1
+        return x[: 2 + calls[0] % 2].sin()
+
+    checkpoint(f, torch.randn(4, device=device, requires_grad=True), use_reentrant=False).sum().backward()
+
+
+def _checkpoint_recompute_raises(device):
+    from torch.utils.checkpoint import checkpoint
+
+    calls = [0]
+
+    def f(x):
+        calls[0] += 1
+        if calls[0] > 1:
+            raise _HookFailed("the recomputation failed")
+        return x.sin()
+
+    checkpoint(f, torch.randn(4, device=device, requires_grad=True), use_reentrant=False).sum().backward()
+
+
+def _node_hook(device, kind, hook):
+    y = torch.ones(3, device=device, requires_grad=True) * 2
+    getattr(y.grad_fn, kind)(hook)
+    y.sum().backward()
+
+
+def _unpack_raises(device):
+    x = torch.ones(3, device=device, requires_grad=True)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t, _raise):
+        y = (x * x).sum()
+    y.backward()
+
+
+def _returns(register, value, device):
+    x = torch.ones(3, device=device, requires_grad=True)
+    y = x * 2
+    if register == "post_accumulate":
+        x.register_post_accumulate_grad_hook(lambda p: value)
+    else:
+        y.register_hook(lambda g: value)
+    y.sum().backward()
+
+
+def _module_hook_count(device, pre):
+    m = torch.nn.Linear(3, 2).to(device)
+    if pre:
+        m.register_full_backward_pre_hook(lambda mod, go: (go[0], go[0]))
+    else:
+        m.register_full_backward_hook(lambda mod, gi, go: (gi[0], gi[0]))
+    m(torch.ones(1, 3, device=device, requires_grad=True)).sum().backward()
+
+
+@pytest.mark.parametrize("case", [
+    _checkpoint_recompute_differs, _checkpoint_recompute_raises, _unpack_raises,
+    lambda d: _node_hook(d, "register_hook", _raise), lambda d: _node_hook(d, "register_prehook", _raise),
+    lambda d: _node_hook(d, "register_hook", lambda gi, go: 5),
+    lambda d: _returns("tensor", 3, d), lambda d: _returns("tensor", (1,), d),
+    lambda d: _returns("post_accumulate", (1, 2), d), lambda d: _returns("post_accumulate", torch.ones(3), d),
+    lambda d: _module_hook_count(d, False), lambda d: _module_hook_count(d, True),
+], ids=["checkpoint-differs", "checkpoint-raises", "unpack-hook", "node-hook", "node-prehook", "node-hook-result",
+        "tensor-hook-int", "tensor-hook-tuple", "post-accumulate-tuple", "post-accumulate-tensor",
+        "module-hook-count", "module-prehook-count"])
+def test_every_error_of_a_backward_pass_arrives_as_torchs_own(case):
+    """The errors a backward pass raises through autograd's hooks (on nodes, saved tensors'
+    unpacking, checkpoint's recomputation) and torch's checks of what hooks return came as "SystemError:
+    ... returned NULL without setting an exception" on neuron tensors: the same as on the CPU now."""
+    errors = []
+    for device in ("cpu", "neuron"):
+        with pytest.raises(Exception) as caught:  # noqa: PT011 - compared with the CPU's below
+            case(device)
+        errors.append((type(caught.value), str(caught.value).splitlines()[0]))
+    assert errors[1] == errors[0]

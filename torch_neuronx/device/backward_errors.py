@@ -19,8 +19,9 @@ device mismatch nobody could see). A plain subclass on a PrivateUse1 device does
 the same; on ``cpu`` the exception arrives.
 
 So :func:`note` keeps the first exception a neuron op or a user's backward hook (on a
-tensor, after accumulation, on a module: their registrations wrap them) raises inside a
-backward pass, and :func:`install` wraps autograd's one entry into the engine
+tensor, after accumulation, on an autograd node, on a module, a saved tensor's unpack hook:
+their registrations wrap them, and check what the hook returns as the engine would) raises
+inside a backward pass, and :func:`install` wraps autograd's one entry into the engine
 (``_engine_run_backward``, which ``backward()`` and ``autograd.grad`` call): when
 the engine fails with that SystemError and an exception was kept, the kept one is
 raised instead.
@@ -41,17 +42,20 @@ _LOST = "returned NULL without setting an exception"
 _lock = threading.Lock()
 _open: list[list[Any]] = []  # [call, exception or None] per backward call under way, innermost last
 _installed = False
+#: Exceptions torch raises and catches itself inside a backward pass (checkpoint's early stop of a
+#: recomputation, from its pack hook), never the reason a backward failed.
+_CONTROL_FLOW = frozenset({"_StopRecomputationError"})
 
 
 def note(exc: BaseException) -> None:
     """Keep ``exc``, raised by a neuron op, if a backward pass is running (it would be lost)."""
     if torch._C._current_graph_task_id() == -1:
         return  # not in a backward pass: the exception reaches its caller
+    if type(exc).__name__ in _CONTROL_FLOW:
+        return
     with _lock:
-        for entry in reversed(_open):  # the innermost call still without one (a reentrant backward's own)
-            if entry[1] is None:
-                entry[1] = exc
-                return
+        if _open:  # the innermost call's, the latest (an earlier one may have been handled)
+            _open[-1][1] = exc
 
 
 def _run_backward(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -100,15 +104,36 @@ def _check_devices(outputs: Any, grads: Any) -> None:
             raise RuntimeError(f"invalid gradient at index {i} - expected device {want} but got {have}")
 
 
-def _kept(hook: Callable[..., Any]) -> Callable[..., Any]:
-    """``hook`` (a user's backward hook), its exception kept by :func:`note` as it propagates."""
-    if getattr(hook, "_neuron_kept", False):
+def _tensor_hook_result(result: Any) -> None:
+    if result is not None and not isinstance(result, torch.Tensor):
+        raise TypeError(f"expected Variable, but hook returned '{type(result).__name__}'")
+
+
+def _post_accumulate_result(result: Any) -> None:
+    if isinstance(result, torch.Tensor):
+        raise RuntimeError("Tensor post accumulate grad hooks should return None.")
+    _tensor_hook_result(result)
+
+
+def _node_hook_result(result: Any) -> None:
+    if result is not None and not isinstance(result, tuple | list):
+        raise TypeError(f"expected tuple, but hook returned '{type(result).__name__}'")
+
+
+def _kept(hook: Callable[..., Any], check: Callable[[Any], None] | None = None) -> Callable[..., Any]:
+    """``hook`` (a user's backward hook), its exception kept by :func:`note` as it propagates; with
+    ``check``, torch's own check of what it returns made here (the engine's error for a wrong
+    result is lost too)."""
+    if getattr(hook, "_neuron_kept", False) or not callable(hook):
         return hook
 
     @functools.wraps(hook)
     def kept(*args: Any, **kwargs: Any) -> Any:
         try:
-            return hook(*args, **kwargs)
+            result = hook(*args, **kwargs)
+            if check is not None:
+                check(result)
+            return result
         except BaseException as exc:
             note(exc)
             raise
@@ -117,21 +142,33 @@ def _kept(hook: Callable[..., Any]) -> Callable[..., Any]:
     return kept
 
 
-def _registering_kept(register: Callable[..., Any]) -> Callable[..., Any]:
+def _registering_kept(register: Callable[..., Any], check: Callable[[Any], None]) -> Callable[..., Any]:
     """``Tensor.register_hook`` (or its post-accumulate form) registering :func:`_kept` hooks."""
     @functools.wraps(register)
     def wrapper(self: torch.Tensor, hook: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return register(self, _kept(hook), *args, **kwargs)
+        return register(self, _kept(hook, check), *args, **kwargs)
 
     return wrapper
 
 
 def _hooks_kept() -> None:
-    """Hooks on tensors and modules' backward hooks keep their exceptions (see the module)."""
+    """Hooks on tensors, on autograd's nodes (``grad_fn.register_hook`` / ``register_prehook``,
+    which register through ``Function._register_hook``), modules' backward hooks and the hooks
+    of ``saved_tensors_hooks`` (``torch.utils.checkpoint``'s recomputation) keep their exceptions
+    (see the module)."""
+    import torch.autograd.function
+    import torch.autograd.graph
     import torch.utils.hooks
 
-    for name in ("register_hook", "register_post_accumulate_grad_hook"):
-        setattr(torch.Tensor, name, _registering_kept(getattr(torch.Tensor, name)))
+    torch.Tensor.register_hook = _registering_kept(torch.Tensor.register_hook, _tensor_hook_result)
+    torch.Tensor.register_post_accumulate_grad_hook = _registering_kept(
+        torch.Tensor.register_post_accumulate_grad_hook, _post_accumulate_result)
+    register_node_hook = torch.autograd.function.Function._register_hook  # a staticmethod
+
+    def node_hook(backward_hooks: Any, hook: Callable[..., Any]) -> Any:
+        return register_node_hook(backward_hooks, _kept(hook, _node_hook_result))
+
+    torch.autograd.function.Function._register_hook = staticmethod(node_hook)
     backward_hook = torch.utils.hooks.BackwardHook
     original_init = backward_hook.__init__
 
@@ -140,6 +177,14 @@ def _hooks_kept() -> None:
         original_init(self, module, [_kept(h) for h in user_hooks], [_kept(h) for h in user_pre_hooks])
 
     backward_hook.__init__ = init
+    saved_hooks = torch.autograd.graph.saved_tensors_hooks
+    saved_init = saved_hooks.__init__
+
+    @functools.wraps(saved_init)
+    def saved_tensors_init(self: Any, pack_hook: Callable[..., Any], unpack_hook: Callable[..., Any]) -> None:
+        saved_init(self, _kept(pack_hook), _kept(unpack_hook))
+
+    saved_hooks.__init__ = saved_tensors_init
 
 
 def install() -> None:
