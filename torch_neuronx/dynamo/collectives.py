@@ -16,7 +16,6 @@ neuron tensors reaches the eager device's collective handling, which calls the g
 from __future__ import annotations
 
 import contextlib
-import functools
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -110,7 +109,6 @@ class _OnDevice(torch.nn.Module):
         self.part, self.index = part, index
 
     def forward(self, *args: Any) -> Any:
-        _functionalized_on_neuron_tensors()
         wrapped = [NeuronTensor(a, None, index=self.index) if type(a) is torch.Tensor else a for a in args]
         # Without the dispatch modes of the caller: aot_autograd's first call checks custom ops'
         # aliasing with a mode that answers NotImplemented for a tensor subclass, which a
@@ -120,14 +118,6 @@ class _OnDevice(torch.nn.Module):
         leaves = [t for t in pytree.tree_leaves(out) if isinstance(t, NeuronTensor)]
         wait_for_host(leaves)
         return pytree.tree_map_only(NeuronTensor, lambda t: t._data, out)
-
-
-@functools.cache
-def _functionalized_on_neuron_tensors() -> None:
-    """``auto_functionalized`` (a mutating custom op in a compiled graph) on neuron tensors: its
-    eager implementation (clone the written inputs, call the op on them), as on host tensors."""
-    for hop in _FUNCTIONALIZED:
-        hop.py_impl(NeuronTensor)(hop.py_kernels[torch._C.DispatchKey.CompositeExplicitAutograd])
 
 
 def _as_tuple_output(part: torch.fx.GraphModule) -> bool:
