@@ -257,3 +257,22 @@ def test_a_file_saved_by_the_earlier_format_still_loads():
     buffer.seek(0)
     loaded = torch.load(buffer)["w"]
     assert loaded.device.type == "neuron" and loaded.requires_grad and loaded.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_distributed_checkpoints_async_save_stages_neuron_tensors(tmp_path):
+    """``torch.distributed.checkpoint.async_save`` of a neuron state_dict failed while staging it
+    ("cannot pickle '_thread.lock' object": DCP deep-copies a tensor subclass's ``__dict__``, where a
+    neuron tensor holds its device memory); staged as its host copy, it saves and loads back."""
+    import torch.distributed.checkpoint as dcp
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).to("neuron")
+    model[0].weight.tensor_model_parallel = True  # a program's attribute, kept by the staging
+    state = {"model": model.state_dict()}
+    dcp.async_save(state, checkpoint_id=str(tmp_path), no_dist=True).result()
+    fresh = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2)).to("neuron")
+    loaded = {"model": fresh.state_dict()}
+    dcp.load(loaded, checkpoint_id=str(tmp_path), no_dist=True)
+    fresh.load_state_dict(loaded["model"])
+    for a, b in zip(fresh.parameters(), model.parameters(), strict=True):
+        assert a.device.type == "neuron" and torch.equal(a.cpu(), b.cpu())

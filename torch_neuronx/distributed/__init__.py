@@ -64,4 +64,7 @@ def register() -> None:
         return
     if "NEURON" not in dist.Backend._plugins:
         dist.Backend.register_backend("neuron", _create, devices=["neuron"])
+    from torch_neuronx.distributed import staging
+
+    staging.install()
     _registered = True

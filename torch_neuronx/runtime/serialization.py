@@ -34,7 +34,7 @@ from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
 _INTERNAL = frozenset({"_data", "_allocation", "_index", "_is_param"})
 
 
-def _state(t: torch.Tensor) -> dict[str, Any]:
+def program_attributes(t: torch.Tensor) -> dict[str, Any]:
     """The Python attributes a program set on ``t`` (``p.tensor_model_parallel = True``), which torch
     keeps through pickling (and, for a tensor that is no parameter, through ``deepcopy``)."""
     return {k: v for k, v in vars(t).items() if k not in _INTERNAL}
@@ -89,7 +89,7 @@ def reduce(t: NeuronTensor) -> tuple[Any, tuple[Any, ...]]:
         values = t.detach().cpu()
     raw = values.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
     return rebuild_from_bytes, (raw, values.dtype, tuple(values.shape), t._index, t.requires_grad,
-                                bool(getattr(t, "_is_param", False)), _state(t))
+                                bool(getattr(t, "_is_param", False)), program_attributes(t))
 
 
 #: How ``multiprocessing`` pickles a neuron tensor (a ``Process``'s arguments, a ``Queue``).
@@ -151,7 +151,7 @@ def deepcopy(t: NeuronTensor, memo: dict[int, Any]) -> torch.Tensor:
     memo[id(t)] = new
     if t.grad is not None:  # as ``Tensor.__deepcopy__``: the gradient and the attributes too
         new.grad = copy.deepcopy(t.grad, memo)
-    for name, value in copy.deepcopy(_state(t), memo).items():
+    for name, value in copy.deepcopy(program_attributes(t), memo).items():
         setattr(new, name, value)
     return new
 
