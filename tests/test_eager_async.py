@@ -344,3 +344,37 @@ def test_small_ops_on_an_idle_stream_complete_before_they_return_and_large_ones_
     assert not queued._small([written], [small._allocation], queued._writers_elsewhere([written], queue))
     gate.set()
     torch.neuron.synchronize()
+
+
+class _OnDevice(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.arange(4.0, device="neuron") + i, torch.tensor(i, device="neuron")
+
+
+def test_a_dataloaders_workers_collate_neuron_tensors():
+    """``DataLoader(num_workers=2)`` over a dataset of neuron tensors: the default collate, in a
+    worker, stacked into shared memory through ``elem.new(storage)`` (PyTorch's "INTERNAL ASSERT
+    FAILED ... python_dispatch.cpp"); batches are stacked on the device and come back as values."""
+    loader = torch.utils.data.DataLoader(_OnDevice(), batch_size=2, num_workers=2,
+                                         multiprocessing_context="fork")
+    batches = list(loader)
+    assert [b[1].tolist() for b in batches] == [[0, 1], [2, 3], [4, 5]]
+    for i, (values, _) in enumerate(batches):
+        assert values.device.type == "neuron"
+        assert values.tolist() == [[2.0 * i + j + k for k in range(4)] for j in range(2)]
+
+
+def test_sharing_neuron_memory_between_processes_is_refused():
+    """``share_memory_()`` / ``Module.share_memory()`` succeeded and ``is_shared()`` said True, but
+    another process's updates never came back (a copy of the values crosses): Hogwild-style
+    training silently trained copies. Refused with a message that says what to share instead."""
+    t = torch.zeros(3, device="neuron")
+    assert not t.is_shared()
+    with pytest.raises(RuntimeError, match="cannot be shared between processes"):
+        t.share_memory_()
+    with pytest.raises(RuntimeError, match="cannot be shared between processes"):
+        torch.nn.Linear(2, 1).to("neuron").share_memory()
+    assert torch.nn.Linear(2, 1).share_memory().weight.is_shared()  # host tensors as before

@@ -10,6 +10,7 @@ tensors builds on this registration.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 _log = logging.getLogger("torch_neuronx.device")
 _registered = False
@@ -127,6 +128,21 @@ def _register_kernels() -> None:
     _fallback_library.fallback(torch._disable_dynamo(_sparse_refused), "SparsePrivateUse1")
     _libraries.append(_fallback_library)
     _higher_order_ops_run_eagerly(NeuronTensor)
+    _collated_by_stacking(NeuronTensor)
+
+
+def _collated_by_stacking(tensor_type: type) -> None:
+    """``DataLoader``'s default collate stacks neuron tensors on their device. Its tensor rule, in a
+    worker process, stacks into a shared-memory storage through ``elem.new(storage)``, which a
+    neuron tensor cannot take (PyTorch's "INTERNAL ASSERT FAILED ... python_dispatch.cpp"): a
+    batch of neuron tensors is pickled back to the main process as its values instead."""
+    import torch
+    from torch.utils.data._utils.collate import default_collate_fn_map
+
+    def collate(batch: Any, *, collate_fn_map: Any = None) -> Any:
+        return torch.stack(batch, 0)
+
+    default_collate_fn_map.setdefault(tensor_type, collate)
 
 
 def _higher_order_ops_run_eagerly(tensor_type: type) -> None:

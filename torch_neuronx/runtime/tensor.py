@@ -248,6 +248,19 @@ class NeuronTensor(torch.Tensor):
             return self.item().__format__(spec)
         return object.__format__(self, spec)
 
+    def share_memory_(self) -> NeuronTensor:
+        """Refused: a neuron tensor reaches another process as a copy of its values (pickled), so the
+        other process's updates would never come back; ``share_memory_()`` succeeded and
+        ``is_shared()`` said True, and Hogwild-style training silently trained copies."""
+        raise RuntimeError(
+            "share_memory_(): neuron tensors cannot be shared between processes (another process gets a "
+            "copy of their values, and its updates never reach this one); share CPU tensors instead "
+            "(tensor.cpu().share_memory_(), model.cpu().share_memory())")
+
+    def is_shared(self) -> bool:
+        """False: no other process sees this tensor's memory (see :meth:`share_memory_`)."""
+        return False
+
     def __reduce_ex__(self, protocol: int) -> tuple[Any, tuple[Any, ...]]:
         """Pickled (``torch.save``, ``pickle``) as its values on the host and its device (:mod:`.serialization`)."""
         from torch_neuronx.runtime import serialization
