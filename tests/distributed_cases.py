@@ -256,6 +256,18 @@ def mismatched_pattern(rank: int) -> None:
     t.cpu()
 
 
+def mismatched_barrier(rank: int) -> None:
+    """Rank 0 calls all_reduce while rank 1 is in a barrier: both raise at once (the barrier was not
+    checked: both waited out the group's timeout, then blamed a peer that never arrived)."""
+    t = torch.ones(4, device="neuron")
+    dist.barrier()  # in step first
+    if rank == 0:
+        dist.all_reduce(t)
+    else:
+        dist.barrier()
+    t.cpu()
+
+
 def mismatched_after_queued(rank: int) -> None:
     """Twenty queued all_reduces (no host read between them, every row predicted), then rank 1
     changes its size: both raise the mismatch, and the twenty are right."""

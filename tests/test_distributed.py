@@ -95,6 +95,7 @@ _SURVIVABLE = {
     "mismatched_later": {0: "disagree on the tensor sizes", 1: "disagree on the tensor sizes"},
     "mismatched_pattern": {0: "disagree on the collective called", 1: "disagree on the collective called"},
     "mismatched_after_queued": {0: "disagree on the tensor sizes", 1: "disagree on the tensor sizes"},
+    "mismatched_barrier": {0: "disagree on the collective called", 1: "disagree on the collective called"},
     "bad_reduce_scatter": {0: "input of 8 elements for 2 outputs of 3", 1: "input of 8 elements"},
     "mismatched_reduce_op": {0: "roots or reduce ops", 1: "roots or reduce ops"},
     "mismatched_coalesced_op": {0: "roots or reduce ops", 1: "roots or reduce ops"},

@@ -522,7 +522,10 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         return work
 
     def barrier(self, opts: Any = None) -> NeuronWork:
-        return self._issue("barrier", [], [], lambda: self._transport.barrier().wait(), opts=opts)
+        # Checked as every collective is: a rank in a barrier while another calls a collective (or
+        # the reverse) fails at once on both, where they waited out the group's timeout and then
+        # reported a peer that never arrived.
+        return self._issue("barrier", [], [], lambda: self._transport.barrier().wait(), Agreement(None), opts=opts)
 
     def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
         self._issue("barrier", [], [], lambda: self._transport.monitored_barrier(

@@ -183,7 +183,7 @@ def _same_dtype(kind: str, a: torch.Tensor, b: torch.Tensor) -> None:
 # -- agreement across ranks --------------------------------------------------------------------
 
 _KINDS = ("all_reduce", "all_reduce_coalesced", "reduce", "broadcast", "all_gather", "all_gather_coalesced",
-          "reduce_scatter", "reduce_scatter_coalesced", "gather", "scatter", "all_to_all")
+          "reduce_scatter", "reduce_scatter_coalesced", "gather", "scatter", "all_to_all", "barrier")
 #: a row: kind, dtype, crc of what must agree, four per-rank values, ranks' count, the first four agreed,
 #: whether the rank runs ahead; then all_to_all's sends and receives (one per rank each)
 FIXED = 13
