@@ -69,3 +69,45 @@ def test_linear_cross_entropy_chunked_gradients():
         warnings.simplefilter("ignore")
         expected, got = grads(_step), grads(torch.compile(_step, backend="neuron"))
     torch.testing.assert_close(got, expected)
+
+
+def _cross_entropies(x, probs, index, weight, x1, index1):
+    out = {}
+    for reduction in ("mean", "sum", "none"):
+        out[f"probabilities_{reduction}"] = F.cross_entropy(x, probs, weight=weight, reduction=reduction)
+        out[f"smoothed_{reduction}"] = F.cross_entropy(x, index, weight=weight, label_smoothing=0.1,
+                                                       reduction=reduction)
+        out[f"unbatched_{reduction}"] = F.cross_entropy(x1, index1, weight=weight, label_smoothing=0.1,
+                                                        reduction=reduction)
+    out["unbatched_probabilities"] = F.cross_entropy(x1, probs[0], weight=weight, label_smoothing=0.2)
+    out["weighted_rows"] = (x * weight[None]).sum()  # a full sum of a product with a broadcast row
+    return out
+
+
+def test_cross_entropy_with_class_weights_compiles_for_small_and_unbatched_inputs():
+    """Class weights with probabilities as targets (IREE took the weighted full sum of a [6, 5]
+    product for a contraction: "'vector.contract' op invalid accumulator/result vector shape"),
+    and an unbatched input with weights and label smoothing (torch-mlir: "'chlo.broadcast_select'
+    op inferred type(s) 'tensor<i64>' are incompatible with ... 'tensor<1xi64>'"), with gradients."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 5, generator=g)
+    probs = torch.softmax(torch.randn(6, 5, generator=g), 1)
+    index = torch.tensor([0, 4, 2, 1, 3, 4])
+    weight = torch.rand(5, generator=g) + 0.5
+    x1, index1 = torch.randn(5, generator=g), torch.tensor(3)
+
+    def total(x, x1, *rest):
+        losses = _cross_entropies(x, *rest[:3], x1, rest[3])
+        return losses, sum(v.sum() for v in losses.values())
+
+    expected_x, expected_x1 = x.clone().requires_grad_(), x1.clone().requires_grad_()
+    expected, expected_total = total(expected_x, expected_x1, probs, index, weight, index1)
+    expected_total.backward()
+    got_x, got_x1 = x.to("neuron").requires_grad_(), x1.to("neuron").requires_grad_()
+    compiled = torch.compile(total, backend="neuron")
+    got, got_total = compiled(got_x, got_x1, *(t.to("neuron") for t in (probs, index, weight, index1)))
+    got_total.backward()
+    for name, value in expected.items():
+        torch.testing.assert_close(got[name].detach().cpu(), value.detach(), msg=name)
+    torch.testing.assert_close(got_x.grad.cpu(), expected_x.grad)
+    torch.testing.assert_close(got_x1.grad.cpu(), expected_x1.grad)

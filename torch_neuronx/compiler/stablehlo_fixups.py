@@ -417,14 +417,18 @@ def _materialize_sliced_operands(module: object) -> None:
 
 
 def _broadcast_vector(value: object) -> bool:
-    """Whether ``value`` broadcasts a lower-rank tensor that is not a single element."""
+    """Whether ``value`` broadcasts a tensor that is not a single element to more elements: of a
+    lower rank (``w`` of ``[5]`` to ``[6, 5]``) or of the same rank with unit dimensions
+    (``[1, 5]`` to ``[6, 5]``, as torch-mlir spells ``x * w[None]``: ``F.cross_entropy`` with class
+    weights and probabilities as targets failed to compile)."""
     from torch_mlir import ir
 
     source = _defining_op(value)
     if source is None or source.name != "stablehlo.broadcast_in_dim":  # type: ignore[attr-defined]
         return False
     shape = ir.RankedTensorType(source.operands[0].type).shape  # type: ignore[attr-defined]
-    return len(shape) < ir.RankedTensorType(value.type).rank and math.prod(shape) > 1  # type: ignore[attr-defined]
+    result = ir.RankedTensorType(value.type).shape  # type: ignore[attr-defined]
+    return 1 < math.prod(shape) < math.prod(result)
 
 
 def _materialize_broadcast_products_of_full_sums(module: object) -> None:

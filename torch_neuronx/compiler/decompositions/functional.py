@@ -140,8 +140,23 @@ def pdist(input: torch.Tensor, p: float = 2.0) -> torch.Tensor:
     return _with_zero_gradient(distances, input) if p == 0 else distances
 
 
+def cross_entropy(input: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,  # noqa: A002
+                  size_average: bool | None = None, ignore_index: int = -100, reduce: bool | None = None,
+                  reduction: str = "mean", label_smoothing: float = 0.0) -> torch.Tensor:
+    """``F.cross_entropy`` of one sample (a 1-D input) as a batch of one: torch's decomposition of
+    the unbatched loss with class weights and label smoothing gave a 0-d index the shape ``[1]``
+    where torch-mlir's ``where`` wanted it 0-d ("'chlo.broadcast_select' op inferred type(s)
+    'tensor<i64>' are incompatible with ... 'tensor<1xi64>'")."""
+    if input.dim() != 1:
+        return F.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+    loss = F.cross_entropy(input.unsqueeze(0), target.unsqueeze(0), weight, size_average, ignore_index, reduce,
+                           reduction, label_smoothing)
+    return loss.squeeze(0) if loss.dim() else loss
+
+
 #: Functions of the Dynamo graph and their replacements.
-SUBSTITUTES: dict[Callable, Callable] = {F.grid_sample: grid_sample, torch.pdist: pdist, F.one_hot: indexing.one_hot}
+SUBSTITUTES: dict[Callable, Callable] = {F.grid_sample: grid_sample, torch.pdist: pdist, F.one_hot: indexing.one_hot,
+                                         F.cross_entropy: cross_entropy}
 
 
 def substitute(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
