@@ -198,3 +198,37 @@ def test_compiled_random_ops_on_neuron_draw_from_the_devices_generator(training)
     assert torch.equal(torch.neuron.get_rng_state(), device)
     torch.manual_seed(1)
     assert torch.equal(drawn, torch.rand(3))
+
+
+@pytest.mark.parametrize("device", ["cpu", "neuron"])
+def test_samplers_without_a_lowering_draw_in_compiled_graphs(device):
+    """``poisson``, gamma, binomial and Dirichlet samples (``Beta(a, b).sample()``, mixup's) draw from
+    their tensors' values, which no lowering computes: they run between the compiled partitions
+    (from the neuron device's generator for neuron tensors); ``log_normal_``, ``cauchy_`` and
+    ``geometric_`` only fill their tensor: graph inputs drawn per call. Every one failed to lower."""
+    torch._dynamo.reset()
+    rates = torch.full((4096,), 3.0, device=device)
+
+    def fn(rates):
+        beta = torch.distributions.Beta(rates[:2] * 0 + 2.0, rates[:2] * 0 + 2.0).sample((2048,))
+        return (torch.poisson(rates * 2), torch._standard_gamma(rates), torch.binomial(rates * 4, rates / 6),
+                beta, torch.empty_like(rates).log_normal_(0.0, 0.25), torch.empty_like(rates).cauchy_(),
+                torch.empty_like(rates).geometric_(0.5))
+
+    compiled = torch.compile(fn, backend="neuron")
+    first, second = compiled(rates), compiled(rates)
+    for a, b in zip(first, second, strict=True):
+        assert a.device.type == device and not torch.equal(a.cpu(), b.cpu()), "the same values on two calls"
+    poisson, gamma, binomial, beta, log_normal, cauchy, geometric = (t.cpu() for t in first)
+    assert abs(poisson.mean() - 6.0) < 0.2 and torch.equal(poisson, poisson.round())
+    assert abs(gamma.mean() - 3.0) < 0.15 and (gamma > 0).all()
+    assert abs(binomial.mean() - 6.0) < 0.2 and binomial.max() <= 12
+    assert beta.shape == (2048, 2) and abs(beta.mean() - 0.5) < 0.02 and ((beta > 0) & (beta < 1)).all()
+    assert abs(log_normal.log().mean()) < 0.02 and abs(log_normal.log().std() - 0.25) < 0.02
+    assert abs(cauchy.median()) < 0.1 and abs(geometric.mean() - 2.0) < 0.1 and geometric.min() >= 1
+    if device == "neuron":  # the device's generator: its seed replays them
+        torch.neuron.manual_seed(3)
+        again = compiled(rates)
+        torch.neuron.manual_seed(3)
+        for a, b in zip(again, compiled(rates), strict=True):
+            assert torch.equal(a.cpu(), b.cpu())

@@ -48,8 +48,14 @@ def is_custom_op(node: torch.fx.Node) -> bool:
     return isinstance(node.target, torch._ops.OpOverload) and node.target.namespace not in _LOWERED_NAMESPACES
 
 
+def _value_random(node: torch.fx.Node) -> bool:
+    """Whether ``node`` draws random numbers from its tensors' values (``poisson``, a gamma or a
+    Dirichlet sample: ``Beta(a, b).sample()`` for mixup), which run on the host, not lowered."""
+    return node.op == "call_function" and node.target in random_inputs.VALUE_DEPENDENT
+
+
 def _opaque(node: torch.fx.Node) -> bool:
-    return stats.is_collective(node) or is_custom_op(node)
+    return stats.is_collective(node) or is_custom_op(node) or _value_random(node)
 
 
 def present(gm: torch.fx.GraphModule) -> bool:
@@ -101,8 +107,9 @@ def _own_kernel(node: torch.fx.Node) -> bool:
 class _OnDevice(torch.nn.Module):
     """A custom op's partition called with neuron tensors over the graph's host values, so that the
     op's neuron kernel runs (its default or CPU kernel ran on them, and an op with a neuron kernel
-    only failed: "Could not run ... with arguments from the 'CPU' backend"); its results handed on
-    as the host values of their memory, once written."""
+    only failed: "Could not run ... with arguments from the 'CPU' backend"), or a random op's, so
+    that it draws from the device's generator; its results handed on as the host values of their
+    memory, once written."""
 
     def __init__(self, part: torch.nn.Module, index: int) -> None:
         super().__init__()
@@ -164,7 +171,8 @@ def compile_split(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str)
     opaque_ids = {ids[n] for n in gm.graph.nodes if _opaque(n)}
     on_default_stream = stats.has_collectives(gm)
     device = gm.meta.get(random_inputs.DEVICE_META)
-    on_device_ids = {ids[n] for n in gm.graph.nodes if is_custom_op(n) and _own_kernel(n)} if device else set()
+    on_device_ids = {ids[n] for n in gm.graph.nodes if (is_custom_op(n) and _own_kernel(n)) or _value_random(n)} \
+        if device else set()
     for child_name, child in list(split.named_children()):
         index = int(child_name.rsplit("_", 1)[-1])
         if index in on_device_ids:

@@ -22,8 +22,15 @@ from torch_neuronx.compiler.passes.rewrite import static_val, symbolic_unsupport
 aten = torch.ops.aten
 
 # Tensor arguments of these ops only give the result's shape and dtype (the *_like ops).
+# (The functional forms of ``log_normal_``, ``cauchy_``, ``geometric_`` and ``exponential_``
+# overwrite their tensor: only its shape and dtype count; torch-mlir lowers none of them.)
 _LIKE = {aten.rand_like.default, aten.randn_like.default, aten.randint_like.default,
-         aten.randint_like.low_dtype}
+         aten.randint_like.low_dtype, aten.log_normal.default, aten.cauchy.default, aten.geometric.default,
+         aten.exponential.default}
+#: Random ops whose draws depend on their tensors' values (rates, concentrations), which no lowering
+#: computes: a compiled graph runs them between its compiled partitions (``dynamo/collectives.py``).
+VALUE_DEPENDENT = frozenset({aten.poisson.default, aten._standard_gamma.default, aten.binomial.default,
+                             aten._sample_dirichlet.default})
 # Placement arguments: the draw happens on the host, which is where the NEFF's inputs live.
 _PLACEMENT = ("device", "pin_memory", "layout", "memory_format", "generator")
 
