@@ -206,6 +206,11 @@ _SHAPE_ERRORS = {
     "matmul of mismatched sizes": lambda x: x @ x[:2],
     "cat of mismatched sizes": lambda x: torch.cat([x, x[:, :2]]),
     "unfold past the size": lambda x: x.unfold(1, 6, 1),
+    # torch's decompositions check these with ``assert`` (an AssertionError reached the caller)
+    "nll_loss weight of the wrong size": lambda x: torch.nn.functional.nll_loss(
+        x, torch.tensor([0, 1, 2, 3], device=x.device), weight=torch.ones(3, device=x.device)),
+    "cross_entropy of a 2-d class target": lambda x: torch.nn.functional.cross_entropy(
+        x, torch.zeros(4, 2, dtype=torch.long, device=x.device)),
 }
 
 
