@@ -286,3 +286,27 @@ def test_every_error_of_a_backward_pass_arrives_as_torchs_own(case):
             case(device)
         errors.append((type(caught.value), str(caught.value).splitlines()[0]))
     assert errors[1] == errors[0]
+
+
+class _Scale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, to_host):
+        ctx.to_host = to_host
+        return x * 3
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad * 3
+        return (grad.cpu() if ctx.to_host else grad), None
+
+
+def test_a_custom_functions_gradient_on_another_device_is_torchs_error():
+    """A custom Function whose backward returns a CPU gradient for a neuron input: the engine does
+    not check subclasses' devices, and the neuron leaf got a CPU ``.grad`` (the failure came at
+    ``optimizer.step()``); torch's error at the backward now, as on CUDA. Right devices still train,
+    through two custom Functions in a row."""
+    x = torch.ones(3, device="neuron", requires_grad=True)
+    with pytest.raises(RuntimeError, match="invalid gradient at index 0 - expected device neuron:0 but got cpu"):
+        _Scale.apply(x * 2, True).sum().backward()
+    _Scale.apply(_Scale.apply(x * 2, False), False).sum().backward()
+    assert x.grad.device.type == "neuron" and x.grad.cpu().tolist() == [18.0] * 3

@@ -185,6 +185,41 @@ def _hooks_kept() -> None:
         saved_init(self, _kept(pack_hook), _kept(unpack_hook))
 
     saved_hooks.__init__ = saved_tensors_init
+    _custom_gradients_checked()
+
+
+def _custom_gradients_checked() -> None:
+    """A custom ``autograd.Function``'s backward returning a gradient on another device than its
+    input, one of them ``neuron``, raises torch's error there: the engine checks devices only for
+    plain tensors, and a CPU gradient of a neuron parameter was accepted (its ``.grad`` a CPU
+    tensor, the failure at ``optimizer.step()``)."""
+    import torch.autograd.function
+
+    backward = torch.autograd.function.BackwardCFunction
+    for name in ("apply", "apply_boxed"):
+        original = getattr(backward, name)
+
+        def checked(self: Any, *args: Any, _original: Callable[..., Any] = original) -> Any:
+            result = _original(self, *args)
+            try:
+                _check_custom_gradients(self, result)
+            except BaseException as exc:
+                note(exc)
+                raise
+            return result
+
+        setattr(backward, name, functools.wraps(original)(checked))
+
+
+def _check_custom_gradients(node: Any, result: Any) -> None:
+    grads = result if isinstance(result, tuple | list) else (result,)
+    for i, (grad, (parent, position)) in enumerate(zip(grads, node.next_functions)):
+        if parent is None or not isinstance(grad, torch.Tensor):
+            continue
+        have, want = grad.device, parent._input_metadata[position].device
+        if have != want and "neuron" in (have.type, want.type):
+            raise RuntimeError(f"Function {type(node).__name__} returned an invalid gradient at index {i} - "
+                               f"expected device {want} but got {have}")
 
 
 def install() -> None:
