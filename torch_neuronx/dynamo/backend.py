@@ -30,7 +30,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
-import torch.utils._pytree as pytree
 from torch._dynamo.aot_compile_types import SerializableCallable
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.partitioners import min_cut_rematerialization_partition
@@ -45,6 +44,7 @@ from torch_neuronx.dynamo import (
     autocopy,
     dynamic,
     fallback,
+    flat_inputs,
     optimizers,
     plans,
     precompile,
@@ -457,7 +457,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         # Graphs with bumpy inputs: compiled autograd's backward graph takes its inputs as one
         # list (aot_autograd refused it: "all flat_args must be KNOWN_TYPES"). Flattened as
         # torch's own aot_autograd backends do, then compiled as any graph.
-        return _with_flat_inputs(gm, example_inputs, options)
+        return flat_inputs.compiled_flat(gm, example_inputs, functools.partial(neuron_backend, options=options),
+                                         _is_symbolic)
     tracing_threads.install()  # before aot_autograd's trace patches nn.Module for the process
     aliases.install()
     cpu_inputs, index = autocopy.cpu_inputs(example_inputs)
@@ -473,38 +474,6 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     if positions:
         compiled = _placing_outputs(compiled, positions)
     return autocopy.copying_inputs(compiled, cpu_inputs, index) if cpu_inputs else compiled
-
-
-def _with_flat_inputs(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                      options: CompileOptions | dict | None) -> Callable:
-    """``gm``, whose inputs include lists (compiled autograd's backward graph takes its tensors as one
-    list, which it empties), compiled as a graph of one input per leaf and called with the leaves."""
-    flat_inputs, spec = pytree.tree_flatten(list(example_inputs))
-    graph = torch.fx.Graph()
-    leaves = [graph.placeholder(f"leaf_{i}") for i in range(len(flat_inputs))]
-    originals = [node for node in gm.graph.nodes if node.op == "placeholder"]
-    values: dict[torch.fx.Node, Any] = dict(zip(originals, pytree.tree_unflatten(leaves, spec), strict=True))
-    for node in gm.graph.nodes:
-        if node.op == "output":
-            graph.output(torch.fx.map_arg(node.args[0], values.__getitem__))
-        elif node.op != "placeholder":
-            values[node] = graph.node_copy(node, values.__getitem__)
-    flat = torch.fx.GraphModule(gm, graph)
-    # Compiled autograd hands over real tensors while its graph's sizes are symbolic (a second
-    # backward): the traced values say so, and the graph then compiles per signature.
-    traced = pytree.tree_leaves([node.meta.get("example_value") for node in originals])
-    examples = traced if len(traced) == len(flat_inputs) and _is_symbolic(traced) else flat_inputs
-    compiled = neuron_backend(flat, examples, options)
-    boxed = getattr(compiled, "_boxed_call", False)
-    stolen = [i for i, node in enumerate(originals) if node.meta.get("steal_arg", False)]
-
-    def call(*args: Any) -> Any:
-        leaves = pytree.arg_tree_leaves(*args)
-        for i in stolen:  # the caller hands its list over: emptied, as torch's own backends do
-            args[i].clear()
-        return compiled(leaves) if boxed else compiled(*leaves)
-
-    return call
 
 
 _DATA_DEPENDENT = (torch._subclasses.fake_tensor.DataDependentOutputException,
