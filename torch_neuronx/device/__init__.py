@@ -127,7 +127,6 @@ def _register_kernels() -> None:
     _fallback_library.fallback(torch._disable_dynamo(_factory_fallback), "PrivateUse1")
     _fallback_library.fallback(torch._disable_dynamo(_sparse_refused), "SparsePrivateUse1")
     _libraries.append(_fallback_library)
-    _higher_order_ops_run_eagerly(NeuronTensor)
     _collated_by_stacking(NeuronTensor)
 
 
@@ -143,20 +142,6 @@ def _collated_by_stacking(tensor_type: type) -> None:
         return torch.stack(batch, 0)
 
     default_collate_fn_map.setdefault(tensor_type, collate)
-
-
-def _higher_order_ops_run_eagerly(tensor_type: type) -> None:
-    """Higher-order ops whose eager implementation serves neuron tensors as it serves host ones:
-    ``auto_functionalized`` (a mutating custom op of a compiled graph with a neuron kernel, run on
-    neuron tensors by ``dynamo/collectives.py``: clone the written inputs, call the op). A HOP has
-    no ``__torch_dispatch__`` route: on neuron tensors it raised "There was no rule registered for
-    HOP ... and subclass NeuronTensor"."""
-    import torch
-    from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
-
-    for hop in (auto_functionalized, auto_functionalized_v2):
-        if tensor_type not in hop.python_key_table:
-            hop.py_impl(tensor_type)(hop.py_kernels[torch._C.DispatchKey.CompositeExplicitAutograd])
 
 
 def _scalar_tensor(value, dtype=None, layout=None, device=None, pin_memory=None):

@@ -74,7 +74,7 @@ from torch_neuronx.device.fallback import (
     written,
 )
 from torch_neuronx.device.queued import on_host
-from torch_neuronx.runtime.tensor import NeuronTensor, alias
+from torch_neuronx.runtime.tensor import NeuronTensor, alias, has_neuron_kernel
 
 _log = logging.getLogger("torch_neuronx.device.eager")
 aten = torch.ops.aten
@@ -344,7 +344,7 @@ def _classify(func: Any) -> tuple[int, Any]:
             kind = (_SPECIAL_OP, _SPECIAL[func])
         elif (distributed := distributed_ops.handler(func)) is not None:  # collectives, FSDP2's kernels
             kind = (_SPECIAL_OP, distributed)
-        elif _has_own_kernel(func):  # a user's torch.library op with a kernel for the neuron device
+        elif has_neuron_kernel(func):  # a user's torch.library op with a kernel for the neuron device
             kind = (_SPECIAL_OP, functools.partial(_run_own_kernel, func))
         elif (updates := host_kernels.handler(func, _declined(func))) is not None:  # optimizers' list updates
             kind = (_SPECIAL_OP, updates)
@@ -381,13 +381,6 @@ def _classify(func: Any) -> tuple[int, Any]:
 
 
 _ON_DEVICE = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
-
-
-def _has_own_kernel(func: Any) -> bool:
-    """Whether ``func`` is a user's op (``torch.library``) with a kernel for the neuron device:
-    ``register_kernel("neuron")``, ``custom_op(device_types="neuron")``, ``Library.impl(...,
-    "PrivateUse1")``. (Ours for ATen ops are factories, which never reach this dispatcher.)"""
-    return func.namespace != "aten" and func.has_kernel_for_dispatch_key(torch._C.DispatchKey.PrivateUse1)
 
 
 def _run_own_kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

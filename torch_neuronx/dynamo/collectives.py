@@ -31,7 +31,7 @@ from torch_neuronx.dynamo import stats
 from torch_neuronx.pipeline.artifacts import GraphArtifacts
 from torch_neuronx.pipeline.graph import build_graph
 from torch_neuronx.runtime import streams
-from torch_neuronx.runtime.tensor import NeuronTensor, wait_for_host
+from torch_neuronx.runtime.tensor import NeuronTensor, has_neuron_kernel, wait_for_host
 
 #: Namespaces of the ops the compile path lowers (``neuron``: its own checks and layer ops).
 _LOWERED_NAMESPACES = frozenset({"aten", "prims", "neuron"})
@@ -99,9 +99,7 @@ class _CompiledPart(torch.nn.Module):
 def _own_kernel(node: torch.fx.Node) -> bool:
     """Whether ``node`` calls a user's op (directly or functionalized) that has a kernel for the
     neuron device (``register_kernel("neuron")``, ``Library.impl(..., "PrivateUse1")``)."""
-    op = node.args[0] if node.target in _FUNCTIONALIZED and node.args else node.target
-    return isinstance(op, torch._ops.OpOverload) and op.namespace not in _LOWERED_NAMESPACES \
-        and op.has_kernel_for_dispatch_key(torch._C.DispatchKey.PrivateUse1)
+    return has_neuron_kernel(node.args[0] if node.target in _FUNCTIONALIZED and node.args else node.target)
 
 
 class _OnDevice(torch.nn.Module):

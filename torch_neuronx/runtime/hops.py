@@ -1,4 +1,4 @@
-"""Higher-order operators on neuron tensors: ``torch.cond``.
+"""Higher-order operators on neuron tensors: ``torch.cond``, and ``auto_functionalized``.
 
 PyTorch dispatches a higher-order operator on a tensor subclass to a rule registered for
 that subclass (``cond_op.py_impl(NeuronTensor)``), after any active mode's rule. Two cases:
@@ -10,6 +10,11 @@ that subclass (``cond_op.py_impl(NeuronTensor)``), after any active mode's rule.
   wrapped so that the user's function sees neuron tensors, and its results come back wrapped.
   The fake-tensor rule of torch 2.13 asserts that branch results are plain fake tensors, so
   it is given the subclass's turn first (:func:`install` wraps it to decline neuron tensors).
+
+``auto_functionalized`` (a mutating custom op of a compiled graph that has a neuron kernel, which
+``dynamo/collectives.py`` runs on neuron tensors) takes its eager implementation: clone the
+written inputs, call the op. Without a rule it raised "There was no rule registered for HOP ...
+and subclass NeuronTensor".
 """
 
 from __future__ import annotations
@@ -55,10 +60,15 @@ def _cond(pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., Any], 
 
 
 def install() -> None:
-    """Register the neuron-tensor rule of ``torch.cond`` (once)."""
+    """Register the neuron-tensor rules of ``torch.cond`` and ``auto_functionalized`` (once)."""
     global _installed
     if _installed:
         return
+    from torch._higher_order_ops.auto_functionalize import auto_functionalized, auto_functionalized_v2
+
+    for hop in (auto_functionalized, auto_functionalized_v2):
+        if NeuronTensor not in hop.python_key_table:
+            hop.py_impl(NeuronTensor)(hop.py_kernels[torch._C.DispatchKey.CompositeExplicitAutograd])
     from torch._higher_order_ops.cond import cond_op
     from torch._subclasses.fake_tensor import FakeTensorMode
 

@@ -45,6 +45,15 @@ def register_dispatcher(dispatch: Dispatcher, on_error: Callable[[BaseException]
         _host_read = host_read
 
 
+def has_neuron_kernel(op: Any) -> bool:
+    """Whether ``op`` is a user's op (``torch.library``, outside ATen) with a kernel registered for
+    the neuron device: ``register_kernel("neuron")``, ``custom_op(device_types="neuron")``,
+    ``Library.impl(..., "PrivateUse1")``. (This package's own PrivateUse1 kernels are ATen
+    factories, which never reach the dispatcher.)"""
+    return isinstance(op, torch._ops.OpOverload) and op.namespace != "aten" \
+        and op.has_kernel_for_dispatch_key(torch._C.DispatchKey.PrivateUse1)
+
+
 def _no_dispatcher(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     raise RuntimeError(f"{func} on a neuron tensor: the eager neuron device is not registered "
                        "(import torch_neuronx, or call torch_neuronx.device.register())")
