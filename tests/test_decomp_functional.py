@@ -185,3 +185,52 @@ def _check_every_padding_of(fn, x, grid):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     for g, e in zip(got_grads, expected_grads, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=5e-5)
+
+
+def _non_finite_grid(dims: int, huge: float = 1e30) -> torch.Tensor:
+    """Every combination of NaN, infinite, huge and ordinary coordinates (one grid point each)."""
+    import itertools
+
+    values = [float("nan"), float("inf"), -float("inf"), huge, -huge, 0.3, -1.0, 3.0]
+    points = torch.tensor(list(itertools.product(values, repeat=dims)), dtype=torch.float32)
+    return points.view(1, *[len(values)] * dims, dims)
+
+
+def test_grid_sample_of_non_finite_coordinates_matches_the_cpu_kernels():
+    """A NaN or infinite grid point (a diverging spatial transformer) gives what torch's CPU kernels
+    give: NaN with zeros padding in 2-d, the clamped edge pixel with border and reflection (0 in 2-d,
+    the last one in 3-d), 0 outside in 3-d; huge coordinates reflect as the vectorized kernel does.
+    Both gave 0 everywhere, compiled and on the eager device. (3-d reflects by ``fmod``, exact here
+    only for quotients below 2**53: its huge coordinates stay within that.)"""
+    torch.manual_seed(3)
+    x2, g2 = torch.randn(1, 2, 4, 5), _non_finite_grid(2)
+    x3 = torch.randn(1, 2, 3, 4, 5)
+    g3 = _non_finite_grid(3, huge=1e9)[:, ::4]  # every fourth row: all eight values still in each coordinate
+
+    def fn(x2, g2, x3, g3):
+        flat = [F.grid_sample(x2, g2, mode=mode, padding_mode=padding, align_corners=corners).flatten()
+                for mode in ("bilinear", "nearest") for padding in ("zeros", "border", "reflection")
+                for corners in (False, True)]
+        flat += [F.grid_sample(x3, g3, mode="nearest", padding_mode=padding, align_corners=corners).flatten()
+                 for padding in ("zeros", "border", "reflection") for corners in (False, True)]
+        return torch.cat(flat)
+
+    expected = fn(x2, g2, x3, g3)
+    assert expected.isnan().any() and not expected.isnan().all()
+    compiled = torch.compile(fn, backend="neuron")(x2, g2, x3, g3)
+    torch.testing.assert_close(compiled, expected, equal_nan=True)
+    on_device = fn(*(t.to("neuron") for t in (x2, g2, x3, g3)))
+    torch.testing.assert_close(on_device.cpu(), expected, equal_nan=True)
+
+
+@_SLOW
+def test_volumetric_bilinear_grid_sample_of_non_finite_coordinates_matches_the_cpu_kernel():
+    torch.manual_seed(4)
+    x3, g3 = torch.randn(1, 1, 3, 4, 5), _non_finite_grid(3, huge=1e9)[:, ::3]
+
+    def fn(x3, g3):
+        return torch.cat([F.grid_sample(x3, g3, padding_mode=padding, align_corners=False).flatten()
+                          for padding in ("zeros", "border", "reflection")])
+
+    expected = fn(x3, g3)
+    torch.testing.assert_close(torch.compile(fn, backend="neuron")(x3, g3), expected, equal_nan=True)

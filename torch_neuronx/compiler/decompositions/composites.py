@@ -44,7 +44,12 @@ def angle(x: torch.Tensor) -> torch.Tensor:
 
 def grid_sampler_2d(input: torch.Tensor, grid: torch.Tensor, interpolation_mode: int, padding_mode: int,
                     align_corners: bool) -> torch.Tensor:
-    """``aten.grid_sampler_2d``: torch's decomposition."""
+    """``aten.grid_sampler_2d``: :mod:`.functional`'s sampler (bilinear, nearest), which matches eager's
+    CPU kernel on NaN and infinite coordinates where torch's decomposition does not; torch's
+    decomposition for bicubic."""
+    mode = _MODES.get(interpolation_mode)
+    if mode in ("bilinear", "nearest") and padding_mode in _PADDINGS:
+        return functional.grid_sample_nd(input, grid, mode, _PADDINGS[padding_mode], align_corners)
     return torch_decompositions._grid_sampler_2d(input, grid, interpolation_mode, padding_mode, align_corners)
 
 

@@ -48,12 +48,18 @@ def grid_sample(input: torch.Tensor, grid: torch.Tensor, mode: str = "bilinear",
     return _with_zero_gradient(out, grid) if mode == "nearest" else out
 
 
-def _clip(coords: torch.Tensor, size: int) -> torch.Tensor:
+def _clip(coords: torch.Tensor, size: int, volumetric: bool) -> torch.Tensor:
     """``coords`` clamped to ``[0, size - 1]`` with the gradient of torch's kernels: 1 strictly inside,
     0 on the edges and beyond (autograd's clamp passes the gradient on the edges, where the
-    interpolation's slope toward the zero-weighted neighbour outside then gave a wrong gradient)."""
+    interpolation's slope toward the zero-weighted neighbour outside then gave a wrong gradient).
+
+    A NaN lands where torch's CPU kernels put it: on 0 in 2-d (the vectorized kernel clamps NaN to
+    zero), on ``size - 1`` in 3-d (the scalar kernel's ``std::min(size - 1, std::max(NaN, 0))``).
+    """
     inside = (coords > 0) & (coords < size - 1)
-    return torch.where(inside, coords, coords.detach().clamp(0, size - 1))
+    clamped = coords.detach().clamp(0, size - 1)
+    clamped = torch.where(clamped.isnan(), float(size - 1) if volumetric else 0.0, clamped)
+    return torch.where(inside, coords, clamped)
 
 
 def _unnormalize(coords: torch.Tensor, size: int, align_corners: bool, volumetric: bool) -> torch.Tensor:
@@ -73,18 +79,34 @@ def _source_index(coords: torch.Tensor, size: int, padding_mode: str, align_corn
     """Grid coordinates in [-1, 1] to input positions, padded as torch's grid sampler pads them."""
     coords = _unnormalize(coords, size, align_corners, volumetric)
     if padding_mode == "border":
-        return _clip(coords, size)
+        return _clip(coords, size, volumetric)
     if padding_mode == "reflection":
         low, high = (0.0, size - 1.0) if align_corners else (-0.5, size - 0.5)
         if high == low:
             return torch.zeros_like(coords)
-        span = high - low
-        distance = (coords - low).abs()
-        extra = torch.fmod(distance, span)
-        flips = (distance / span).floor()
-        reflected = torch.where(torch.fmod(flips, 2) == 0, extra + low, span + low - extra)
-        return _clip(reflected, size)
+        reflect = _reflect_scalar if volumetric else _reflect_vectorized
+        return _clip(reflect(coords, low, high - low), size, volumetric)
     return coords
+
+
+def _reflect_scalar(coords: torch.Tensor, low: float, span: float) -> torch.Tensor:
+    """Reflection about ``low`` and ``low + span`` as torch's scalar (3-d) kernel computes it."""
+    distance = (coords - low).abs()
+    extra = torch.fmod(distance, span)
+    flips = (distance / span).floor()
+    return torch.where(torch.fmod(flips, 2) == 0, extra + low, span + low - extra)
+
+
+def _reflect_vectorized(coords: torch.Tensor, low: float, span: float) -> torch.Tensor:
+    """Reflection as torch's vectorized (2-d) kernel computes it: the remainder of the double span
+    by truncated division, which that kernel takes in the input's precision (a huge coordinate
+    lands on the edge there, not on an exact remainder), and a gradient of +1 at ``low``."""
+    shifted = coords - low
+    distance = torch.where(shifted < 0, -shifted, shifted)
+    twice_span = 2 * span
+    extra = distance - (distance / twice_span).trunc() * twice_span
+    reflected = twice_span - extra
+    return torch.where(extra > reflected, reflected, extra) + low
 
 
 def grid_sample_nd(input: torch.Tensor, grid: torch.Tensor, mode: str, padding_mode: str,
@@ -92,11 +114,14 @@ def grid_sample_nd(input: torch.Tensor, grid: torch.Tensor, mode: str, padding_m
     """Bilinear (trilinear) or nearest ``grid_sample`` of a 4-d or 5-d input (grid of x, y[, z]).
 
     Corners are weighted and summed in the order of torch's CPU kernel (top/bottom, then
-    north/south, then west/east), each weight the product of its x, y (and z) factors.
+    north/south, then west/east), each weight the product of its x, y (and z) factors. NaN and
+    infinite coordinates give what those kernels give (NaN in 2-d with zeros padding, the clamped
+    border otherwise).
     """
     n, c, *spatial = input.shape
     sizes = spatial[::-1]  # x indexes the last dimension
     volumetric = len(sizes) == 3
+    nan_weights = not volumetric and padding_mode == "zeros"
     points = [_source_index(grid[..., i], sizes[i], padding_mode, align_corners, volumetric)
               for i in range(len(sizes))]
     batch = torch.arange(n, device=input.device).view(n, *([1] * (len(sizes) + 1)))
@@ -105,7 +130,10 @@ def grid_sample_nd(input: torch.Tensor, grid: torch.Tensor, mode: str, padding_m
     def gather(at: list[torch.Tensor], weight: torch.Tensor | float) -> torch.Tensor:
         inside = functools.reduce(operator.and_, ((p >= 0) & (p < size) for p, size in zip(at, sizes, strict=True)))
         index = [torch.where(inside, p, 0).to(torch.int64).unsqueeze(1) for p in at]
-        weight = torch.where(inside, weight, 0).unsqueeze(1)
+        # A corner outside adds nothing; 2-d's kernel still multiplies its zero by the weight, so
+        # a NaN or infinite coordinate (a NaN weight) gives NaN there, as on the CPU.
+        outside = weight * 0 if nan_weights and isinstance(weight, torch.Tensor) else 0
+        weight = torch.where(inside, weight, outside).unsqueeze(1)
         return input[(batch, channel, *index[::-1])] * weight
 
     if mode == "nearest":
