@@ -143,8 +143,11 @@ def test_errors_are_clear():
         orphan.resize_(0)
 
 
-def test_an_fsdp2_reshard_and_unshard_sequence_computes_the_right_values():
-    """FSDP2's own ``free_storage`` / ``alloc_storage`` and all-gather copy-out on one rank."""
+@pytest.mark.parametrize("how", ["eager", "compiled"])
+def test_an_fsdp2_reshard_and_unshard_sequence_computes_the_right_values(how):
+    """FSDP2's own ``free_storage`` / ``alloc_storage`` and all-gather copy-out on one rank. A
+    compiled graph saves the parameter's inner tensor for its backward: the resizes moved that
+    tensor's version counter ("modified by an inplace operation ... is at version 2")."""
     torch.manual_seed(0)
     w1, w2, x_cpu = torch.randn(3, 4), torch.randn(3, 4), torch.randn(2, 4)
     all_gather_output = torch.empty(12, device="neuron")
@@ -158,10 +161,13 @@ def test_an_fsdp2_reshard_and_unshard_sequence_computes_the_right_values():
     copy_out(w1)
     param = nn.Parameter(torch.as_strided(all_gather_output, (3, 4), (4, 1), storage_offset=0))
     x = x_cpu.to("neuron").requires_grad_()
-    loss = (x @ param.t()).sin().sum()  # autograd saves x and the parameter
+    def forward(x: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+        return (x @ param.t()).sin().sum()  # autograd saves x and the parameter
+
+    loss = (torch.compile(forward, backend="neuron") if how == "compiled" else forward)(x, param)
     before = _allocated()
     free_storage(all_gather_output)  # reshard after forward
-    assert before - _allocated() == device_allocator(0).round_size(48)
+    assert how == "compiled" or before - _allocated() == device_allocator(0).round_size(48)
     assert all_gather_output.untyped_storage().size() == 0
     torch.empty(12, device="neuron").fill_(99.0)  # reuses the freed block
     copy_out(w2)  # unshard before backward: other values, so that stale memory would show
@@ -217,3 +223,20 @@ def test_set_onto_a_neuron_storage_and_resize_as_work_as_on_cuda():
     assert x.cpu()[3, 2] == -1 and x.shape == (4, 3)
     with pytest.raises(RuntimeError, match="devices must match"):
         torch.zeros(3).set_(x.untyped_storage())
+
+
+def test_a_compiled_inference_graph_reads_a_parameters_values_written_after_a_resize():
+    """New memory may sit at the old address and an ``out=`` copy into it moves no version counter:
+    an inference graph must still read the new values."""
+    model = nn.Linear(4, 3, bias=False).to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+    x = torch.randn(2, 4, device="neuron")
+    with torch.no_grad():
+        compiled(x)
+        compiled(x)
+        new = torch.randn(3, 4)
+        free_storage(model.weight)
+        alloc_storage(model.weight)
+        torch.split_with_sizes_copy(new.to("neuron").view(1, -1), [12], dim=1, out=[model.weight.view(1, -1)])
+        got = compiled(x)
+    torch.testing.assert_close(got.cpu(), x.cpu() @ new.t(), rtol=1e-5, atol=1e-5)

@@ -39,7 +39,7 @@ import torch
 
 from torch_neuronx import memory
 from torch_neuronx.memory.segments import PAGE_SIZE, HostSegmentSource
-from torch_neuronx.runtime import streams
+from torch_neuronx.runtime import aliases, streams
 from torch_neuronx.runtime import tensor as _tensor
 from torch_neuronx.runtime.tensor import Allocation, Memory, NeuronTensor
 
@@ -260,6 +260,9 @@ def _install(allocation: Allocation, new: Memory | None, nbytes: int) -> None:
     with torch.inference_mode():  # inner tensors made in inference mode are inference tensors
         for inner in allocation.inner_tensors():
             _repoint(inner, host, nbytes)
+    # The tensors' versions stayed (:func:`_repoint`) and the new memory may sit at the old address:
+    # resident parameters bound from them bind again (FSDP2 frees and regathers its parameters).
+    aliases.state.epoch += 1
     if allocation.storage is not None:
         _point(allocation.storage, allocation.address, nbytes, allocation.index)
 
@@ -277,7 +280,14 @@ def _repoint(inner: torch.Tensor, host: torch.UntypedStorage | None, nbytes: int
     needed = elements * inner.dtype.itemsize
     if host is None or needed > nbytes:
         host = _no_memory(needed)
+    tracked = not inner.is_inference()  # (inference tensors have no version counter)
+    version = inner._version if tracked else 0
     inner.set_(host, offset, size, stride)
+    if tracked:
+        # A storage resize is no write to the tensor: its version stays, as for torch's own devices.
+        # Compiled graphs save inner tensors for their backward, so a bump here was a "modified by
+        # an inplace operation" error there (FSDP2 frees and regathers its unsharded parameters).
+        torch._C._autograd._unsafe_set_version_counter((inner,), (version,))
 
 
 class _Reservation:
