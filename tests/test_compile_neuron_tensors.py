@@ -143,6 +143,45 @@ def test_eager_writes_move_the_inner_version_counter():
     assert not moved(lambda: t + 1)
 
 
+def _compiled_loss_then(update) -> tuple[torch.Tensor, torch.Tensor]:
+    """A compiled graph's loss over a neuron parameter (its backward saves the parameter), ``update``
+    of the parameter, then the backward: the input's gradient and the parameter's values then."""
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(3, 4, device="neuron"))
+    x = torch.randn(2, 4, device="neuron", requires_grad=True)
+    loss = torch.compile(lambda x, p: (x @ p.t()).sin().sum(), backend="neuron")(x, p)
+    update(p)
+    loss.backward()
+    return x.grad.cpu(), p.detach().cpu()
+
+
+def test_a_write_hidden_by_preserve_version_counter_reaches_the_compiled_backward():
+    """``_unsafe_preserve_version_counter`` (FSDP2's unshard, offloading) hides a write from autograd:
+    the compiled backward then reads the new values, as on the CPU. It failed "modified by an
+    inplace operation": the inner tensor the graph saved kept the write's version bump."""
+    new = torch.randn(3, 4)
+
+    def hidden_write(p: torch.Tensor) -> None:
+        with torch.no_grad(), torch.autograd._unsafe_preserve_version_counter(p):
+            p.copy_(new.to("neuron"))
+            p.mul_(2)
+
+    grad, values = _compiled_loss_then(hidden_write)
+    torch.testing.assert_close(values, new * 2)
+    torch.manual_seed(0)
+    p, x = torch.randn(3, 4), torch.randn(2, 4)
+    torch.testing.assert_close(grad, torch.cos(x @ p.t()) @ values, rtol=1e-5, atol=1e-5)
+
+
+def test_an_unhidden_write_of_a_saved_parameter_is_still_refused():
+    def write(p: torch.Tensor) -> None:
+        with torch.no_grad():
+            p.mul_(2)
+
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        _compiled_loss_then(write)
+
+
 def test_a_storage_keeps_its_block_after_the_wrapper_dies():
     torch.neuron.synchronize()  # queued work of earlier tests holds its memory until it has run
     gc.collect()

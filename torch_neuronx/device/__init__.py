@@ -52,9 +52,10 @@ def register() -> bool:
         random,
         swap,
     )
-    from torch_neuronx.runtime import hops, tensor
+    from torch_neuronx.runtime import hops, tensor, versions
 
     hops.install()
+    versions.install()
     tensor.register_dispatcher(eager.dispatch, on_error=backward_errors.note, host_read=copies.host_read)
 
     autocast.register()
