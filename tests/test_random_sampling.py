@@ -160,6 +160,25 @@ def test_a_neuron_generator_draws_the_sequence_of_a_cpu_generator_with_its_seed(
         torch.Generator(device="neuron:5")
 
 
+def test_compiled_functions_take_and_make_neuron_generators_as_eager_code_does():
+    """Dynamo graph-breaks on a CPU generator; a neuron one (a subclass) failed every compiled
+    function given or making one ("FakeScriptObject"). Now the draws are eager's, in order."""
+    def given(x, g):
+        return x * 2 + torch.randn(x.shape, generator=g, device=x.device)
+
+    def making(x):
+        g = torch.Generator(device="neuron")
+        g.manual_seed(7)
+        return torch.rand(x.shape, generator=g, device=x.device) + x
+
+    x = torch.ones(5, device="neuron")
+    compiled_given = torch.compile(given, backend="neuron")
+    g, reference = torch.Generator(device="neuron").manual_seed(3), torch.Generator(device="neuron").manual_seed(3)
+    for _ in range(2):  # the generator's state advances call after call
+        assert torch.equal(compiled_given(x, g).cpu(), given(x, reference).cpu())
+    assert torch.equal(torch.compile(making, backend="neuron")(x).cpu(), making(x).cpu())
+
+
 @pytest.mark.parametrize("training", [False, True])
 def test_compiled_random_ops_on_neuron_draw_from_the_devices_generator(training):
     """A compiled graph's random ops on neuron tensors (a factory placed there too) draw from the

@@ -45,6 +45,7 @@ from torch_neuronx.dynamo import (
     dynamic,
     fallback,
     flat_inputs,
+    generators,
     optimizers,
     plans,
     precompile,
@@ -91,6 +92,7 @@ def _concurrent_registration_tolerated() -> None:
 
 _concurrent_registration_tolerated()
 optimizers.install()  # before Dynamo traces an optimizer.step: this module is imported at the lookup
+generators.install()  # before Dynamo wraps a neuron generator
 
 if "TORCH_CACHING_PRECOMPILE" in os.environ:
     # torch itself only accepts "1"; the registry's bool parsing (true/yes/...) decides here.
