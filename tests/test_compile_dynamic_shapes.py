@@ -636,3 +636,15 @@ def test_python_floats_read_in_the_graph_key_its_compiles_by_their_bits():
     before = _compiles()
     torch.testing.assert_close(compiled(x, float("nan")), f(x, float("nan")), equal_nan=True)
     assert _compiles() == before
+
+
+def test_compiled_clamps_maxima_and_minima_keep_nan_on_the_dynamic_neff():
+    """The dynamic NEFF (second batch size on) gave the bound or the other operand for a NaN."""
+    from test_eager_dynamic_shapes import _bounded
+
+    compiled = torch.compile(lambda x, y: torch.stack(_bounded(x, y)), backend="neuron")
+    for batch in (2, 3, 5, 7):
+        x, y = torch.randn(batch, 4) * 3, torch.randn(batch, 4)
+        if batch > 3:
+            x[0, 0], y[1, 1], x[1, 2], y[1, 2] = (float("nan"),) * 4
+        torch.testing.assert_close(compiled(x, y), torch.stack(_bounded(x, y)), equal_nan=True)

@@ -92,6 +92,22 @@ def test_sign_bit_ops_get_one_kernel_and_keep_nan_and_zero_signs():
             assert _compiles() == before, f"{rows} rows compiled {_compiles() - before} new kernels"
 
 
+def _bounded(x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+    return [x.clamp(-1, 1), x.clamp(min=0.5), x.clamp(max=0.5), x.clamp(y - 1, y + 1), torch.maximum(x, y),
+            torch.minimum(y, x), F.hardtanh(x), F.relu6(x), F.hardsigmoid(x), x.clamp_min(y)]
+
+
+def test_clamps_maxima_and_minima_keep_nan_on_the_dynamic_kernel():
+    """torch-mlir's linalg lowering (dynamic kernels) selected the bound or the other operand for a
+    NaN (``clamp(NaN, -1, 1)`` was -1); the CPU check of a new dynamic kernel saw no NaN."""
+    for step, rows in enumerate((3, 4, 6, 9, 13)):
+        x, y = torch.randn(rows, 5) * 3, torch.randn(rows, 5)
+        if step > 2:  # NaN only once the dynamic kernels were made (and checked) without it
+            x[0, 0], y[1, 1], x[2, 2], y[2, 2] = (float("nan"),) * 4
+        for actual, expected in zip(_bounded(x.to("neuron"), y.to("neuron")), _bounded(x, y), strict=True):
+            torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)
+
+
 def test_equal_sizes_pick_their_own_kernel():
     """A kernel traced where two sizes were equal (a square product) must not serve a call
     where they differ, nor the other way round."""

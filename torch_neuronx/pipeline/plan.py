@@ -19,6 +19,7 @@ from torch_neuronx import observe
 from torch_neuronx.compiler import passes
 from torch_neuronx.compiler.cost import graph_flops
 from torch_neuronx.compiler.errors import DataDependentShapeError, NeuronCompileError
+from torch_neuronx.compiler.passes import nan_bounds
 from torch_neuronx.pipeline import shapes
 from torch_neuronx.pipeline.artifacts import GraphArtifacts
 from torch_neuronx.pipeline.lowering import lower_with_artifacts
@@ -160,6 +161,8 @@ def build_plan(gm: torch.fx.GraphModule, name: str, artifacts: GraphArtifacts, *
     artifacts.fx_graph(gm)
     node_count = len(gm.graph.nodes)  # as received, before the passes rewrite it
     gm, template = _prepare(gm, name, inputs_as_outputs)
+    if dialect != "stablehlo":  # torch-mlir's linalg lowering drops NaN in clamps, maxima, minima
+        gm = nan_bounds.nan_propagating_bounds(gm)
     artifacts.transformed_fx(gm)
     placeholders = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
     outputs = [n.meta.get("val") for n in next(n for n in gm.graph.nodes if n.op == "output").args[0]]
