@@ -157,6 +157,22 @@ def test_rounding_integers_to_decimals_is_torchs_error():
     assert torch.equal(torch.round(x.to("neuron")).cpu(), x)  # without decimals: the integers
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_rounding_floats_to_decimals_matches_the_cpu_kernel(dtype):
+    """torch's kernel scales in float32 for float16 and bfloat16 (scaled in float16,
+    ``round(1000.25, decimals=2)`` was inf) and divides by the power of ten for negative decimals."""
+    torch.manual_seed(0)
+    x = (torch.randn(3000) * torch.logspace(-3, 4, 3000)).to(dtype)
+    x[:4] = torch.tensor([1000.25, 700.125, 60000.0, 0.35]).to(dtype)
+
+    def rounded(t: torch.Tensor) -> torch.Tensor:
+        return torch.stack([torch.round(t, decimals=d) for d in (-2, -1, 1, 2, 3)])
+
+    expected = rounded(x)
+    assert torch.equal(rounded(x.to("neuron")).cpu(), expected)
+    assert torch.equal(torch.compile(rounded, backend="neuron")(x), expected)
+
+
 def test_equal_computes_on_the_device():
     """``torch.equal`` ran on the CPU with a fallback warning (training code checks with it)."""
     import warnings

@@ -7,6 +7,7 @@ divisions with torch's signs and integer rules, shifts and bitwise ops with Pyth
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -436,10 +437,22 @@ _CPU_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", tor
 
 
 def round_decimals(x: torch.Tensor, *, decimals: int = 0) -> torch.Tensor:
-    """``aten.round.decimals`` of an integer tensor: torch's error (its CPU kernel has none; here
-    ``round(ints, decimals=-1)`` returned the integers unchanged)."""
-    if x.is_floating_point() or x.is_complex():
+    """``aten.round.decimals`` as torch's CPU kernel computes it: in float32 for float16 and
+    bfloat16 (scaled in float16, ``round(1000.25, decimals=2)`` overflowed to inf), dividing by the
+    power of ten for negative ``decimals``. Of an integer tensor: torch's error (its CPU kernel has
+    none; here ``round(ints, decimals=-1)`` returned the integers unchanged)."""
+    if x.is_complex():
         return NotImplemented
+    if x.is_floating_point():
+        if decimals == 0:
+            return torch.round(x)
+        compute = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        scale = 10.0 ** abs(decimals)
+        if compute != torch.float64:  # the power of ten as the kernel's cast to float32 rounds it
+            scale = struct.unpack("f", struct.pack("f", scale))[0]
+        wide = x.to(compute)
+        rounded = torch.round(wide / scale) * scale if decimals < 0 else torch.round(wide * scale) / scale
+        return rounded.to(x.dtype)
     kernel = "round_vml_cpu" if decimals == 0 else "round_cpu"
     raise NotImplementedError(f'"{kernel}" not implemented for \'{_CPU_NAMES.get(x.dtype, x.dtype)}\'')
 
