@@ -110,6 +110,29 @@ def test_addbmm_with_scales_and_a_zero_beta_matches_eager(dtype):
         torch.testing.assert_close(got.cpu(), expected, equal_nan=True, **tolerance)
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.uint8])
+def test_integer_addmm_and_addbmm_compile_and_run_on_the_device(dtype):
+    """torch-mlir's lowering of integer ``addmm``/``addbmm`` did not legalize ("torch.constant.int"):
+    compiled graphs failed and the eager device fell back to the CPU."""
+    import warnings
+
+    b, x, w = (torch.randint(0, 60, shape, generator=_G).to(dtype) for shape in ((16,), (8, 24), (24, 16)))
+
+    def f(b, x, w):
+        batched = (x.unsqueeze(0).expand(3, 8, 24), w.unsqueeze(0).expand(3, 24, 16))
+        return (torch.addmm(b, x, w), torch.addmm(b, x, w, beta=3, alpha=2), torch.addmm(b, x, w, beta=0),
+                torch.addbmm(b, *batched), torch.addbmm(b, *batched, beta=2, alpha=5))
+
+    expected = f(b, x, w)
+    for got, want in zip(torch.compile(f, backend="neuron")(b, x, w), expected, strict=True):
+        assert torch.equal(got, want)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no CPU fallback
+        on_device = f(b.to("neuron"), x.to("neuron"), w.to("neuron"))
+    for got, want in zip(on_device, expected, strict=True):
+        assert torch.equal(got.cpu(), want)
+
+
 def test_addmm_with_zero_beta_ignores_its_input_nans_included():
     """torch documents that ``input`` is ignored when beta=0 (``addmm(torch.empty(...), a, b, beta=0)``):
     lowered whole, 0 * NaN gave NaN (eager device and compiled; ``addmm_`` through it)."""

@@ -4,13 +4,14 @@
   decompositions, which its core ATen table leaves out.
 - ``angle`` of real tensors: pi where the value is negative, 0 elsewhere, NaN kept (complex
   tensors go through the complex decomposition pass).
-- ``addbmm`` of floating tensors: the batch of products summed, scaled and added (torch-mlir's own
-  lowering failed on bfloat16: "failed to legalize operation 'torch.constant.int'").
+- ``addbmm`` of real tensors: the batch of products summed, scaled and added (torch-mlir's own
+  lowering failed on bfloat16 and integers: "failed to legalize operation 'torch.constant.int'").
 - ``full_like`` of uint8: computed in int16 and narrowed (torch-mlir made a uint8 literal, which
   does not lower: ``zero_``/``fill_``/``zeros_like`` of a uint8 tensor fell back to the CPU on the
   eager device, with a warning).
 - ``addmm`` with ``beta=0``: the product alone; ``input`` is ignored, its NaNs and infinities
   included, as eager's kernel and torch's documentation say (lowered whole, 0 * NaN was NaN).
+  Of integer tensors: the scaled sum (torch-mlir's lowering of it did not legalize).
 - ``native_batch_norm`` in evaluation: the per-channel affine map of the running statistics.
 - ``grid_sampler_2d`` and ``grid_sampler_3d`` called directly (``F.grid_sample`` is rewritten
   before tracing, :mod:`.functional`): the same samplers, for the integer mode arguments.
@@ -64,11 +65,13 @@ def grid_sampler_3d(input: torch.Tensor, grid: torch.Tensor, interpolation_mode:
 
 def addbmm(x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta: float = 1,
            alpha: float = 1) -> torch.Tensor:
-    """``aten.addbmm`` of floating tensors: ``beta * x + alpha * sum(batch1 @ batch2)``, where a zero
-    ``beta`` ignores ``x`` (its NaNs included), as eager's kernel."""
-    if not (x.is_floating_point() and batch1.is_floating_point()):
+    """``aten.addbmm`` of real tensors: ``beta * x + alpha * sum(batch1 @ batch2)``, where a zero
+    ``beta`` ignores ``x`` (its NaNs included), as eager's kernel; integers sum in their own type
+    (torch-mlir's lowering of integer ``addbmm`` did not legalize)."""
+    if x.is_complex() or batch1.is_complex() or torch.bool in (x.dtype, batch1.dtype) \
+            or x.is_floating_point() != batch1.is_floating_point():
         return NotImplemented
-    product = torch.bmm(batch1, batch2).sum(0)
+    product = torch.bmm(batch1, batch2).sum(0, dtype=batch1.dtype)
     if alpha != 1:
         product = product * alpha
     if beta == 0:  # (the result has the product's shape; ``x`` only broadcasts to it)
@@ -78,11 +81,17 @@ def addbmm(x: torch.Tensor, batch1: torch.Tensor, batch2: torch.Tensor, *, beta:
 
 def addmm(x: torch.Tensor, mat1: torch.Tensor, mat2: torch.Tensor, *, beta: float = 1,
           alpha: float = 1) -> torch.Tensor:
-    """``aten.addmm`` with ``beta=0``: ``alpha * (mat1 @ mat2)``, ``x`` ignored (other betas: lowered whole)."""
-    if beta != 0:
+    """``aten.addmm`` with ``beta=0``: ``alpha * (mat1 @ mat2)``, ``x`` ignored; of integer tensors:
+    ``beta * x + alpha * (mat1 @ mat2)`` (lowered whole, torch-mlir's integer scaling did not
+    legalize: "failed to legalize operation 'torch.constant.int'"). Other floats: lowered whole."""
+    integer = not (x.is_floating_point() or x.is_complex() or x.dtype == torch.bool)
+    if beta != 0 and not integer:
         return NotImplemented
     product = torch.mm(mat1, mat2)
-    return product if alpha == 1 else product * alpha
+    product = product if alpha == 1 else product * alpha
+    if beta == 0:
+        return product
+    return product + (x if beta == 1 else x * beta)
 
 
 def _uint8_fill(value: float | int | bool) -> int:
