@@ -37,6 +37,8 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
   which its core table leaves out), ``fmax`` and ``fmin``, ``as_strided_scatter``, ``unfold``.
 - :mod:`.composites`: ``addmv``, ``dist``, ``_batch_norm_with_update``, real ``angle``, and the
   grid samplers called directly.
+- :mod:`.quantization`: fake quantization per tensor and per channel (QAT), with its
+  straight-through mask, as torch's CPU kernels compute it.
 - :mod:`.histograms`: ``histogram`` and ``histogramdd`` (bin counts or bin tensors), as bin
   searches and an adding scatter.
 - :mod:`.losses`: the chunked ``linear_cross_entropy`` custom ops, as a matmul and a cross entropy.
@@ -97,6 +99,7 @@ from torch_neuronx.compiler.decompositions import (
     polynomials,
     pooling,
     precision,
+    quantization,
     recurrent_layers,
     resampling,
     rnn,
@@ -136,7 +139,7 @@ def _table(with_fma: bool) -> dict:
             **sampling.DECOMPOSITIONS, **convolution.DECOMPOSITIONS, **resampling.DECOMPOSITIONS,
             **scans.DECOMPOSITIONS,
             **rnn.DECOMPOSITIONS, **recurrent_layers.DECOMPOSITIONS, **indexing.DECOMPOSITIONS, **copies.DECOMPOSITIONS,
-            **composites.DECOMPOSITIONS, **functional.DECOMPOSITIONS,
+            **composites.DECOMPOSITIONS, **functional.DECOMPOSITIONS, **quantization.DECOMPOSITIONS,
             **linalg.DECOMPOSITIONS,
             **segments.DECOMPOSITIONS, **histograms.DECOMPOSITIONS, **losses.DECOMPOSITIONS,
             **orthogonal.DECOMPOSITIONS, **polynomials.DECOMPOSITIONS, **bessel.DECOMPOSITIONS,
