@@ -188,7 +188,18 @@ def embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Te
                   scale_grad_by_freq: bool = False, mode: int = 0, sparse: bool = False,
                   per_sample_weights: torch.Tensor | None = None, include_last_offset: bool = False,
                   padding_idx: int = -1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``aten._embedding_bag`` (and its forward-only twin) for modes sum, mean and max."""
+    """``aten._embedding_bag`` (and its forward-only twin) for modes sum, mean and max; the index
+    outputs in the indices' integer type, as torch's (int32 ones were int64 here, and the
+    backward then refused them: "expected scalar type Int but found Long")."""
+    out, bag, bag_size, max_indices = _embedding_bag(weight, indices, offsets, mode, per_sample_weights,
+                                                     include_last_offset, padding_idx)
+    kind = indices.dtype
+    return out, bag.to(kind), bag_size.to(kind), max_indices.to(kind)
+
+
+def _embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor, mode: int,
+                   per_sample_weights: torch.Tensor | None, include_last_offset: bool,
+                   padding_idx: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     indices = indices.reshape(-1)
     offsets = _checked_offsets(offsets, indices.numel())
     bag, bags = _bags(indices, offsets, include_last_offset)
