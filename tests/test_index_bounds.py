@@ -35,6 +35,9 @@ CASES: dict[str, tuple[Callable, torch.Tensor, torch.Tensor]] = {
     "scatter_reduce": (lambda x, i: x.scatter_reduce(0, i, -torch.ones(2, 4, device=x.device), "amin"),
                        torch.tensor([[2, 0, 1, 1], [0, 0, 2, 1]]), torch.tensor([[2, 0, 3, 1], [0, 0, 2, 1]])),
     "index_select": (lambda x, i: x.index_select(1, i), torch.tensor([3, 0, 1]), torch.tensor([3, -1, 1])),
+    # 0-d indices: torch-mlir failed index_select's ("'stablehlo.convert' op requires the same shape")
+    "index_select_0d": (lambda x, i: x.index_select(1, i), torch.tensor(3), torch.tensor(4)),
+    "take_0d": (lambda x, i: torch.take(x, i), torch.tensor(-12), torch.tensor(12)),
     "embedding": (lambda x, i: F.embedding(i, x), torch.tensor([[2, 0], [1, 1]]), torch.tensor([[2, 0], [3, 1]])),
     "index_add": (lambda x, i: x.index_add(0, i, ROWS.to(x.device)), torch.tensor([2, 0]), torch.tensor([-1, 0])),
     "index_copy": (lambda x, i: x.index_copy(0, i, ROWS.to(x.device)), torch.tensor([2, 0]), torch.tensor([2, 3])),
@@ -64,6 +67,18 @@ def test_eager_neuron_indexing_wraps_negatives_and_raises_out_of_range(name):
     torch.testing.assert_close(fn(x.clone(), good.to("neuron")).cpu(), fn(X.clone(), good))
     with pytest.raises(_eager_error(fn, bad), match="out of (bounds|range)"):
         fn(x.clone(), bad.to("neuron"))
+
+
+@pytest.mark.parametrize("name", ["take", "take_0d", "index_select", "index_select_0d"])
+def test_take_and_index_select_run_on_the_eager_device(name):
+    """``take`` had no lowering and a 0-d index failed ``index_select``'s: both ran on the CPU."""
+    from torch_neuronx import metrics
+
+    fn, good, _ = CASES[name]
+    before = metrics.counter("eager_fallbacks")  # (a fallback warns once per process: counted instead)
+    got = fn(X.to("neuron"), good.to("neuron"))
+    assert metrics.counter("eager_fallbacks") == before
+    torch.testing.assert_close(got.cpu(), fn(X.clone(), good))
 
 
 def test_an_index_check_is_bad_input_not_a_reason_to_fall_back(monkeypatch):

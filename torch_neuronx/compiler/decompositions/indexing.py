@@ -112,8 +112,24 @@ def gather_scalar(x: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: b
     return x.reshape(1).gather(0, index.reshape(-1)).reshape(index.shape)
 
 
+def index_select_scalar(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
+    """``aten.index_select`` with a 0-d index: a one-element index (the dimension stays, of size 1,
+    as torch's; torch-mlir's lowering failed: "'stablehlo.convert' op requires the same shape")."""
+    if index.dim() or not x.dim():
+        return NotImplemented
+    return x.index_select(dim, index.reshape(1))
+
+
+def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``aten.take`` (torch-mlir has no lowering: the eager device ran it on the CPU): indexing of
+    ``x`` flattened, negative indices wrapping, out-of-range ones an IndexError."""
+    return x.reshape(-1)[index.reshape(-1)].reshape(index.shape)
+
+
 DECOMPOSITIONS = {
     aten.gather.default: gather_scalar,
+    aten.index_select.default: index_select_scalar,
+    aten.take.default: take,
     aten.repeat_interleave.Tensor: repeat_interleave,
     aten.put.default: put,
     aten.index_add.default: index_add,
