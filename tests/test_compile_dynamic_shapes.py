@@ -648,3 +648,22 @@ def test_compiled_clamps_maxima_and_minima_keep_nan_on_the_dynamic_neff():
         if batch > 3:
             x[0, 0], y[1, 1], x[1, 2], y[1, 2] = (float("nan"),) * 4
         torch.testing.assert_close(compiled(x, y), torch.stack(_bounded(x, y)), equal_nan=True)
+
+
+def test_neuron_inputs_reshaped_by_an_intermediates_shape_get_one_dynamic_neff():
+    """``h = x * 2; B, C, H, W = h.shape; h.reshape(B, C, H * W)`` (the reshape before spatial
+    attention) on neuron tensors: Dynamo passes ``h``'s size as the input's inner tensor's symbol,
+    which no input size was, and every batch size compiled a NEFF of its own."""
+    def f(x):
+        h = x * 2
+        b, c, height, width = h.shape
+        return h.reshape(b, c, height * width).softmax(-1)
+
+    compiled = torch.compile(f, backend="neuron")
+    compiled(torch.randn(2, 3, 4, 4).to("neuron"))
+    before = _compiles()
+    for batch in (3, 5, 6, 9):
+        x = torch.randn(batch, 3, 4, 4)
+        torch.testing.assert_close(compiled(x.to("neuron")).cpu(), f(x))
+    assert _compiles() - before == 1
+

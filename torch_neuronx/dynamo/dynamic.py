@@ -145,6 +145,9 @@ class _Layout:
                 for f in e.free_symbols}
         missing = [s for s in used if s not in found]
         if missing:
+            self._outer_sizes(placeholders, example_inputs, missing)
+            missing = [s for s in missing if any(s in e.free_symbols for e in self.ints.values() if e is not None)]
+        if missing:
             raise NotDynamicGraph(f"the symbols {missing} are not sizes of any tensor input")
         self.source = self._sources()
         # Pairs of dimensions (tensor, dim) whose sizes the trace assumes equal: see _merge.
@@ -155,6 +158,32 @@ class _Layout:
             self._pin([example_inputs[i] for i in self.tensors])
         if merge:
             self._merge([example_inputs[i] for i in self.tensors])
+
+    def _outer_sizes(self, placeholders: list[torch.fx.Node], example_inputs: Sequence[Any],
+                     missing: list[Any]) -> None:
+        """Read each missing symbol that is a size of a neuron input's inner tensor
+        (``L['x']._data.size()[0]``: the size of an intermediate ``h = x * 2`` that the graph
+        reshapes by ``h.shape``) as the input's own size there (``L['x'].size()[0]``), which it
+        always equals."""
+        values = [node.meta.get("example_value") for node in placeholders]
+        env = next((v.node.shape_env for v in values if isinstance(v, torch.SymInt)), None)
+        if env is None:
+            return
+        outer = {}  # source name of a neuron input's size -> its symbol
+        for position, dims in zip(self.tensors, self.dims):
+            if isinstance(example_inputs[position], NeuronTensor):
+                for symbol in dims:
+                    if symbol is not None and symbol.is_Symbol:
+                        outer.update({source.name: symbol for source in env.var_to_sources.get(symbol, ())})
+        renamed = {}
+        for symbol in missing:
+            for source in env.var_to_sources.get(symbol, ()):
+                found = outer.get(source.name.replace("._data.size()[", ".size()[", 1))
+                if "._data.size()[" in source.name and found is not None:
+                    renamed[symbol] = found
+                    break
+        if renamed:
+            self.ints = {p: e.xreplace(renamed) if e is not None else e for p, e in self.ints.items()}
 
     def _sources(self) -> dict[Any, tuple[int, int]]:
         """Where the trace reads each symbol's value: the first tensor dimension that is that symbol."""
