@@ -108,6 +108,20 @@ def test_clamps_maxima_and_minima_keep_nan_on_the_dynamic_kernel():
             torch.testing.assert_close(actual.cpu(), expected, equal_nan=True)
 
 
+def test_the_check_of_a_dynamic_kernel_with_a_device_argument_runs_no_op_on_the_cpu():
+    """The check of a new dynamic kernel computed the CPU reference of ``new_zeros(..., device=...)``
+    (autograd's index backward calls it) on the device, then warned that ``allclose`` ran on the CPU."""
+    before = metrics.counter("eager_fallbacks")
+    for rows in (3, 4, 6, 9):
+        x = torch.randn(rows, 1).to("neuron")
+        made = [torch.ops.aten.new_zeros.default(x, [12, 2, 1], device=x.device),
+                torch.ops.aten.new_full.default(x, [3, 5], 2.5, device=x.device)]
+        assert [t.device.type for t in made] == ["neuron", "neuron"]
+        assert torch.equal(made[0].cpu(), torch.zeros(12, 2, 1))
+        assert torch.equal(made[1].cpu(), torch.full((3, 5), 2.5))
+    assert metrics.counter("eager_fallbacks") == before
+
+
 def test_equal_sizes_pick_their_own_kernel():
     """A kernel traced where two sizes were equal (a square product) must not serve a call
     where they differ, nor the other way round."""
