@@ -178,3 +178,22 @@ def test_embedding_bag_checks_its_offsets(offsets, last, message):
         return
     for run in runs:
         torch.testing.assert_close(run(), bag(indices, o, weight))
+
+
+@pytest.mark.parametrize("name, fn, message", [
+    ("index_add", lambda x, i: x.index_add(0, i, torch.ones(2, 4, dtype=torch.float64, device=x.device)),
+     r"index_add_\(\): self \(Float\) and source \(Double\) must have the same scalar type"),
+    ("index_copy", lambda x, i: x.index_copy(0, i, torch.ones(2, 4, dtype=torch.float64, device=x.device)),
+     r"index_copy_\(\): self and source expected to have the same dtype, but got \(self\) Float and \(source\) Double"),
+    ("setitem", lambda x, i: x.index_put((i,), torch.ones(2, 4, dtype=torch.int64, device=x.device)),
+     "Index put requires the source and destination dtypes match, got Float for the destination and Long"),
+])
+def test_a_source_of_another_dtype_is_eagers_error(name, fn, message):
+    """torch's meta functions do not check it: the compiled graph failed deep in IREE or torch-mlir."""
+    index = torch.tensor([2, 0])
+    with pytest.raises(RuntimeError, match=message):
+        fn(X.clone(), index)
+    with pytest.raises(Exception, match=message):
+        torch.compile(fn, backend="neuron")(X.clone(), index)
+    with pytest.raises(RuntimeError, match=message):
+        fn(X.to("neuron"), index.to("neuron")).cpu()

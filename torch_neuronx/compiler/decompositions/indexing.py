@@ -9,7 +9,9 @@ the ``index_bounds`` pass (``passes/index_bounds.py``) expands into a clamp and 
 check with the op's own error. Run eagerly, :data:`BOUNDS` checks and returns the index.
 ``put``, which torch-mlir cannot lower, is an ``index_put`` into the flattened tensor; ``one_hot``
 checks its classes the same way, and ``repeat_interleave`` with ``output_size`` its repeats (a
-size that was not their sum gave a shorter or longer result where eager raises).
+size that was not their sum gave a shorter or longer result where eager raises). ``index_put``,
+``index_add`` and ``index_copy`` raise eager's error for a source of another dtype (torch's meta
+functions do not check it: the lowering failed deep in IREE).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from __future__ import annotations
 import torch
 import torch._refs
 from torch._decomp import decompositions as torch_decompositions
+
+from torch_neuronx.compiler.errors import InvalidInputError
 
 aten = torch.ops.aten
 
@@ -44,15 +48,39 @@ def _size(x: torch.Tensor, dim: int) -> int:
     return x.shape[dim] if x.dim() else 1
 
 
+#: torch's C++ names of dtypes, as its kernels' messages print them.
+_SCALAR_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
+                 torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
+                 torch.uint8: "Byte", torch.bool: "Bool", torch.complex64: "ComplexFloat",
+                 torch.complex128: "ComplexDouble"}
+
+
+def _name(dtype: torch.dtype) -> str:
+    return _SCALAR_NAMES.get(dtype, str(dtype).removeprefix("torch."))
+
+
+def check_index_put_dtypes(x: torch.Tensor, values: torch.Tensor) -> None:
+    """``index_put`` (``x[i] = v``): eager's error for values of another dtype."""
+    if values.dtype != x.dtype:
+        raise InvalidInputError(f"Index put requires the source and destination dtypes match, got "
+                                f"{_name(x.dtype)} for the destination and {_name(values.dtype)} for the source.")
+
+
 def index_add(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *,
               alpha: float = 1) -> torch.Tensor:
     """``index_add`` with its index range checked (eager: RuntimeError for a negative index)."""
+    if source.dtype != x.dtype:
+        raise InvalidInputError(f"index_add_(): self ({_name(x.dtype)}) and source ({_name(source.dtype)}) "
+                                "must have the same scalar type")
     index = BOUNDS(index, _size(x, dim), False, "index_add", "bounds")
     return torch_decompositions.index_add(x, dim, index, source, alpha=alpha)
 
 
 def index_copy(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
     """``index_copy`` with its index range checked (eager: IndexError for a negative index)."""
+    if source.dtype != x.dtype:
+        raise InvalidInputError("index_copy_(): self and source expected to have the same dtype, but got (self) "
+                                f"{_name(x.dtype)} and (source) {_name(source.dtype)}")
     index = BOUNDS(index, _size(x, dim), False, "index_copy", "bounds")
     return torch_decompositions.index_copy(x, dim, index, source)
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 import torch
 
+from torch_neuronx.compiler.decompositions import indexing
 from torch_neuronx.compiler.decompositions.general import calls_itself
 from torch_neuronx.compiler.decompositions.indexing import BOUNDS
 from torch_neuronx.compiler.decompositions.scans import scan
@@ -412,7 +413,10 @@ def _index_put_separated(x: torch.Tensor, indices: list, values: torch.Tensor,
 
 
 def index_put(x: torch.Tensor, indices: list, values: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
-    """``aten.index_put`` in the forms torch-mlir cannot lower: a boolean mask, separated index tensors."""
+    """``aten.index_put`` in the forms torch-mlir cannot lower: a boolean mask, separated index tensors;
+    values of another dtype are eager's error (torch's meta function lets them through, and the
+    lowering failed deep in IREE)."""
+    indexing.check_index_put_dtypes(x, values)
     result = index_put_mask(x, indices, values, accumulate)
     if result is NotImplemented:
         result = _index_put_separated(x, indices, values, accumulate)
