@@ -75,3 +75,15 @@ def test_compiled_forward_and_backward_match_eager(fn):
     expected, got, eager_grads, compiled_grads = forward_backward(fn, _inputs(generator), generator)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(compiled_grads, eager_grads, rtol=1e-4, atol=1e-4)
+
+
+def test_a_product_of_zero_dimensional_tensors_reshaped_compiles():
+    """``(a.sum() * (a.max() + 1)).reshape(1)``: the region's operands were all 0-d, its result
+    was given the view's shape and the lowering failed ("'chlo.broadcast_multiply' op inferred
+    type(s) 'tensor<f32>' are incompatible with return type(s) of operation 'tensor<1xf32>'")."""
+    def fn(a):
+        return (a.sum() * (a.max() + 1)).reshape(1), ((a > 0).sum() != 3).to(torch.int64).reshape(1, 1)
+
+    a = torch.randn(5, generator=torch.Generator().manual_seed(3))
+    for got, expected in zip(torch.compile(fn, backend="neuron")(a), fn(a), strict=True):
+        torch.testing.assert_close(got, expected)

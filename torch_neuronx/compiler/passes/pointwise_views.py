@@ -43,6 +43,8 @@ def _region(end: torch.fx.Node, unviewed: tuple[int, ...]
     0-d tensors, which broadcast alike in either shape), in graph order, and those views; None
     when ``end`` is not such a region or a node inside it is used outside it."""
     viewed = _shape(end)
+    if viewed == ():  # 0-d operands alone: their result stays 0-d whatever the meta says (it failed to lower)
+        return None
     region: set[torch.fx.Node] = set()
     leaves: set[torch.fx.Node] = set()
     stack = [end]
