@@ -235,6 +235,41 @@ def test_boolean_mask_assignment_forward_and_backward():
     _check(fn, _leaf(6, 5))
 
 
+def test_masked_assignment_of_values_per_selected_element():
+    """``x[x > 0] *= -1`` and ``x[mask] = f(x[mask])``: one value per selected element (failed to
+    lower: "The size of tensor a (48) must match the size of tensor b (-9223372036854775808)")."""
+    torch.manual_seed(0)
+
+    def fn(x):
+        y = x * 1.5
+        y[y > 0] *= -1
+        rows = y[:, 0] < 0
+        y[rows] = y[rows].flip(-1) * 2  # a row mask, one row per selected row
+        z = y.clone()
+        z[z < -1] = torch.sigmoid(z[z < -1])
+        return y + z
+
+    x = torch.randn(6, 5)
+    torch.testing.assert_close(torch.compile(fn, backend="neuron")(x), fn(x))
+    leaf = _leaf(6, 5)
+    _check(lambda t: fn(t.detach()) * 0 + fn(t), leaf)
+
+
+def test_masked_assignment_of_another_count_of_values_raises_as_eager():
+    def fn(x, values):
+        y = x.clone()
+        y[y > 0] = values
+        return y
+
+    x = torch.tensor([[1.0, -2.0, 3.0], [-4.0, 5.0, -6.0]])
+    torch.testing.assert_close(torch.compile(fn, backend="neuron")(x, torch.tensor([7.0, 8.0, 9.0])),
+                               fn(x, torch.tensor([7.0, 8.0, 9.0])))
+    with pytest.raises(RuntimeError, match=r"shape mismatch: value tensor of shape \[2\] cannot be broadcast"):
+        fn(x, torch.tensor([7.0, 8.0]))
+    with pytest.raises(RuntimeError, match=r"shape mismatch: value tensor of shape \[2\] cannot be broadcast"):
+        torch.compile(fn, backend="neuron")(x, torch.tensor([7.0, 8.0]))
+
+
 def test_masked_scatter_with_a_short_source_raises_as_eager():
     """A source with fewer elements than set mask elements: eager raises; compiled and on the
     eager device the last element was repeated. A source long enough still gives eager's values."""

@@ -373,8 +373,9 @@ def index_put_mask(x: torch.Tensor, indices: list, values: torch.Tensor, accumul
     torch-mlir cannot lower a boolean index. When ``v`` is the same for every selected
     element (a scalar, or a row broadcast over the selection), the write is
     ``where(mask, v, x)`` (``x + where(mask, v, 0)`` when accumulating: a mask selects
-    each element once). Values that differ per selected element, whose count depends
-    on the data, keep the op (and its error).
+    each element once). Values that differ per selected element (``x[x > 0] *= -1``: as many
+    as the mask selects, a count Dynamo took from this call) are picked by each selected
+    element's rank among the selected ones, with torch's check that the counts agree.
     """
     if len(indices) != 1 or indices[0] is None or indices[0].dtype not in (torch.bool, torch.uint8):
         return NotImplemented
@@ -382,13 +383,31 @@ def index_put_mask(x: torch.Tensor, indices: list, values: torch.Tensor, accumul
     rest = x.shape[mask.dim():]
     if mask.dim() > x.dim() or mask.shape != x.shape[:mask.dim()]:
         return NotImplemented
-    if values.dim() > len(rest) and any(s != 1 for s in values.shape[:values.dim() - len(rest)]):
-        return NotImplemented  # one value per selected element
-    row = values.reshape(values.shape[max(values.dim() - len(rest), 0):]).to(x.dtype)  # leading 1s dropped
     selected = mask.reshape(*mask.shape, *([1] * len(rest)))
+    if values.dim() > len(rest) and any(s != 1 for s in values.shape[:values.dim() - len(rest)]):
+        row = _per_selected_element(mask, values.to(x.dtype), rest)  # one value per selected element
+        if row is NotImplemented:
+            return row
+    else:
+        row = values.reshape(values.shape[max(values.dim() - len(rest), 0):]).to(x.dtype)  # leading 1s dropped
     if accumulate:
         return x + torch.where(selected, row, torch.zeros((), dtype=x.dtype, device=x.device))
     return torch.where(selected, row, x)
+
+
+def _per_selected_element(mask: torch.Tensor, values: torch.Tensor, rest: torch.Size) -> torch.Tensor:
+    """``values`` (one row per selected element, in order) placed at the selected positions of
+    ``mask``'s shape; a host check raises torch's shape mismatch when the mask selects another count."""
+    if values.dim() != len(rest) + 1:
+        return NotImplemented
+    count = values.shape[0]
+    flat = mask.reshape(-1)
+    chosen = flat.sum().reshape(1)
+    code = (chosen != count).to(torch.int64) * (chosen + 1)  # 0, or the count selected + 1
+    checked = BOUNDS(code, 1, False, "index_put", f"masked_index_put:{list(values.shape)}:{list(rest)}")
+    rows = torch.cat([values.expand(count, *rest), values.new_zeros(1, *rest)])  # a spare row past the last
+    rank = (torch.cumsum(flat.to(torch.int64), 0) - 1).clamp(0, count) + checked  # (+ 0: keeps the check)
+    return rows.index_select(0, rank).reshape(*mask.shape, *rest)
 
 
 def _index_put_separated(x: torch.Tensor, indices: list, values: torch.Tensor,
