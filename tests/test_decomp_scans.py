@@ -62,3 +62,16 @@ def test_logcumsumexp_is_stable_and_keeps_special_values():
         rtol = _RTOL[expected[name].dtype]  # infinities and NaN where eager has them
         torch.testing.assert_close(got[name], expected[name], rtol=rtol, atol=0.0, equal_nan=True,
                                    msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_narrow_integer_cumsums_in_their_own_type_wrap_as_torchs():
+    """``cumsum(dtype=torch.int8)`` (and uint8, int16) crashed torch-mlir's lowering (SIGSEGV)."""
+    x = torch.tensor([[100, 100, 3, 5], [-7, 120, 90, 1]], dtype=torch.int16)
+
+    def fn(x):
+        return (x.to(torch.int8).cumsum(1, dtype=torch.int8), x.to(torch.uint8).cumsum(1, dtype=torch.uint8),
+                (x * 300).cumsum(0, dtype=torch.int16), x.to(torch.int8).cumsum(1))
+
+    for got, on_device, expected in zip(torch.compile(fn, backend="neuron")(x), fn(x.to("neuron")), fn(x),
+                                        strict=True):
+        assert torch.equal(got, expected) and torch.equal(on_device.cpu(), expected)

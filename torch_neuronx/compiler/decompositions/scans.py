@@ -66,6 +66,10 @@ def cumsum(x: torch.Tensor, dim: int, dtype: torch.dtype | None = None) -> torch
     out = x.dtype if dtype is None else dtype
     if out in NARROW and x.dtype in (out, *NARROW):  # torch accumulates these in float32, rounded once
         return aten.cumsum.default(x.to(torch.float32), dim).to(out)
+    if dtype in (torch.int8, torch.uint8, torch.int16) and x.dtype != torch.bool:
+        # (torch-mlir's lowering of an 8-bit cumsum crashed: SIGSEGV) the sum in int32 wraps to
+        # the same narrow values as torch's in the narrow type
+        return aten.cumsum.default(x.to(torch.int32), dim).to(out)
     length = x.shape[dim]  # a symbolic length (a dynamic kernel) is not compared: no guard, float64
     if out == torch.float32 and x.dtype in (torch.float32, *NARROW) and (not isinstance(length, int)
                                                                           or length > _LONG_SCAN):
