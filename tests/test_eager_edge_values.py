@@ -173,6 +173,23 @@ def test_rounding_floats_to_decimals_matches_the_cpu_kernel(dtype):
     assert torch.equal(torch.compile(rounded, backend="neuron")(x), expected)
 
 
+def test_integer_clamps_convert_their_bounds_as_torch():
+    """An int bound out of the tensor's range is torch's overflow error (compiled, a uint8 tensor
+    clamped to 300 came back wrapped), a negative bound of an unsigned tensor wraps as torch's
+    conversion does (``clamp(uint8, min=-1)`` is 255 everywhere)."""
+    x = torch.tensor([0, 5, 44, 250], dtype=torch.uint8)
+    fine = [lambda t: t.clamp(-1, 100), lambda t: t.clamp_min(-3), lambda t: t.clamp(-200, 100),
+            lambda t: t.clamp_max(200), lambda t: t.to(torch.int8).clamp(-128, 50)]
+    for fn in fine:
+        assert torch.equal(torch.compile(fn, backend="neuron")(x), fn(x))
+        assert torch.equal(fn(x.to("neuron")).cpu(), fn(x))
+    for fn in (lambda t: t.clamp(0, 300), lambda t: t.to(torch.int8).clamp_min(-200)):
+        with pytest.raises(RuntimeError, match="without overflow"):
+            fn(x)
+        with pytest.raises(Exception, match="value cannot be converted to type u?int8_t without overflow"):
+            torch.compile(fn, backend="neuron")(x)
+
+
 def test_equal_computes_on_the_device():
     """``torch.equal`` ran on the CPU with a fallback warning (training code checks with it)."""
     import warnings

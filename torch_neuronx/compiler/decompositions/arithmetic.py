@@ -219,10 +219,42 @@ def add_bool(a: torch.Tensor, b: torch.Tensor | float, *, alpha: float = 1) -> t
     return torch.logical_or(a, b)
 
 
+_C_NAMES = {torch.uint8: "uint8_t", torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int",
+            torch.int64: "int64_t"}
+
+
+def _integer_bound(x: torch.Tensor, bound: Any) -> Any:
+    """An int bound of an integer tensor as torch's checked conversion gives it: an overflow is its
+    error, and a negative bound of an unsigned tensor wraps (``clamp(uint8, min=-1)`` is 255)."""
+    if bound is None or isinstance(bound, bool) or not isinstance(bound, int) or x.dtype not in _C_NAMES:
+        return bound
+    info = torch.iinfo(x.dtype)
+    overflows = bound > info.max or (bound < -info.max if info.min == 0 else bound < info.min)
+    if overflows:
+        raise InvalidInputError(f"value cannot be converted to type {_C_NAMES[x.dtype]} without overflow")
+    return bound % (info.max + 1) if info.min == 0 else bound
+
+
+def clamp_min_integer(x: torch.Tensor, min: Any) -> torch.Tensor:  # noqa: A002
+    """``aten.clamp_min`` of an integer tensor by a number: torch's conversion of the bound."""
+    checked = _integer_bound(x, min)
+    return NotImplemented if checked == min else aten.clamp_min.default(x, checked)
+
+
+def clamp_max_integer(x: torch.Tensor, max: Any) -> torch.Tensor:  # noqa: A002
+    """``aten.clamp_max`` of an integer tensor by a number: torch's conversion of the bound."""
+    checked = _integer_bound(x, max)
+    return NotImplemented if checked == max else aten.clamp_max.default(x, checked)
+
+
 @calls_itself
 def clamp(x: torch.Tensor, min: float | None = None, max: float | None = None) -> torch.Tensor:  # noqa: A002
     """``aten.clamp`` of integers by float bounds: in the promoted float type, as torch (torch-mlir
-    rejected the mixed types)."""
+    rejected the mixed types); by int bounds, as torch's checked conversion gives them (an overflow
+    is its error: a uint8 tensor clamped to 300 wrapped)."""
+    checked = (_integer_bound(x, min), _integer_bound(x, max))
+    if checked != (min, max):
+        return aten.clamp.default(x, *checked)
     bounds = [v for v in (min, max) if v is not None]
     dtype = x.dtype
     for bound in bounds:
@@ -484,6 +516,8 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.abs.default: abs_unsigned,
     aten.add.Tensor: add_bool,
     aten.clamp.default: clamp,
+    aten.clamp_min.default: clamp_min_integer,
+    aten.clamp_max.default: clamp_max_integer,
     aten.clamp.Tensor: clamp_tensor,
     aten.clamp_min.Tensor: clamp_min_tensor,
     aten.clamp_max.Tensor: clamp_max_tensor,
