@@ -307,6 +307,27 @@ def test_tables_are_written_when_the_process_is_terminated(tmp_path, handler):
     assert ops.loc["mul.Tensor", "calls"] == 1
 
 
+@pytest.mark.parametrize("held", ["collector", "events", "directories", "twice"])
+def test_a_sigterm_inside_bookkeeping_still_writes_the_tables_and_ends(tmp_path, held):
+    """The handler runs in the main thread wherever the signal lands: inside an op's bookkeeping
+    it waited forever on a lock its own thread held, and so did a second SIGTERM mid-handler."""
+    hold = {"collector": "from torch_neuronx.metrics.collector import collector as c; lock = c._lock",
+            "events": "from torch_neuronx.observe import events; lock = events._lock",
+            "directories": "from torch_neuronx.config import directories; lock = directories._lock",
+            "twice": "import threading; lock = threading.Lock()"}[held]
+    program = ("import os, signal, time, torch, torch_neuronx\n"
+               "(torch.ones(3, device='neuron') * 2).cpu()\n"
+               f"{hold}\n"
+               "from torch_neuronx import process\n"
+               + ("process.at_termination(lambda: os.kill(os.getpid(), signal.SIGTERM))\n" if held == "twice" else "")
+               + "with lock:\n    os.kill(os.getpid(), signal.SIGTERM)\n    time.sleep(30)\n")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "TORCH_NEURONX_ENABLED_METRIC_TABLES": "eager_ops,transfers",
+                               "TORCH_NEURONX_METRICS_DIR": str(tmp_path)})
+    assert proc.returncode == -15, proc.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path)) == ["metric_table_eager_ops_rank0.csv", "metric_table_transfers_rank0.csv"]
+
+
 def test_no_table_no_files_and_no_listener(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import torch, torch_neuronx\n"
                            "from torch_neuronx import observe\n"

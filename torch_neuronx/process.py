@@ -151,7 +151,12 @@ def at_termination(fn: Any) -> bool:
     failed, a scheduler's preemption or time limit), before it ends as it would have: the
     handler found before runs next, or, for the default action, the process dies of the signal
     (exit status 143). Nothing is installed when SIGTERM is ignored or handled outside Python,
-    or off the main thread (where Python cannot set handlers): False then."""
+    or off the main thread (where Python cannot set handlers): False then.
+
+    The handler runs in the main thread wherever the signal found it, maybe holding a lock that
+    ``fn`` takes: the locks of what such hooks read (metrics, events, samples, directories) are
+    reentrant, and a second SIGTERM during the hooks is ignored (both hung the process for good).
+    """
     import signal
     import threading
 
@@ -170,9 +175,16 @@ def at_termination(fn: Any) -> bool:
     return True
 
 
+_terminating = False
+
+
 def _on_sigterm(signum: int, frame: Any) -> None:
     import signal
 
+    global _terminating
+    if _terminating:  # a second SIGTERM while the hooks run: they finish, then the process ends
+        return
+    _terminating = True
     for fn in list(_at_termination):
         try:
             fn()

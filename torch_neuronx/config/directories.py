@@ -20,7 +20,7 @@ from torch_neuronx.config.registry import get, var
 __all__ = ["UnusableDirectoryError", "directory"]
 
 _log = logging.getLogger("torch_neuronx.config")
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: see process.at_termination
 _usable: dict[tuple[str, str], str] = {}  # (variable, configured path) -> the directory used
 
 

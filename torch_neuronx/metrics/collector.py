@@ -62,7 +62,7 @@ class Collector:
     """Subscribed to the instrumentation layer while enabled; keeps the op-rate measurements."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # reentrant: see process.at_termination
         self._subscribed = False
         self._listener = self.on_event  # one bound method: unsubscribe() compares by identity
         self.clear()

@@ -98,7 +98,7 @@ TABLES: dict[str, Table] = {t.name: t for t in (
           ("kind", "calls", "bytes", "total_us", "mean_us"), _transfer_rows, True),
 )}
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: see process.at_termination
 _enabled: list[str] = []
 _configured = False
 _exit_registered = False

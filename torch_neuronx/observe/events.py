@@ -63,7 +63,7 @@ class _State:
 
 
 state = _State()
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: see process.at_termination
 _counters: Counter[str] = Counter()
 
 

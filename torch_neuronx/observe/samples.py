@@ -49,7 +49,7 @@ class Samples:
         self.recent.append((at_ns, value))
 
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: see process.at_termination
 _samples: dict[str, Samples] = {}
 _records: dict[str, collections.deque] = {}
 _local = threading.local()
