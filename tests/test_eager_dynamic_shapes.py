@@ -122,6 +122,20 @@ def test_the_check_of_a_dynamic_kernel_with_a_device_argument_runs_no_op_on_the_
     assert metrics.counter("eager_fallbacks") == before
 
 
+def test_batch_norm_trains_over_changing_batch_sizes():
+    """A CNN epoch's last, smaller batch: the third batch size of ``native_batch_norm_backward`` made
+    its dynamic kernel, whose check against the CPU crashed the process (SIGSEGV in the runtime)."""
+    torch.manual_seed(0)
+    on_device, on_cpu = torch.nn.BatchNorm2d(16).to("neuron"), torch.nn.BatchNorm2d(16)
+    for batch in (64, 32, 24):
+        x = torch.randn(batch, 16, 4, 4)
+        xd, xc = x.to("neuron").requires_grad_(), x.clone().requires_grad_()
+        on_device(xd).square().sum().backward()
+        on_cpu(xc).square().sum().backward()
+        torch.testing.assert_close(xd.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(on_device.weight.grad.cpu(), on_cpu.weight.grad, rtol=1e-4, atol=1e-4)
+
+
 def test_equal_sizes_pick_their_own_kernel():
     """A kernel traced where two sizes were equal (a square product) must not serve a call
     where they differ, nor the other way round."""

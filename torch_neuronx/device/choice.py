@@ -120,9 +120,18 @@ def _find_kernel(func: Any, args: Sequence[Any], kwargs: dict[str, Any], dynamic
     return key, kernels.compiled_kernel(func, key, args, kwargs, False)
 
 
+#: Ops whose dynamic-shape kernel is not even run to be checked: it crashed the process
+#: (``native_batch_norm_backward``'s linalg lowering wrote out of bounds inside the runtime: a
+#: BatchNorm2d training loop died of SIGSEGV at its epoch's last, smaller batch).
+_PER_SHAPE = frozenset({torch.ops.aten.native_batch_norm_backward.default})
+
+
 def _dynamic_kernel(func: Any, family: tuple, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """The family's dynamic-shape kernel, checked against the CPU once; :data:`kernels.STATIC` when
     the op has none."""
+    if func in _PER_SHAPE:
+        kernels.registry[family] = kernels.STATIC
+        return kernels.STATIC
     kernel = kernels.compiled_kernel(func, family, args, kwargs, True)
     if not isinstance(kernel, kernels.Kernel):
         return kernel
