@@ -328,6 +328,40 @@ def test_a_sigterm_inside_bookkeeping_still_writes_the_tables_and_ends(tmp_path,
     assert sorted(os.listdir(tmp_path)) == ["metric_table_eager_ops_rank0.csv", "metric_table_transfers_rank0.csv"]
 
 
+_SPAWNED = """
+import os, socket, sys
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def worker(rank, port):
+    import torch_neuronx
+    dist.init_process_group("neuron", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    t = torch.ones(4, device="neuron") * (rank + 1)
+    dist.all_reduce(t)
+    t.cpu()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(port,), nprocs=2)
+"""
+
+
+def test_ranks_started_without_rank_in_the_environment_keep_their_tables_apart(tmp_path):
+    """``mp.spawn`` with an explicit ``rank=``: after ``destroy_process_group()`` every rank wrote its
+    tables at exit as rank 0's, over each other's."""
+    script = tmp_path / "spawned.py"
+    script.write_text(_SPAWNED)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240,
+                          env={**env, "TORCH_NEURONX_ENABLED_METRIC_TABLES": "transfers",
+                               "TORCH_NEURONX_METRICS_DIR": str(tmp_path / "metrics")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(os.listdir(tmp_path / "metrics")) == ["metric_table_transfers_rank0.csv",
+                                                        "metric_table_transfers_rank1.csv"]
+
+
 def test_no_table_no_files_and_no_listener(tmp_path):
     proc = subprocess.run([sys.executable, "-c", "import torch, torch_neuronx\n"
                            "from torch_neuronx import observe\n"

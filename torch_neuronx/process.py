@@ -37,16 +37,36 @@ def _distributed() -> Any | None:
     return None
 
 
+#: The rank and world size torch.distributed last reported: after ``destroy_process_group()`` a
+#: process started without RANK in its environment (``mp.spawn``, an explicit ``rank=``) is still
+#: that rank (every rank wrote its metric tables at exit as rank 0's, over each other's).
+_last_group: tuple[int, int] | None = None
+
+
 def rank() -> int:
     """The global rank of this process (0 when not distributed)."""
+    global _last_group
     dist = _distributed()
-    return dist.get_rank() if dist is not None else config.get("RANK")
+    if dist is not None:
+        _last_group = (dist.get_rank(), dist.get_world_size())
+        return _last_group[0]
+    return _last_group[0] if _last_group is not None and "RANK" not in os.environ else config.get("RANK")
+
+
+def note_default_group(group_rank: int, size: int) -> None:
+    """Remember the default process group's rank and size as it is created (see :data:`_last_group`)."""
+    global _last_group
+    _last_group = (group_rank, size)
 
 
 def world_size() -> int:
     """How many ranks the job has (1 when not distributed)."""
+    global _last_group
     dist = _distributed()
-    return dist.get_world_size() if dist is not None else config.get("WORLD_SIZE")
+    if dist is not None:
+        _last_group = (dist.get_rank(), dist.get_world_size())
+        return _last_group[1]
+    return _last_group[1] if _last_group is not None and "WORLD_SIZE" not in os.environ else config.get("WORLD_SIZE")
 
 
 def local_rank() -> int:

@@ -34,8 +34,11 @@ def __getattr__(name: str) -> Any:
 def _create(*args: Any, **kwargs: Any) -> Any:
     """The backend's creator (torch.distributed calls it per process group): process_group.create,
     bound to the device that ``init_process_group`` / ``new_group`` was given as ``device_id``."""
+    from torch_neuronx import process
     from torch_neuronx.distributed.process_group import create
 
+    if not dist.is_initialized() and len(args) >= 3:  # the default group: this process's global rank
+        process.note_default_group(args[1], args[2])
     group = create(*args, **kwargs)
     device = _device_id(sys._getframe(1))
     if device is not None:
