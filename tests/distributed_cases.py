@@ -24,6 +24,20 @@ def peer_dies(rank: int) -> None:
     t.cpu()
 
 
+def peer_exits_with_an_error(rank: int) -> None:
+    """A peer's script fails (an uncaught exception: exit status 1) while this rank waits in a
+    collective: the peer waited 10 s at exit for a goodbye this rank would only say at its own
+    exit, then died of SIGABRT with its agreement listener inside gloo."""
+    t = torch.ones(4, device="neuron")
+    dist.all_reduce(t)
+    t.cpu()
+    if rank == 1:
+        time.sleep(0.5)
+        raise SystemExit("rank 1 fails on purpose")  # past the case's `except Exception`, as a user's error
+    dist.all_reduce(t)  # the same collective again: predicted, so rank 0 waits inside gloo
+    t.cpu()
+
+
 def peer_dies_in_ddp_training(rank: int) -> None:
     """A peer gone during DDP training: the survivor's backward raised nothing and DDP's reducer
     read the failed collective's future as gradients: a segfault (its future now fails in C++)."""

@@ -126,11 +126,15 @@ def test_a_process_that_ran_ahead_into_a_failed_collective_exits_cleanly():
 @pytest.mark.parametrize("case, expect", [
     ("mismatched_gather", {1: "output of 8 elements for 2 inputs of 5", 0: "CollectiveError"}),
     ("peer_dies", {0: "by peer"}),  # gloo: "Connection closed by peer" or "... reset by peer"
+    ("peer_exits_with_an_error", {0: "all_reduce on process group '0' failed"}),
     ("peer_never_arrives", {0: "did not complete within 5 s"}),
     ("peer_dies_in_ddp_training", {0: "all_reduce on process group"}),
 ])
 def test_failures_are_errors_on_every_rank_never_hangs_or_aborts(case, expect):
-    proc = torchrun("distributed_cases.py", case, PG_TIMEOUT="5", timeout=240)
+    # (a peer that exits: the survivor's group timeout must outlast the exiting rank's 10 s wait)
+    proc = torchrun("distributed_cases.py", case, PG_TIMEOUT="60" if case == "peer_exits_with_an_error" else "5",
+                    timeout=240)
+    assert "still waits for its peer" not in proc.stderr, proc.stderr[-3000:]
     outcomes = _outcomes(proc)
     for rank, text in expect.items():
         assert rank in outcomes and outcomes[rank].startswith("RAISED") and text in outcomes[rank], \

@@ -165,6 +165,7 @@ class Agreements:
         self._threads: list[threading.Thread] = []
         self._pid = os.getpid()
         self._goodbye_said = False
+        self._bye_sent: set[int] = set()  # peers this rank said goodbye to (once each way)
         if size > 1:
             self._start()
 
@@ -297,11 +298,24 @@ class Agreements:
         """Queue the goodbyes to every peer (once; :meth:`close`'s first half)."""
         if os.getpid() != self._pid or not self._threads or self._goodbye_said:
             return
-        self._goodbye_said = True
-        for peer in range(self._size):
-            if peer != self._rank:
+        with self._lock:
+            self._goodbye_said = True
+            peers = [p for p in range(self._size) if p != self._rank and p not in self._bye_sent]
+            self._bye_sent.update(peers)
+            for peer in peers:
                 self._send_rows(peer, _BYE, 0, [])
-        self._sends.put(None)
+            self._sends.put(None)
+
+    def _answer_goodbye(self, peer: int) -> None:
+        """A peer leaves (its process exits) before this rank does: its listener for this rank
+        waits for a goodbye, which this rank, still running (maybe inside a collective that peer
+        will never join), would only say at its own exit; the peer then left with that listener
+        inside gloo and died of SIGABRT. Answered now, once."""
+        with self._lock:
+            if self._goodbye_said or peer in self._bye_sent:
+                return
+            self._bye_sent.add(peer)
+            self._send_rows(peer, _BYE, 0, [])
 
     def join(self, deadline: float, timeout_s: float) -> None:
         """Wait until ``deadline`` (time.monotonic) for the peers' goodbyes (:meth:`close`'s second half)."""
@@ -323,6 +337,7 @@ class Agreements:
                 return
             message = buffer.tolist()
             if message[0] == _BYE:
+                self._answer_goodbye(peer)
                 self._transport_failed(ConnectionError(f"rank {peer} left the group (its process exits)"))
                 return
             try:
