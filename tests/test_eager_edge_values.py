@@ -190,6 +190,21 @@ def test_integer_clamps_convert_their_bounds_as_torch():
             torch.compile(fn, backend="neuron")(x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_atan2_at_infinities_and_underflowing_ratios_keeps_ys_sign(dtype):
+    """``atan2(-1, -inf)`` and ``atan2(-1, -3e38)`` were +pi (torch -pi): IREE's approximation lost
+    y's sign where y / x underflows; infinite y over finite x is +-pi/2."""
+    import itertools
+
+    values = [0.0, -0.0, 1.0, -1.0, 2.5, -3e38, 3e38, float("inf"), -float("inf"), float("nan")]
+    pairs = torch.tensor(list(itertools.product(values, values))).to(dtype)
+    y, x = pairs[:, 0], pairs[:, 1]
+    expected = torch.atan2(y, x)
+    for got in (torch.compile(torch.atan2, backend="neuron")(y, x), torch.atan2(y.to("neuron"), x.to("neuron")).cpu()):
+        torch.testing.assert_close(got, expected, equal_nan=True, rtol=1e-3, atol=1e-6)
+        assert torch.equal(got.signbit() | expected.isnan(), expected.signbit() | expected.isnan())
+
+
 def test_equal_computes_on_the_device():
     """``torch.equal`` ran on the CPU with a fallback warning (training code checks with it)."""
     import warnings

@@ -335,7 +335,13 @@ def atan2(y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     zeros = torch.copysign(torch.where(x.signbit(), pi, 0.0), y)
     infinities = torch.copysign(torch.where(x.signbit(), 0.75 * pi, 0.25 * pi), y)  # both +-inf
     result = torch.where((y == 0) & ~x.isnan(), zeros.to(dtype), result)
-    return torch.where(y.isinf() & x.isinf(), infinities.to(dtype), result)
+    # a finite y over an infinite x: +-pi for -inf (IREE gave +pi for atan2(-1, -inf)), +-0 for +inf;
+    # an infinite y over a finite x: +-pi/2
+    result = torch.where(x.isinf() & y.isfinite(), zeros.to(dtype), result)
+    result = torch.where(y.isinf() & x.isfinite(), torch.copysign(torch.full_like(y, 0.5 * pi), y), result)
+    result = torch.where(y.isinf() & x.isinf(), infinities.to(dtype), result)
+    # atan2 has y's sign: IREE's lost it where y / x underflows (atan2(-1, -3e38) was +pi)
+    return torch.copysign(result, y)
 
 
 @calls_itself
