@@ -136,6 +136,19 @@ def test_batch_norm_trains_over_changing_batch_sizes():
     torch.testing.assert_close(on_device.weight.grad.cpu(), on_cpu.weight.grad, rtol=1e-4, atol=1e-4)
 
 
+def test_negative_integral_powers_of_zero_are_infinite_on_the_dynamic_kernel():
+    """``0 ** -1`` and ``0 ** -2`` were -inf on the dynamic kernel (torch-mlir's linalg lowering)."""
+    special = torch.tensor([0.0, -0.0, 1e-30, 2.0, -2.0, float("inf")])
+    for exponent in (-1.0, -2.0):
+        for step, shape in enumerate(((2, 4), (3, 5), (4, 6), (6, 9))):
+            x = torch.rand(shape) + 1
+            if step > 2:  # the dynamic kernel was made (and checked) without them
+                x.view(-1)[:6] = special
+            got, expected = (x.to("neuron") ** exponent).cpu(), x ** exponent
+            torch.testing.assert_close(got, expected)
+            assert torch.equal(got.signbit(), expected.signbit())
+
+
 def test_equal_sizes_pick_their_own_kernel():
     """A kernel traced where two sizes were equal (a square product) must not serve a call
     where they differ, nor the other way round."""

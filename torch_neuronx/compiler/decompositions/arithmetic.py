@@ -439,6 +439,11 @@ def pow_tensor_scalar(a: torch.Tensor, b) -> torch.Tensor:
         raise InvalidInputError("Integers to negative integer powers are not allowed.")  # eager's check
     if integer_powers.is_integer(dtype) and isinstance(b, int) and integer_powers.wrapped(b, dtype) > 3:
         return integer_powers.power_of_number(a.to(dtype), integer_powers.wrapped(b, dtype))
+    if dtype.is_floating_point and b in (-1.0, -2.0):
+        # as torch's kernel: a reciprocal (torch-mlir's linalg lowering of these exponents, a
+        # dynamic kernel's, gave -inf for 0 ** -1 and 0 ** -2)
+        base = a.to(dtype)
+        return torch.reciprocal(base if b == -1.0 else base * base)
     if not dtype.is_floating_point or b in _POW_AS_IS:
         return NotImplemented
     if math.isfinite(b):
