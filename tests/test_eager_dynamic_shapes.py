@@ -149,6 +149,22 @@ def test_negative_integral_powers_of_zero_are_infinite_on_the_dynamic_kernel():
             assert torch.equal(got.signbit(), expected.signbit())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int32])
+def test_inverse_hyperbolic_functions_keep_their_range_on_the_dynamic_kernel(dtype):
+    """torch-mlir's linalg forms overflowed past 1.8e19 and lost the sign: ``asinh(-inf)`` was NaN,
+    ``asinh(-1e30)`` and ``acosh(-1e30)`` inf, INT_MIN -inf."""
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    special = torch.tensor([info.min, info.max, -1.0, 0.5, 2.0, 1.0]).to(dtype)
+    if dtype.is_floating_point:
+        special = torch.cat([special, torch.tensor([-float("inf"), float("inf"), -1e30, 1e30]).to(dtype)])
+    for op in (torch.asinh, torch.acosh):
+        for step, rows in enumerate((2, 3, 4, 6)):
+            x = (torch.rand(rows, special.numel()) * 4 + 1).to(dtype)
+            if step > 2:  # the dynamic kernel was made (and checked) without them
+                x[0] = special
+            torch.testing.assert_close(op(x.to("neuron")).cpu(), op(x), equal_nan=True, rtol=2e-3, atol=1e-5)
+
+
 def test_equal_sizes_pick_their_own_kernel():
     """A kernel traced where two sizes were equal (a square product) must not serve a call
     where they differ, nor the other way round."""

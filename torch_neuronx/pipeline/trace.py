@@ -27,6 +27,7 @@ from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from torch_neuronx import observe
 from torch_neuronx.compiler import decompositions, driver
+from torch_neuronx.compiler.decompositions import general
 from torch_neuronx.compiler.errors import NeuronCompileError
 from torch_neuronx.compiler.options import CompileOptions, ResolvedOptions
 from torch_neuronx.compiler.passes import rewrite
@@ -273,9 +274,11 @@ def trace(fn: Callable[[list[torch.Tensor]], Any], name: str, tensors: Sequence[
         try:
             with observe.stage("pipeline.trace", graph=name), _fake_tensor_errors_unlogged():
                 functional = torch.func.functionalize(flat, remove="mutations") if functionalize else flat
-                gm = make_fx(functional, decomposition_table=decompositions.table(),
-                             tracing_mode="fake" if dynamic is None else "symbolic")(
-                                 *(_distinct(tensors) if dynamic is None else _symbolic(tensors, dynamic)))
+                linalg = general.linalg_trace() if dynamic is not None else contextlib.nullcontext()
+                with linalg:  # (dynamic kernels lower through linalg: some decompositions differ)
+                    gm = make_fx(functional, decomposition_table=decompositions.table(),
+                                 tracing_mode="fake" if dynamic is None else "symbolic")(
+                                     *(_distinct(tensors) if dynamic is None else _symbolic(tensors, dynamic)))
         except _DATA_DEPENDENT as exc:
             raise NeuronCompileError(
                 "trace", f"kernel {name} branches on tensor values ({str(exc).splitlines()[0]}); a kernel is "

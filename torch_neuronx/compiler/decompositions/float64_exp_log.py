@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 import torch
 
+from torch_neuronx.compiler.decompositions import general
+
 aten = torch.ops.aten
 
 
@@ -71,14 +73,48 @@ def sinh(x: torch.Tensor) -> torch.Tensor:
 
 def asinh(x: torch.Tensor) -> torch.Tensor:
     """``aten.asinh`` of float64: the log1p form below 1 in magnitude, ``log(a + sqrt(a^2 + 1))``
-    above, ``log(a) + log(2)`` past 1e150 (where ``a^2`` would overflow), signed."""
+    above, ``log(a) + log(2)`` past 1e150 (where ``a^2`` would overflow), signed. Of other real
+    dtypes in a linalg trace (a dynamic-shape kernel), the same in float32 past 1e18: torch-mlir's
+    linalg form overflowed (inf beyond 1.8e19) and lost the sign (``asinh(-inf)`` was NaN)."""
     if not _float64(x):
-        return NotImplemented
+        return _asinh_for_linalg(x)
     a = x.abs()
     square = a * a
     small = _log1p(a + square / (1 + torch.sqrt(1 + square)))
     large = torch.where(a > 1e150, torch.log(a) + math.log(2.0), torch.log(a + torch.sqrt(square + 1)))
     return torch.copysign(torch.where(a < 1, small, large), x)
+
+
+def _result_in_float32(x: torch.Tensor) -> tuple[torch.Tensor, torch.dtype] | None:
+    """``x`` in float32 and the dtype of a unary float op's result, in a linalg trace of a real tensor."""
+    if not (general.for_linalg() and isinstance(x, torch.Tensor)) or x.is_complex():
+        return None
+    dtype = x.dtype if x.is_floating_point() else torch.get_default_dtype()
+    return (x.to(torch.float32), dtype) if dtype != torch.float64 else None
+
+
+def _asinh_for_linalg(x: torch.Tensor) -> torch.Tensor:
+    wide = _result_in_float32(x)
+    if wide is None:
+        return NotImplemented
+    x32, dtype = wide
+    a = x32.abs()
+    large = torch.where(a > 1e18, torch.log(a) + math.log(2.0), torch.log(a + torch.sqrt(a * a + 1)))
+    small = torch.log1p(a + a * a / (1 + torch.sqrt(1 + a * a)))
+    return torch.copysign(torch.where(a < 1, small, large), x32).to(dtype)
+
+
+def acosh(x: torch.Tensor) -> torch.Tensor:
+    """``aten.acosh`` in a linalg trace (a dynamic-shape kernel): ``log1p(t + sqrt(2t + t^2))`` with
+    ``t = x - 1``, ``log(x) + log(2)`` past 1e18, NaN below 1 (torch-mlir's linalg form gave inf
+    for ``acosh(-1e30)`` and beyond 1.8e19); float64 and StableHLO's lowering keep theirs."""
+    wide = _result_in_float32(x)
+    if wide is None:
+        return NotImplemented
+    x32, dtype = wide
+    t = x32 - 1
+    result = torch.where(x32 > 1e18, torch.log(x32) + math.log(2.0), torch.log1p(t + torch.sqrt(2 * t + t * t)))
+    return torch.where(x32 < 1, math.nan, result).to(dtype)
 
 
 def atanh(x: torch.Tensor) -> torch.Tensor:
@@ -101,6 +137,7 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.log1p.default: log1p,
     aten.sinh.default: sinh,
     aten.asinh.default: asinh,
+    aten.acosh.default: acosh,
     aten.atanh.default: atanh,
     aten.elu.default: elu,
 }

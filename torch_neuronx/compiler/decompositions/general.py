@@ -8,9 +8,11 @@ call the op they decompose. Subjects of their own: :mod:`.arithmetic`, :mod:`.so
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -18,6 +20,23 @@ aten = torch.ops.aten
 
 
 _inside = threading.local()
+_linalg = contextvars.ContextVar("neuron_linalg_trace", default=False)
+
+
+@contextlib.contextmanager
+def linalg_trace() -> Iterator[None]:
+    """Decompositions traced inside this block lower through linalg-on-tensors (a dynamic-shape
+    kernel), whose forms of some ops lose range that StableHLO's keep (:func:`for_linalg`)."""
+    token = _linalg.set(True)
+    try:
+        yield
+    finally:
+        _linalg.reset(token)
+
+
+def for_linalg() -> bool:
+    """Whether the trace under way lowers through linalg (see :func:`linalg_trace`)."""
+    return _linalg.get()
 
 
 def calls_itself(decomposition: Callable) -> Callable:
