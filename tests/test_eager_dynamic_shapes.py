@@ -312,8 +312,10 @@ def test_a_dynamic_compile_past_its_time_limit_leaves_the_op_a_kernel_per_shape(
 
 def test_a_shape_that_keeps_coming_back_gets_a_kernel_of_its_own(monkeypatch):
     """A shape run on its family's dynamic kernel gets a kernel of its shapes (faster code) once it
-    has kept coming back for PROMOTE_AFTER_S, once; a burst of calls of a new shape (a training
-    step's repeated layers with this step's sequence length) does not: every step compiled again.
+    has kept coming back for PROMOTE_AFTER_S, once, as a large share of its family's calls (with
+    random sequence lengths every length came back and compiled, for epochs); a burst of calls of
+    a new shape (a training step's repeated layers with this step's sequence length) does not:
+    every step compiled again.
     Results stay the CPU's throughout."""
     from torch_neuronx.device import choice
 
@@ -327,8 +329,13 @@ def test_a_shape_that_keeps_coming_back_gets_a_kernel_of_its_own(monkeypatch):
             _close(torch.erfc(x.to("neuron")), torch.erfc(x))
     assert metrics.counter("eager_shapes_promoted") == before
     monkeypatch.setattr(choice, "PROMOTE_AFTER_S", 0.0)  # a shape in use long enough (its plan ends too)
+    for _ in range(4):  # shapes that come back rarely: each a small share of the family's calls
+        for rows in range(14, 26):
+            x = torch.randn(rows, 11)
+            _close(torch.erfc(x.to("neuron")), torch.erfc(x))
+    assert metrics.counter("eager_shapes_promoted") == before
     x = torch.randn(13, 11)
-    for _ in range(4):
+    for _ in range(10):  # a shape that makes most of the family's calls
         _close(torch.erfc(x.to("neuron")), torch.erfc(x))
     assert metrics.counter("eager_shapes_promoted") == before + 1
 

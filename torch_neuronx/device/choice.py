@@ -71,14 +71,24 @@ def kernel_for(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
 #: static code. Counting calls promoted every shape a training step uses twice (repeated layers,
 #: forward and backward): with a new sequence length every step, every step compiled again.
 PROMOTE_AFTER_S = 2.0
-_hot: dict[tuple, float] = {}  # signature -> when it first ran on the dynamic kernel (monotonic)
+#: ... and only while it makes at least this share of its family's calls since its first one (over
+#: at least PROMOTE_MIN_CALLS of them): with random sequence lengths every length came back after
+#: 2 s and got kernels of its own, and a training run kept compiling for epochs.
+PROMOTE_SHARE = 0.25
+PROMOTE_MIN_CALLS = 8
+_hot: dict[tuple, list] = {}  # signature -> [first call on the dynamic kernel (monotonic), family calls then, calls]
+_family_calls: dict[int, int] = {}  # id of a dynamic kernel -> its calls so far
 
 
 def _maybe_promote(func: Any, args: Sequence[Any], kwargs: dict[str, Any], sig: tuple, kernel: Any) -> Any:
     """``kernel`` (a dynamic one) for this call, or, once its shape is hot, the shape's own kernel."""
     now = time.monotonic()
-    first = _hot.setdefault(sig, now)
-    if now - first < PROMOTE_AFTER_S:
+    family = id(kernel)
+    total = _family_calls[family] = _family_calls.get(family, 0) + 1
+    entry = _hot.setdefault(sig, [now, total - 1, 0])
+    entry[2] += 1
+    since = total - entry[1]
+    if now - entry[0] < PROMOTE_AFTER_S or since < PROMOTE_MIN_CALLS or entry[2] < PROMOTE_SHARE * since:
         return kernel
     key = kernels.dispatch_key(func, args, kwargs)
     own = kernels.registry.get(key) or kernels.compiled_kernel(func, key, args, kwargs, False)
