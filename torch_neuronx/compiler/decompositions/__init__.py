@@ -8,6 +8,8 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
   the decompositions taken from torch's own table.
 - :mod:`.arithmetic`: ``remainder``, ``fmod``, rounding and bitwise ops, special values.
 - :mod:`.bools`: scatter-adds and clamps of bool tensors in int32 (torch saturates).
+- :mod:`.clamps`: clamps of integers by float or int bounds (torch's conversions) and by tensor
+  bounds of another dtype or shape.
 - :mod:`.sorting`: sorts, ``topk``, medians and selections with torch's NaN and tie rules.
 - :mod:`.moments`: ``var`` and ``std`` with any ``correction``.
 - :mod:`.float64_exp_log`: float64 ``expm1``, ``log1p`` and the functions built on them, accurate near zero.
@@ -80,6 +82,7 @@ from torch_neuronx.compiler.decompositions import (
     batch_norm_sync,
     bessel,
     bools,
+    clamps,
     composites,
     convolution,
     copies,
@@ -128,7 +131,7 @@ def _table(with_fma: bool) -> dict:
 
     extra = {torch.ops.prims.fma.default: arithmetic.fma} if with_fma else {}
     ours = bools.wrapped({**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
-            **general.DECOMPOSITIONS, **arithmetic.DECOMPOSITIONS, **sorting.DECOMPOSITIONS,
+            **general.DECOMPOSITIONS, **arithmetic.DECOMPOSITIONS, **clamps.DECOMPOSITIONS, **sorting.DECOMPOSITIONS,
             **moments.DECOMPOSITIONS, **summation.DECOMPOSITIONS, **average_pooling.DECOMPOSITIONS,
             **batch_norm_sync.DECOMPOSITIONS,
             **attention.DECOMPOSITIONS,
