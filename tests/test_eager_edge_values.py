@@ -205,6 +205,22 @@ def test_atan2_at_infinities_and_underflowing_ratios_keeps_ys_sign(dtype):
         assert torch.equal(got.signbit() | expected.isnan(), expected.signbit() | expected.isnan())
 
 
+def test_copysign_of_integers_converts_them_first():
+    """``copysign(INT_MIN, 1)`` was negative (the magnitude overflowed in the integers); bools ran
+    on the CPU."""
+    from torch_neuronx import metrics
+
+    cases = [(torch.tensor([torch.iinfo(dt).min, -5, 5, 0], dtype=dt), torch.tensor([1, 1, -1, -1], dtype=dt))
+             for dt in (torch.int32, torch.int64)]
+    cases.append((torch.tensor([True, False, True]), torch.tensor([False, True, True])))
+    before = metrics.counter("eager_fallbacks")
+    for a, b in cases:
+        expected = torch.copysign(a, b)
+        assert torch.equal(torch.compile(torch.copysign, backend="neuron")(a, b), expected)
+        assert torch.equal(torch.copysign(a.to("neuron"), b.to("neuron")).cpu(), expected)
+    assert metrics.counter("eager_fallbacks") == before
+
+
 def test_equal_computes_on_the_device():
     """``torch.equal`` ran on the CPU with a fallback warning (training code checks with it)."""
     import warnings

@@ -219,6 +219,18 @@ def add_bool(a: torch.Tensor, b: torch.Tensor | float, *, alpha: float = 1) -> t
     return torch.logical_or(a, b)
 
 
+def copysign_integers(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``aten.copysign`` of integer or bool tensors: in the float type of its result first, as torch
+    converts them (``copysign(INT_MIN, 1)`` was negative: the magnitude overflowed in the integers)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or (
+            a.is_floating_point() and b.is_floating_point()) or a.is_complex() or b.is_complex():
+        return NotImplemented
+    dtype = torch.result_type(a, b)
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    return aten.copysign.Tensor(a.to(dtype), b.to(dtype))
+
+
 def eq_tensor(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``aten.eq.Tensor`` of a float tensor with itself: NaN is not equal to itself.
 
@@ -466,6 +478,7 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     **{op: compared_in_common_type(op) for op in (aten.ne.Tensor, aten.lt.Tensor, aten.le.Tensor,
                                                     aten.gt.Tensor, aten.ge.Tensor)},
     aten.atan2.default: atan2,
+    aten.copysign.Tensor: copysign_integers,
     aten.pow.Tensor_Tensor: pow_tensor,
     aten.pow.Scalar: pow_scalar,
     aten.pow.Tensor_Scalar: pow_tensor_scalar,
