@@ -45,12 +45,7 @@ _last_group: tuple[int, int] | None = None
 
 def rank() -> int:
     """The global rank of this process (0 when not distributed)."""
-    global _last_group
-    dist = _distributed()
-    if dist is not None:
-        _last_group = (dist.get_rank(), dist.get_world_size())
-        return _last_group[0]
-    return _last_group[0] if _last_group is not None and "RANK" not in os.environ else config.get("RANK")
+    return _group_value(0, "RANK")
 
 
 def note_default_group(group_rank: int, size: int) -> None:
@@ -61,12 +56,19 @@ def note_default_group(group_rank: int, size: int) -> None:
 
 def world_size() -> int:
     """How many ranks the job has (1 when not distributed)."""
+    return _group_value(1, "WORLD_SIZE")
+
+
+def _group_value(index: int, variable: str) -> int:
+    """The rank (0) or world size (1): torch.distributed's, else the group it last reported where the
+    environment does not say (:data:`_last_group`), else the environment variable's."""
     global _last_group
     dist = _distributed()
     if dist is not None:
         _last_group = (dist.get_rank(), dist.get_world_size())
-        return _last_group[1]
-    return _last_group[1] if _last_group is not None and "WORLD_SIZE" not in os.environ else config.get("WORLD_SIZE")
+    elif _last_group is None or variable in os.environ:
+        return config.get(variable)
+    return _last_group[index]
 
 
 def local_rank() -> int:

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from torch_neuronx.compiler.decompositions import integer_powers
+from torch_neuronx.compiler.decompositions import indexing, integer_powers
 from torch_neuronx.compiler.decompositions.general import calls_itself
 from torch_neuronx.compiler.errors import InvalidInputError
 
@@ -419,10 +419,6 @@ def ldexp(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return torch.mul(x, torch.pow(2.0, other))
 
 
-_CPU_NAMES = {torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char",
-              torch.uint8: "Byte", torch.bool: "Bool"}
-
-
 def round_decimals(x: torch.Tensor, *, decimals: int = 0) -> torch.Tensor:
     """``aten.round.decimals`` as torch's CPU kernel computes it: in float32 for float16 and
     bfloat16 (scaled in float16, ``round(1000.25, decimals=2)`` overflowed to inf), dividing by the
@@ -441,7 +437,7 @@ def round_decimals(x: torch.Tensor, *, decimals: int = 0) -> torch.Tensor:
         rounded = torch.round(wide / scale) * scale if decimals < 0 else torch.round(wide * scale) / scale
         return rounded.to(x.dtype)
     kernel = "round_vml_cpu" if decimals == 0 else "round_cpu"
-    raise NotImplementedError(f'"{kernel}" not implemented for \'{_CPU_NAMES.get(x.dtype, x.dtype)}\'')
+    raise NotImplementedError(f'"{kernel}" not implemented for \'{indexing.scalar_type_name(x.dtype)}\'')
 
 
 def in_default_float(op: Any) -> Callable:

@@ -55,7 +55,8 @@ _SCALAR_NAMES = {torch.float32: "Float", torch.float64: "Double", torch.float16:
                  torch.complex128: "ComplexDouble"}
 
 
-def _name(dtype: torch.dtype) -> str:
+def scalar_type_name(dtype: torch.dtype) -> str:
+    """``dtype`` as torch's kernels name it in their messages (``Float``, ``Long``)."""
     return _SCALAR_NAMES.get(dtype, str(dtype).removeprefix("torch."))
 
 
@@ -63,15 +64,16 @@ def check_index_put_dtypes(x: torch.Tensor, values: torch.Tensor) -> None:
     """``index_put`` (``x[i] = v``): eager's error for values of another dtype."""
     if values.dtype != x.dtype:
         raise InvalidInputError(f"Index put requires the source and destination dtypes match, got "
-                                f"{_name(x.dtype)} for the destination and {_name(values.dtype)} for the source.")
+                                f"{scalar_type_name(x.dtype)} for the destination and "
+                                f"{scalar_type_name(values.dtype)} for the source.")
 
 
 def index_add(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Tensor, *,
               alpha: float = 1) -> torch.Tensor:
     """``index_add`` with its index range checked (eager: RuntimeError for a negative index)."""
     if source.dtype != x.dtype:
-        raise InvalidInputError(f"index_add_(): self ({_name(x.dtype)}) and source ({_name(source.dtype)}) "
-                                "must have the same scalar type")
+        raise InvalidInputError(f"index_add_(): self ({scalar_type_name(x.dtype)}) and source "
+                                f"({scalar_type_name(source.dtype)}) must have the same scalar type")
     index = BOUNDS(index, _size(x, dim), False, "index_add", "bounds")
     return torch_decompositions.index_add(x, dim, index, source, alpha=alpha)
 
@@ -80,7 +82,7 @@ def index_copy(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.Ten
     """``index_copy`` with its index range checked (eager: IndexError for a negative index)."""
     if source.dtype != x.dtype:
         raise InvalidInputError("index_copy_(): self and source expected to have the same dtype, but got (self) "
-                                f"{_name(x.dtype)} and (source) {_name(source.dtype)}")
+                                f"{scalar_type_name(x.dtype)} and (source) {scalar_type_name(source.dtype)}")
     index = BOUNDS(index, _size(x, dim), False, "index_copy", "bounds")
     return torch_decompositions.index_copy(x, dim, index, source)
 

@@ -25,6 +25,7 @@ the graph and checked from there: the check's output holds it after the index's 
 
 from __future__ import annotations
 
+import ast
 from typing import Any
 
 import torch
@@ -194,11 +195,6 @@ def index_bounds_checked(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
-def eval_list(text: str) -> list[int]:
-    """``"[2, 3]"`` as ``[2, 3]``."""
-    return [int(part) for part in text.strip("[]").split(",") if part.strip()]
-
-
 def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:
     """Raise torch's error when the index range ``extremes`` (min, max) leaves ``check``'s dimension."""
     values = [int(v) for v in extremes.tolist()]
@@ -221,7 +217,7 @@ def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:
     if check["message"].startswith("masked_index_put:"):  # a code of scatter.py's count check: count + 1
         _, shape, rest = check["message"].split(":")
         raise IndexOutOfRangeError(f"shape mismatch: value tensor of shape {shape} cannot be broadcast to indexing "
-                                   f"result of shape {[high - 1, *eval_list(rest)]} (index_put on neuron)")
+                                   f"result of shape {[high - 1, *ast.literal_eval(rest)]} (index_put on neuron)")
     if check["message"] == "repeat_interleave":  # a code of indexing.py's check, not an index
         raise IndexOutOfRangeError("repeats can not be negative" if high in (1, 3)
                                    else "allocated size does not match required size (repeat_interleave on neuron)")
