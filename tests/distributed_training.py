@@ -4,7 +4,8 @@ against the same MLP trained in one process on the CPU on the whole batch (each 
 its own shard of one seeded global batch). FSDP2 also shows its reshard freeing device memory
 between forward and backward. Each rank prints DONE at the end.
 
-Usage: ``distributed_training.py {ddp,ddp_device_ids,ddp_buckets,fsdp2} {eager,compiled}``.
+Usage: ``distributed_training.py {ddp,ddp_device_ids,ddp_buckets,fsdp2} {eager,compiled,compiled_inside}``
+(``compiled_inside``: DDP of the compiled module, ``DDP(torch.compile(model))``).
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ def maybe_compiled(model: nn.Module, how: str) -> nn.Module:
 
 def check_compiled(how: str) -> None:
     """Compiled: the neuron backend compiled forward and backward graphs, none fell back to eager."""
-    if how != "compiled":
+    if how not in ("compiled", "compiled_inside"):
         return
     import torch_neuronx
 
@@ -118,7 +119,8 @@ def ddp(rank: int, size: int, how: str, device_ids: bool, buckets: bool = False)
     from torch.nn.parallel import DistributedDataParallel
 
     module = mlp().to("neuron")
-    wrapped = DistributedDataParallel(module, device_ids=[torch.neuron.current_device()] if device_ids else None)
+    inner = torch.compile(module, backend="neuron") if how == "compiled_inside" else module
+    wrapped = DistributedDataParallel(inner, device_ids=[torch.neuron.current_device()] if device_ids else None)
     train(maybe_compiled(wrapped, how), rank, size)
     check_compiled(how)
     if buckets and how == "compiled":

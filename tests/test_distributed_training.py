@@ -11,6 +11,7 @@ from test_distributed import _done, torchrun
 
 @pytest.mark.parametrize("mode, how, nproc", [
     ("ddp", "eager", 2),
+    ("ddp", "compiled_inside", 2),  # DDP(torch.compile(model)): what compiles a torch.nn model's forward
     ("ddp_device_ids", "compiled", 2),  # DDP(device_ids=[current device]): inputs copied on a side stream
     ("ddp_buckets", "compiled", 2),  # small buckets: Dynamo's DDPOptimizer compiles the graph in pieces
     ("fsdp2", "eager", 2),
