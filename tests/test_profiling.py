@@ -72,6 +72,8 @@ def test_mode_files_hold_valid_traces(profile_dir, monkeypatch):
         trace = read(os.path.join(directory, f"{mode}.json"))
         validate.validate(trace)
         assert trace["neuron"]["mode"] == mode and trace["neuron"]["rank"] == 0
+        # every file names all four (the first written named only itself)
+        assert trace["neuron"]["files"] == {m: f"{m}.json" for m in ("runtime", "cpu_util", "host_memory", "device")}
     cpu = read(os.path.join(directory, "cpu_util.json"))["traceEvents"]
     per_cpu = [e for e in cpu if e.get("name") == "cpu utilization per cpu (%)"]
     assert per_cpu and len(per_cpu[-1]["args"]) == os.cpu_count()

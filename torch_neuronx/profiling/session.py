@@ -135,6 +135,8 @@ class Session:
         """Write one file per mode into :attr:`directory`."""
         modes, base = self.settings.modes, self.start_ns // 1_000_000_000 * 1_000_000_000
         os.makedirs(self.directory, exist_ok=True)
+        # every file names all of the session's files, those written after it included
+        self.files = {m.value: f"{m.value}.json" for m in ProfileMode if m in modes}
         records = self.records()
         if ProfileMode.DEVICE in modes:
             runs = device.executions(records)
@@ -154,6 +156,5 @@ class Session:
             self._write("host_memory", chrome.sample_events([], self.sampler.memory_samples, base), base)
 
     def _write(self, mode: str, events: list[dict[str, Any]], base_ns: int, **extra: Any) -> None:
-        path = os.path.join(self.directory, f"{mode}.json")
-        self.files[mode] = os.path.basename(path)
+        path = os.path.join(self.directory, self.files[mode])
         chrome.write_trace(path, events, base_ns, {**self.metadata(), "mode": mode, **extra})
