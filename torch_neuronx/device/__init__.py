@@ -105,7 +105,10 @@ def _register_kernels() -> None:
     from torch_neuronx.runtime.tensor import NeuronTensor
 
     def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
-        return copies.empty_on_device(size, None, dtype, device)
+        stride = None
+        if memory_format not in (None, torch.contiguous_format):  # channels-last (preserve raises torch's error)
+            stride = torch.empty(size, dtype=dtype, device="meta", memory_format=memory_format).stride()
+        return copies.empty_on_device(size, stride, dtype, device)
 
     def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
         return copies.empty_on_device(size, stride, dtype, device)

@@ -43,12 +43,24 @@ def to_copy(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
     device = kwargs.get("device")
     same_device = device is None or torch.device(device) == source.device
     if (same_device and len(args) == 1 and kwargs.get("layout") in (None, torch.strided)
-            and kwargs.get("memory_format") in _PLAIN_FORMATS and not kwargs.get("pin_memory")):
+            and not kwargs.get("pin_memory")):
         # A dtype conversion or copy on the device: queued, as any op.
-        out = empty_on_device(source.shape, None, kwargs.get("dtype") or source.dtype, source.device)
+        dtype = kwargs.get("dtype") or source.dtype
+        out = empty_on_device(source.shape, like_strides(source, dtype, kwargs.get("memory_format")), dtype,
+                              source.device)
         queue_copy(out, source, "aten::_to_copy")
         return out
     return on_host(source._index, [source], _to_copy_on_host, args, kwargs)
+
+
+def like_strides(source: torch.Tensor, dtype: torch.dtype,
+                 memory_format: torch.memory_format | None) -> list[int] | None:
+    """The strides torch gives a new tensor like ``source`` in ``memory_format`` (preserve: a dense
+    ``source``'s own, a transposed one's transposed); None for row-major."""
+    if memory_format in _PLAIN_FORMATS and source.is_contiguous():
+        return None
+    meta = torch.empty_strided(source.shape, source.stride(), dtype=source.dtype, device="meta")
+    return list(torch.empty_like(meta, dtype=dtype, memory_format=memory_format or torch.preserve_format).stride())
 
 
 def queue_copy(dst: NeuronTensor, src: NeuronTensor, name: str) -> None:

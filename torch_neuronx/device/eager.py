@@ -242,13 +242,15 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
     metas = kernel.metas
     if kernel.shapes is not None and not compile_only_enabled():
         device = _device(index)
-        outputs = [empty_on_device(shape, None, dtype, device) for shape, dtype in zip(kernel.shapes(tensors),
-                                                                                       kernel.dtypes)]
+        shapes, orders = kernel.shapes(tensors), kernels.output_orders(kernel, func, args, kwargs, tensors)
+        outputs = [empty_on_device(shape, kernels.strides_in_order(shape, orders[i]) if orders else None, dtype, device)
+                   for i, (shape, dtype) in enumerate(zip(shapes, kernel.dtypes))]
     elif metas is None or compile_only_enabled():
         return on_host(index, inputs, _execute_now, kernel, tensors, func, given, index)
     else:
-        outputs = [empty_on_device(m.shape, None, m.dtype, _device(index)) if isinstance(m, torch.Tensor) else m
-                   for m in metas]
+        # with the strides torch gives them (a pointwise op of a transposed tensor: transposed)
+        outputs = [empty_on_device(m.shape, m.stride(), m.dtype, _device(index)) if isinstance(m, torch.Tensor)
+                   else m for m in metas]
     allocations = [o._allocation for o in outputs if isinstance(o, NeuronTensor)]
     # The queued work gets inner tensors of its own: metadata changed in place later (``transpose_``,
     # aot_autograd's ``as_strided_`` on a compiled graph's inputs) must not change what it reads or writes.

@@ -18,6 +18,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from torch_neuronx import observe
+from torch_neuronx.compiler.passes.output_layouts import memory_order
 from torch_neuronx.device import kernels, math_bits, mutations, queued
 from torch_neuronx.runtime.tensor import NeuronTensor, from_cpu
 
@@ -31,7 +32,8 @@ fell_back = threading.local()
 def to_device(value: Any, index: int = 0) -> Any:
     """A CPU result of an op on neuron tensors, placed in the memory of device ``index``."""
     if isinstance(value, torch.Tensor) and not isinstance(value, NeuronTensor):
-        return from_cpu(value, index=index)
+        # a transposed or channels-last result keeps its layout (torch's), a strided or expanded one does not
+        return from_cpu(value, value.stride() if memory_order(value) is not None else None, index=index)
     return value
 
 

@@ -26,6 +26,7 @@ from torch_neuronx import config, observe
 from torch_neuronx.cache import store
 from torch_neuronx.compiler.errors import data_dependent, input_error
 from torch_neuronx.compiler.hlo import lowering_versions
+from torch_neuronx.compiler.passes.output_layouts import memory_order
 from torch_neuronx.device import scalars
 from torch_neuronx.pipeline import trace as tracing
 from torch_neuronx.runtime.tensor import NeuronTensor
@@ -188,7 +189,7 @@ class Kernel:
     metadata when the op can be queued (``metas``: per result leaf, a meta tensor or a constant;
     None when the kernel must run where it is called, see ``CompiledGraph.output_metas``)."""
 
-    __slots__ = ("compiled", "out_spec", "metas", "name", "shapes", "dtypes")
+    __slots__ = ("compiled", "out_spec", "metas", "name", "shapes", "dtypes", "orders")
 
     def __init__(self, compiled: Any, out_spec: pytree.TreeSpec, name: str) -> None:
         self.compiled, self.out_spec, self.name = compiled, out_spec, name
@@ -198,6 +199,58 @@ class Kernel:
         # outputs are checked on the host runs where it is called, as static ones do).
         self.shapes = None if compiled.runs_on_host else compiled.shape_function
         self.dtypes = compiled.output_dtypes() if self.shapes is not None else None
+        # A dynamic kernel's outputs in torch's memory order, per layout of its inputs (see
+        # :func:`output_orders`): the same kernel serves row-major and transposed inputs.
+        self.orders: dict[tuple, list[list[int] | None] | None] = {}
+
+
+def _layout(t: torch.Tensor) -> tuple[int, ...] | None:
+    """The memory order of an input's dimensions, outermost first (None: row-major)."""
+    if t.is_contiguous():
+        return None
+    stride = t.stride()
+    return tuple(sorted(range(t.dim()), key=lambda d: (-stride[d], d)))
+
+
+def output_orders(kernel: Kernel, func: Any, args: Sequence[Any], kwargs: dict[str, Any],
+                  tensors: Sequence[torch.Tensor]) -> list[list[int] | None] | None:
+    """The memory order of each output of a dynamic kernel's call (None: all row-major), as torch
+    lays out the op's results for inputs laid out as these are (found once per layout)."""
+    layout = tuple(map(_layout, tensors))
+    orders = kernel.orders
+    if layout not in orders:
+        if len(orders) >= 64:
+            orders.clear()
+        orders[layout] = _output_orders(func, args, kwargs)
+    return orders[layout]
+
+
+def _output_orders(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[list[int] | None] | None:
+    """The memory order of each result of ``func`` (see :attr:`Kernel.orders`), run on meta tensors
+    of the call's; None when all are row-major or the op has no meta kernel."""
+    def meta(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        return value
+
+    try:
+        metas = pytree.tree_map(meta, (list(args), kwargs))
+        results = pytree.tree_leaves(scalars.call(func, *metas))
+    except Exception:  # no meta kernel (or it disagrees with these inputs): row-major
+        return None
+    orders = [memory_order(r) if isinstance(r, torch.Tensor) else None for r in results]
+    return orders if any(o is not None for o in orders) else None
+
+
+def strides_in_order(shape: Sequence[int], order: Sequence[int] | None) -> list[int] | None:
+    """Dense strides of ``shape`` whose dimensions lie in memory ``order``, outermost first (None: row-major)."""
+    if order is None or len(order) != len(shape):
+        return None
+    strides, step = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = step
+        step *= max(shape[d], 1)
+    return strides
 
 
 def _compile(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any], dynamic: bool) -> Any:

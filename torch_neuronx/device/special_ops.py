@@ -18,6 +18,7 @@ from torch_neuronx.device.copies import (
     empty_on_device,
     foreach_copy_,
     host_op,
+    like_strides,
     local_scalar_dense,
     to_copy,
     wrote,
@@ -92,6 +93,15 @@ def _new_empty_strided(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Ten
     return empty_on_device(size, stride, dtype, device)
 
 
+def _empty_like(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:
+    """``empty_like``: uninitialized memory with the strides torch gives it (a transposed or
+    channels-last tensor's own layout under ``preserve_format``; it was row-major)."""
+    source = args[0]
+    dtype = kwargs.get("dtype") or source.dtype
+    device = torch.device(kwargs["device"]) if kwargs.get("device") is not None else source.device
+    return empty_on_device(source.shape, like_strides(source, dtype, kwargs.get("memory_format")), dtype, device)
+
+
 def _no_nested_fast_path(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
     """``torch._nested_tensor_from_mask_left_aligned`` on neuron tensors: False, so that
     ``nn.TransformerEncoder`` in eval with a padding mask takes its dense path (same values) instead
@@ -127,6 +137,7 @@ HANDLERS: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
     aten.set_.default: _set_empty,
     aten.is_set_to.default: _is_set_to,
     aten.new_empty_strided.default: _new_empty_strided,
+    aten.empty_like.default: _empty_like,
     aten.arange.out: _host_factory_out(aten.arange.out),
     aten.arange.start_out: _host_factory_out(aten.arange.start_out),
     aten.eye.out: _host_factory_out(aten.eye.out),

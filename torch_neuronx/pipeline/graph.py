@@ -105,14 +105,19 @@ class CompiledGraph:
             raise NeuronCompileError("load", str(exc), graph=self.name, artifacts=exc.path) from exc
 
     def run_into(self, tensors: list[torch.Tensor], outputs: list[torch.Tensor]) -> bool:
-        """Run the graph writing its results into ``outputs`` (contiguous, aligned: fresh device
-        memory), with no copy after execution; False when it cannot (no output-storage NEFF, or
+        """Run the graph writing its results into ``outputs`` (fresh, aligned device memory with the
+        traced strides: a permuted output is written in its memory order), with no copy after
+        execution; False when it cannot (no output-storage NEFF, or
         one whose results need copying into storage: the caller then calls it and copies)."""
         if self._storage_neff is None or compile_only_enabled():
             return False
         executable = self._storage_executable
         if executable is None:
             executable = self._storage_executable = self._open(self._storage_neff)
+        if self._layouts:  # outputs with their traced strides: the NEFF writes them in memory order
+            outputs = list(outputs)
+            for i, inverse in self._layouts:
+                outputs[i] = outputs[i].permute(_inverted(inverse))
         try:
             executable.run_into(tensors, outputs)
         except NeuronRuntimeError as exc:
@@ -363,3 +368,11 @@ def from_plan(plan: Plan, options: ResolvedOptions, gm: torch.fx.GraphModule | N
     observe.count("compiled_graphs")
     observe.count("warm_start_plans")
     return compiled
+
+
+def _inverted(permutation: Sequence[int]) -> list[int]:
+    """The permutation that undoes ``permutation``."""
+    inverse = [0] * len(permutation)
+    for i, p in enumerate(permutation):
+        inverse[p] = i
+    return inverse

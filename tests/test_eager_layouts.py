@@ -1,0 +1,82 @@
+"""Eager results have torch's strides: an op of a transposed, permuted or channels-last tensor gives
+its result in that memory order, as the CPU does (they were all row-major: ``(x.t() * 2).t().view(-1)``,
+valid on the CPU, raised on neuron, and forward-mode AD refused tangents of transposed primals)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+import torch.nn.functional as F
+
+import torch_neuronx  # noqa: F401  (registers the neuron device)
+
+_MATRIX_OPS = {
+    "add": lambda t: t.t() + 1,
+    "mul": lambda t: t.t() * t.t(),
+    "relu": lambda t: t.t().relu(),
+    "gelu": lambda t: F.gelu(t.t()),
+    "where": lambda t: torch.where(t.t() > 0, t.t(), 0.5),
+    "clone": lambda t: t.t().clone(),
+    "zeros_like": lambda t: torch.zeros_like(t.t()),
+    "to_float64": lambda t: t.t().double(),
+    "permuted_exp": lambda t: t.reshape(-1, 2, t.shape[1]).permute(2, 0, 1).exp(),
+    "softmax": lambda t: t.t().softmax(-1),
+    "cumsum": lambda t: t.t().cumsum(0),
+    "clone_contiguous": lambda t: t.t().clone(memory_format=torch.contiguous_format),
+    "sliced": lambda t: t[:, ::2] + 1,  # not dense: row-major, as on the CPU
+}
+
+
+@pytest.mark.parametrize("name", sorted(_MATRIX_OPS))
+def test_results_have_the_cpus_strides_at_every_shape(name):
+    """Four shapes: the first have kernels of their own, later ones run on the op's dynamic kernel."""
+    op = _MATRIX_OPS[name]
+    for rows, cols in ((4, 3), (6, 5), (8, 7), (10, 9)):
+        x = torch.randn(rows, cols)
+        expected, got = op(x), op(x.to("neuron"))
+        assert got.stride() == expected.stride(), (name, rows, cols)
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_empty_like_and_empty_keep_the_memory_format():
+    x = torch.randn(5, 3)
+    image = torch.randn(2, 3, 4, 5)
+    assert torch.empty_like(x.t().to("neuron")).stride() == torch.empty_like(x.t()).stride()
+    for made in (lambda d: torch.empty(2, 3, 4, 5, device=d, memory_format=torch.channels_last),
+                 lambda d: torch.empty_like(image.to(d), memory_format=torch.channels_last),
+                 lambda d: torch.empty_like(image.to(d).contiguous(memory_format=torch.channels_last))):
+        assert made("neuron").stride() == made("cpu").stride()
+
+
+def test_channels_last_stays_channels_last():
+    image, weight = torch.randn(2, 3, 6, 5), torch.randn(4, 3, 3, 3)
+    for op in (lambda t: t.contiguous(memory_format=torch.channels_last),
+               lambda t: t.to(memory_format=torch.channels_last),
+               lambda t: t.contiguous(memory_format=torch.channels_last).relu(),
+               lambda t: F.conv2d(t.contiguous(memory_format=torch.channels_last), weight.to(t.device), padding=1),
+               lambda t: F.batch_norm(t.contiguous(memory_format=torch.channels_last), None, None, training=True)):
+        expected, got = op(image), op(image.to("neuron"))
+        assert got.is_contiguous(memory_format=torch.channels_last) and got.stride() == expected.stride()
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_views_that_rely_on_the_layout_work():
+    x = torch.randn(4, 6)
+    y = (x.to("neuron").t() * 2).t()  # contiguous again, as on the CPU
+    assert y.is_contiguous()
+    torch.testing.assert_close(y.view(-1).cpu(), (x * 2).view(-1))
+    heads = torch.randn(2, 5, 3, 4)  # (batch, tokens, heads, dim) -> heads first, scaled, back, merged
+    scaled = heads.to("neuron").transpose(1, 2) * 0.5
+    torch.testing.assert_close(scaled.transpose(1, 2).view(2, 5, 12).cpu(), (heads * 0.5).view(2, 5, 12))
+
+
+def test_forward_ad_takes_tangents_of_transposed_primals():
+    x = torch.randn(3, 4)
+
+    def jvp_of(primal: torch.Tensor) -> torch.Tensor:
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(primal, primal.cos())
+            return fwAD.unpack_dual((dual.sin() * 2).exp()).tangent
+
+    torch.testing.assert_close(jvp_of(x.to("neuron").t()).cpu(), jvp_of(x.t()), rtol=1e-5, atol=1e-5)
