@@ -165,3 +165,34 @@ def test_a_custom_ops_neuron_kernel_runs_on_neuron_tensors_eager_and_compiled():
         assert got.device.type == "neuron", how
         torch.testing.assert_close(got.cpu(), expected, msg=how)
     torch.testing.assert_close(which(x), x + 100)
+
+
+_lib = torch.library.Library("neuron_test_names", "DEF")
+_lib.define("silu_(Tensor(a!) self) -> Tensor(a!)")
+_lib.impl("silu_", lambda self: self.mul_(torch.sigmoid(self)).mul_(2.0), "CPU")  # not aten's silu
+_lib.define("sigmoid(Tensor self, *, Tensor(a!) out) -> Tensor(a!)")
+_lib.impl("sigmoid", lambda self, *, out: out.copy_((self / 6 + 0.5).clamp(0, 1)), "CPU")  # a hard sigmoid
+
+
+@torch.library.custom_op("neuron_test_names::add_", mutates_args=("a",))
+def _add_(a: torch.Tensor, b: torch.Tensor) -> None:
+    a.add_(b)
+
+
+def test_a_librarys_ops_named_like_atens_run_their_own_kernels():
+    """``mylib::silu_`` (in place) and ``mylib::sigmoid(out=)`` ran ``aten.silu``/``aten.sigmoid``
+    on neuron tensors (the namespace was ignored when looking for the functional twin), and
+    ``mylib::add_`` raised "operator aten::add does not exist"."""
+    x = torch.tensor([-1.0, 0.5, 2.0])
+    expected = torch.ops.neuron_test_names.silu_(x.clone())
+    on = x.to("neuron")
+    torch.ops.neuron_test_names.silu_(on)
+    torch.testing.assert_close(on.cpu(), expected)
+    compiled = torch.compile(lambda t: torch.ops.neuron_test_names.silu_(t.clone()) * 1, backend="neuron")
+    torch.testing.assert_close(compiled(x.to("neuron")).cpu(), expected)
+    out = torch.empty(3).to("neuron")
+    torch.ops.neuron_test_names.sigmoid(x.to("neuron"), out=out)
+    torch.testing.assert_close(out.cpu(), (x / 6 + 0.5).clamp(0, 1))
+    a = torch.zeros(3).to("neuron")
+    _add_(a, torch.ones(3).to("neuron"))
+    torch.testing.assert_close(a.cpu(), torch.ones(3))

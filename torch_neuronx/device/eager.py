@@ -183,9 +183,9 @@ def _argument_types(op: Any) -> list[tuple[str, str, bool]]:
 def _functional_variant(func: Any) -> Any | None:
     """The functional op of in-place ``func``: the overload of the same name whose arguments are
     the same (``pow_.Scalar`` is ``pow.Tensor_Scalar``: ``pow.Scalar`` takes a number as self)."""
-    name = func._schema.name.split("::")[1]
-    if not name.endswith("_") or func._schema.overload_name == "out":
-        return None
+    namespace, name = func._schema.name.split("::")
+    if namespace != "aten" or not name.endswith("_") or func._schema.overload_name == "out":
+        return None  # (a library's ``mylib::silu_`` is its own op, not ``aten.silu``)
     packet = getattr(aten, name[:-1], None)
     if packet is None:
         return None

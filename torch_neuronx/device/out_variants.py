@@ -45,8 +45,11 @@ def functional_twin(func: Any) -> Any | None:
     written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     if len(written) != 1 or written[0].name != "out" or len(schema.returns) != 1:
         return None
+    namespace, name = schema.name.split("::")
+    if namespace != "aten":  # (a library's ``mylib::sigmoid(out=)`` is its own op)
+        return None
     wanted = [s for s in _signature(schema) if s[0] != "out"]
-    packet = getattr(aten, schema.name.split("::")[-1], None)
+    packet = getattr(aten, name, None)
     if packet is None:
         return None
     for name in packet.overloads():
