@@ -294,3 +294,58 @@ def test_cpu_fallbacks_of_complex_composites_conjugate():
     want = torch.linalg.lstsq(a, b, driver="gelsd")
     torch.testing.assert_close(got.solution.cpu(), want.solution)
     torch.testing.assert_close(got.residuals.cpu(), want.residuals)
+
+
+def _both(fn, *args):
+    """``fn`` on the eager device and compiled, each on neuron copies of ``args``, as CPU tensors."""
+    on = [a.to("neuron") for a in args]
+    return fn(*on).cpu(), torch.compile(fn, backend="neuron")(*on).cpu()
+
+
+def test_polar_and_complex_exp_keep_accuracy_at_large_angles():
+    """Emitted after the trace, their sin/cos were IREE's own, whose float32 reduction lost 1e-4 at
+    an angle of 4096 (a Llama ``freqs_cis``) and 1.4e-3 at 5e4; the CPU's error is 4e-8."""
+    angles = torch.tensor([1.0, 100.0, 1000.0, 4095.0, 1e4, 5e4, -3e4])
+    truth = torch.polar(torch.ones(7, dtype=torch.float64), angles.double())
+    for fn in (lambda t: torch.polar(torch.ones_like(t), t), lambda t: torch.exp(1j * t)):
+        for got in _both(fn, angles):
+            assert (got.cdouble() - truth).abs().max() < 2e-7
+
+
+def test_complex_division_scales_and_keeps_torchs_special_values():
+    """``a * conj(b) / |b|**2`` overflowed from |b| ~ 1.8e19 and vanished below 1e-19; a zero
+    divisor gave NaN where torch gives infinities. Now c10's division, bit for bit on random values."""
+    inf, nan = float("inf"), float("nan")
+    a = torch.tensor([3e30 + 4e30j, 1 + 1j, 1 + 1j, -1 + 0j, 1 + 1j, 1 + 1j, 0j, complex(inf, 0), 2 - 3j],
+                     dtype=torch.complex64)
+    b = torch.tensor([1e30 + 1e30j, 1e20 + 0j, 3e-20 + 4e-20j, 1e-20 + 0j, 0j, complex(inf, 0), 0j, 1 + 1j,
+                      complex(nan, 0)], dtype=torch.complex64)
+    for got in _both(torch.div, a, b):
+        torch.testing.assert_close(got, a / b, equal_nan=True, rtol=1e-6, atol=0)
+    for got in _both(torch.reciprocal, b[:4]):
+        torch.testing.assert_close(got, b[:4].reciprocal(), rtol=1e-6, atol=0)
+        assert torch.equal(torch.signbit(got.imag), torch.signbit(b[:4].reciprocal().imag))
+    torch.manual_seed(0)
+    x, y = torch.randn(500, dtype=torch.complex64), torch.randn(500, dtype=torch.complex64)
+    for got in _both(torch.div, x, y):
+        assert torch.equal(got, x / y)
+
+
+def test_complex_sqrt_isnan_nan_to_num_and_complex128_log_compile():
+    """sqrt went through the angle (sqrt(-1) was 6e-17+1j); complex isnan/isinf had no rule and
+    nan_to_num failed torch's decomposition; complex128 log and angle called an atan2 symbol IREE's
+    float64 code lacks ("iree exited with status 1")."""
+    inf, nan = float("inf"), float("nan")
+    z = torch.tensor([-1 + 0j, 4 + 0j, 2 + 3j, -2 - 3j, 0j, complex(-0.0, -0.0), complex(1e30, 1e30),
+                      complex(-inf, 1), complex(inf, -1), complex(1, inf), complex(nan, inf), complex(nan, 1),
+                      complex(-5, -0.0)], dtype=torch.complex64)
+    for got in _both(torch.sqrt, z):
+        torch.testing.assert_close(got, torch.sqrt(z), equal_nan=True)
+        assert torch.equal(torch.signbit(got.imag), torch.signbit(torch.sqrt(z).imag))
+    for fn in (torch.isnan, torch.isinf, torch.isfinite, torch.nan_to_num):
+        for got in _both(fn, z):
+            torch.testing.assert_close(got, fn(z), equal_nan=True)
+    wide = torch.tensor([-1 - 0j, 2 + 3j, 1e-3 - 7j], dtype=torch.complex128)
+    for fn in (torch.log, torch.sqrt, torch.angle):
+        for got in _both(fn, wide):
+            torch.testing.assert_close(got, fn(wide))

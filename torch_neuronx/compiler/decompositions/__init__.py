@@ -37,8 +37,8 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
   checks of their eager kernels (torch's decompositions would change them), and ``put``.
 - :mod:`.copies`: the ``*_copy`` view ops and ``new_empty_strided`` (torch's decompositions,
   which its core table leaves out), ``fmax`` and ``fmin``, ``as_strided_scatter``, ``unfold``.
-- :mod:`.composites`: ``addmv``, ``dist``, ``_batch_norm_with_update``, real ``angle``, and the
-  grid samplers called directly.
+- :mod:`.composites`: ``addmv``, ``dist``, ``_batch_norm_with_update``, real ``angle``, complex
+  ``nan_to_num``, and the grid samplers called directly.
 - :mod:`.quantization`: fake quantization per tensor and per channel (QAT), with its
   straight-through mask, as torch's CPU kernels compute it.
 - :mod:`.histograms`: ``histogram`` and ``histogramdd`` (bin counts or bin tensors), as bin

@@ -129,8 +129,18 @@ def native_batch_norm_inference(x: torch.Tensor, weight: torch.Tensor | None, bi
 
 
 #: This module's decompositions, merged into the compile path's table.
+def nan_to_num(x, nan=None, posinf=None, neginf=None):
+    """``aten.nan_to_num``; of a complex tensor, of its real and imaginary parts (torch's
+    decomposition refuses complex: "Complex dtype is not supported for isneginf")."""
+    if x.is_complex():
+        return torch.view_as_complex(torch._refs.nan_to_num(torch.view_as_real(x.resolve_conj()), nan, posinf,
+                                                            neginf).contiguous())
+    return torch._refs.nan_to_num(x, nan, posinf, neginf)
+
+
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.native_batch_norm.default: native_batch_norm_inference,
+    aten.nan_to_num.default: nan_to_num,
     aten.angle.default: angle,
     aten.addbmm.default: addbmm,
     aten.addmm.default: addmm,

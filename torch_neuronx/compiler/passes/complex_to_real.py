@@ -28,6 +28,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx import Node
 
 from torch_neuronx import config
+from torch_neuronx.compiler.passes.complex_expansion import expand_emitted
 from torch_neuronx.compiler.passes.complex_values import (
     REAL_OF,
     Cx,
@@ -80,6 +81,26 @@ def _sgn(e: Emitter, a: dict[str, Any]) -> Cx:
     unit = e(aten.div.Tensor, z.node, e(aten.unsqueeze.default, magnitude, -1))
     zero = e(aten.scalar_tensor.default, 0.0, dtype=REAL_OF[e.out.dtype], device=e.out.device)
     return Cx(e(aten.where.self, is_zero, zero, unit))
+
+
+def _sqrt(e: Emitter, a: dict[str, Any]) -> Cx:
+    """The principal root as C's ``csqrt`` computes it: ``t = sqrt((|x| + |z|) / 2)``, then
+    ``(t, y / 2t)`` or ``(|y| / 2t, copysign(t, y))`` (through the angle, sqrt(-1) was 6e-17+1j)."""
+    x, y = e.parts(a["self"])
+    t = e(aten.sqrt.default, e.add(e.mul(e(aten.abs.default, x), 0.5), e.mul(e.abs(a["self"]), 0.5)))
+    twice = e.mul(t, 2.0)
+    right = e(aten.ge.Scalar, x, 0)
+    re = e.pick(right, t, e(aten.div.Tensor, e(aten.abs.default, y), twice))
+    im = e.pick(right, e(aten.div.Tensor, y, twice), e(aten.copysign.Tensor, t, y))
+    zero = e(aten.eq.Scalar, t, 0)  # sqrt(0 + yi) with y = +-0: (0, y)
+    re, im = e.pick(zero, 0.0, re), e.pick(zero, y, im)
+    infinite = e(aten.isinf.default, y)  # sqrt(x + inf i) is inf + inf i, whatever x (NaN too)
+    return e.pack(e.pick(infinite, float("inf"), re), e.pick(infinite, y, im))
+
+
+def _parts_test(test: Any, join: Any) -> Rule:
+    """``isnan``/``isinf`` of a complex tensor: ``test`` of either part."""
+    return lambda e, a: e(join, *(e(test, p) for p in e.parts(a["self"])))
 
 
 def _pow(e: Emitter, a: dict[str, Any]) -> Cx:
@@ -211,8 +232,9 @@ _RULES: dict[Any, Rule] = {
     aten.exp.default: lambda e, a: e.pack(*e.polar(e(aten.exp.default, e.parts(a["self"])[0]),
                                                    e.parts(a["self"])[1])),
     aten.log.default: lambda e, a: e.pack(e(aten.log.default, e.abs(a["self"])), e.angle(a["self"])),
-    aten.sqrt.default: lambda e, a: e.pack(*e.polar(e(aten.sqrt.default, e.abs(a["self"])),
-                                                    e.mul(e.angle(a["self"]), 0.5))),
+    aten.sqrt.default: _sqrt,
+    aten.isnan.default: _parts_test(aten.isnan.default, aten.logical_or.default),
+    aten.isinf.default: _parts_test(aten.isinf.default, aten.logical_or.default),
     aten.pow.Tensor_Scalar: _pow,
     aten.eq.Tensor: _equal, aten.eq.Scalar: _equal, aten.ne.Tensor: _equal, aten.ne.Scalar: _equal,
     # complex ↔ real
@@ -328,11 +350,13 @@ def complex_to_real(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     constants: dict[str, torch.Tensor] = {}  # complex constants' real forms, set on success
     complex_inputs: list[int] = []
     tensor_inputs = 0
+    copied: set[Node] = set()  # nodes of the new graph that are gm's own (the others the rules emitted)
     for node in gm.graph.nodes:
         if node.op == "output":
             break
         if node.op in ("placeholder", "get_attr"):
             new = env[node] = graph.node_copy(node, lambda n: env[n])  # copies the meta dict too
+            copied.add(new)
             constant = getattr(gm, node.target) if node.op == "get_attr" else None
             if node.op == "placeholder" and isinstance(node.meta.get("val"), torch.Tensor):
                 tensor_inputs += 1
@@ -352,6 +376,7 @@ def complex_to_real(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         if not any(isinstance(env[n], Cx) for n in node.all_input_nodes) and \
                 not is_complex(node.meta.get("val")):
             env[node] = graph.node_copy(node, lambda n: env[n])
+            copied.add(env[node])
             continue
         rule = _RULES.get(node.target)
         if rule is None:
@@ -372,6 +397,7 @@ def complex_to_real(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     new_output = graph.output(type(values)(flat) if isinstance(values, list | tuple) else flat[0],
                               type_expr=output.type)
     new_output.meta = dict(output.meta)
+    expand_emitted(graph, set(graph.nodes) - copied, fake_mode)
 
     for name, tensor in constants.items():
         setattr(gm, name, tensor)

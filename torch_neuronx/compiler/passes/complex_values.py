@@ -166,7 +166,7 @@ class Emitter:
     def sub(self, x: Any, y: Any) -> Any:
         if is_num(y):
             return self.add(x, -y)
-        return self.add(self.neg(y), x) if is_num(x) else self(aten.sub.Tensor, x, y)
+        return self(aten.rsub.Scalar, y, x) if is_num(x) else self(aten.sub.Tensor, x, y)  # 0 - 0 is +0
 
     def mul(self, x: Any, y: Any, op: Callable = aten.mul.Tensor) -> Any:
         if is_num(x) and is_num(y):
@@ -197,12 +197,43 @@ class Emitter:
                 self.add(self.mul(ar, bi, op), self.mul(ai, br, op)))
 
     def cdiv(self, a: Any, b: Any) -> tuple[Any, Any]:
+        """a / b as torch computes it (c10's complex division, Smith's: the divisor's smaller part over
+        its larger; a zero divisor divides each part by 0). ``a * conj(b) / |b|**2`` overflowed from
+        |b| ~ 1.8e19 and vanished below 1e-19: (3e30+4e30j)/(1e30+1e30j) was NaN, (1+1j)/1e20 0."""
         (ar, ai), (br, bi) = self.parts(a), self.parts(b)
         if is_num(bi) and bi == 0:
             return self.div(ar, br), self.div(ai, br)
-        den = self.add(self.mul(br, br), self.mul(bi, bi))
-        return (self.div(self.add(self.mul(ar, br), self.mul(ai, bi)), den),
-                self.div(self.sub(self.mul(ai, br), self.mul(ar, bi)), den))
+        if is_num(br) and is_num(bi):  # a number: its branch is known here
+            quotient = complex(1.0, 0.0) / complex(br, bi) if (br, bi) != (0, 0) else None
+            if quotient is None:
+                return self.div(ar, 0.0), self.div(ai, 0.0)
+            return self.cmul_parts((ar, ai), (quotient.real, quotient.imag))
+        x, y = self(aten.abs.default, br), self(aten.abs.default, bi)
+        wide = self(aten.ge.Tensor, x, y)  # |c| >= |d|
+        big, small = self.pick(wide, br, bi), self.pick(wide, bi, br)
+        ratio = self(aten.div.Tensor, small, big)
+        scale = self(aten.reciprocal.default, self.add(big, self.mul(small, ratio)))
+        # |c| >= |d|: re = (a + b r) s, im = (b - a r) s; else re = (a r + b) s, im = (b r - a) s
+        re = self.mul(self.add(self.pick(wide, ar, ai), self.mul(self.pick(wide, ai, ar), ratio)), scale)
+        im = self.mul(self.pick(wide, self.sub(ai, self.mul(ar, ratio)), self.sub(self.mul(ai, ratio), ar)), scale)
+        zero = self(aten.logical_and.default, self(aten.eq.Scalar, x, 0), self(aten.eq.Scalar, y, 0))
+        return self.pick(zero, self._over_zero(ar, x), re), self.pick(zero, self._over_zero(ai, y), im)
+
+    def _over_zero(self, numerator: Any, zero: Node) -> Any:
+        """``numerator / zero`` where ``zero`` is +0: an infinity of its sign, or NaN for 0."""
+        if is_num(numerator):
+            return math.copysign(math.inf, numerator) if numerator != 0 else math.nan
+        return self(aten.div.Tensor, numerator, zero)
+
+    def pick(self, condition: Node, x: Any, y: Any) -> Any:
+        """``where(condition, x, y)`` of parts that may be numbers."""
+        if is_num(x) and is_num(y):
+            return x if x == y else self(aten.where.Scalar, condition, x, y)
+        if is_num(x):
+            return self(aten.where.ScalarSelf, condition, x, y)
+        if is_num(y):
+            return self(aten.where.ScalarOther, condition, x, y)
+        return self(aten.where.self, condition, x, y)
 
     def abs(self, a: Cx) -> Node:
         """The modulus without overflow or underflow (hypot's way): the larger part's magnitude
