@@ -171,6 +171,20 @@ def test_conversions_to_float8_saturate_as_torchs(source):
         assert torch.equal(got.nan_to_num(7.0), fn(x).nan_to_num(7.0)), (target, got)
 
 
+@pytest.mark.parametrize("wide", [torch.float32, torch.bfloat16])
+def test_every_float8_byte_decodes_as_torchs(wide):
+    """IREE decoded float8_e4m3fn's byte 0xFF (a NaN) as -480: raw fp8 checkpoint bytes viewed as
+    float8 and widened in a compiled graph, or on the eager device."""
+    raw = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):
+        def fn(t, fp8=fp8):
+            return t.view(fp8).to(wide) * 2
+
+        expected = fn(raw)
+        assert torch.equal(torch.compile(fn, backend="neuron")(raw).nan_to_num(7.0), expected.nan_to_num(7.0))
+        assert torch.equal(fn(raw.to("neuron")).cpu().nan_to_num(7.0), expected.nan_to_num(7.0))
+
+
 _VIEWS = """
 module {
   func.func @main(%a: !torch.vtensor<[?,3],f32>, %b: !torch.vtensor<[],bf16>, %c: !torch.vtensor<[2],f64>,
