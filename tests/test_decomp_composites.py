@@ -189,3 +189,7 @@ def test_shifts_by_the_width_or_more_match_torchs_kernel(dtype):
             assert torch.equal(torch.compile(fn, backend="neuron", dynamic=False)(a, shifts), expected)
             for shift in (width - 1, width + 5):
                 assert torch.equal(fn(a.to("neuron"), shift).cpu(), fn(a, shift))
+            for number in (1, 3):  # a number shifted by a tensor (a bit mask: ``1 << bit``) failed to lower
+                expected = fn(number, shifts)
+                assert torch.equal(fn(number, shifts.to("neuron")).cpu(), expected)
+                assert torch.equal(torch.compile(fn, backend="neuron", dynamic=False)(number, shifts), expected)

@@ -6,7 +6,8 @@ live by subject in this package's modules, each exporting ``DECOMPOSITIONS``:
 
 - :mod:`.general`: views and scatters torch-mlir does not lower, dropout, ``cdist``, and
   the decompositions taken from torch's own table.
-- :mod:`.arithmetic`: ``remainder``, ``fmod``, rounding and bitwise ops, special values.
+- :mod:`.arithmetic`: ``remainder``, ``fmod``, rounding and bitwise ops, special values;
+  :mod:`.shifts`: integer shifts.
 - :mod:`.bools`: scatter-adds and clamps of bool tensors in int32 (torch saturates).
 - :mod:`.clamps`: clamps of integers by float or int bounds (torch's conversions) and by tensor
   bounds of another dtype or shape.
@@ -110,6 +111,7 @@ from torch_neuronx.compiler.decompositions import (
     scans,
     scatter,
     segments,
+    shifts,
     sorting,
     special,
     special_functions,
@@ -131,7 +133,8 @@ def _table(with_fma: bool) -> dict:
 
     extra = {torch.ops.prims.fma.default: arithmetic.fma} if with_fma else {}
     ours = bools.wrapped({**core_aten_decompositions(), **get_decompositions(list(general.FROM_TORCH)),
-            **general.DECOMPOSITIONS, **arithmetic.DECOMPOSITIONS, **clamps.DECOMPOSITIONS, **sorting.DECOMPOSITIONS,
+            **general.DECOMPOSITIONS, **arithmetic.DECOMPOSITIONS, **shifts.DECOMPOSITIONS, **clamps.DECOMPOSITIONS,
+            **sorting.DECOMPOSITIONS,
             **moments.DECOMPOSITIONS, **summation.DECOMPOSITIONS, **average_pooling.DECOMPOSITIONS,
             **batch_norm_sync.DECOMPOSITIONS,
             **attention.DECOMPOSITIONS,
