@@ -364,3 +364,17 @@ def test_ops_whose_results_are_quantized_or_sparse_are_refused_by_name():
     with pytest.raises(NotImplementedError, match="sparse_coo"):
         torch.randn(2, 3).to_sparse().to("neuron")
     assert torch.equal(x.cpu(), x.cpu())  # the device goes on
+
+
+def test_a_torch_function_subclass_of_a_neuron_tensor_is_a_clear_error():
+    """``as_subclass`` (and ``.to("neuron")`` of a CPU subclass, which calls it) raised torch's
+    "raw Tensor object is already associated to a python object of type NeuronTensor"."""
+
+    class Logged(torch.Tensor):
+        pass
+
+    x = torch.randn(2, 2)
+    assert x.to("neuron").as_subclass(torch.Tensor).device.type == "neuron"  # its own superclass: itself
+    for make in (lambda: x.to("neuron").as_subclass(Logged), lambda: x.as_subclass(Logged).to("neuron")):
+        with pytest.raises(TypeError, match="cannot become a Logged.*TorchFunctionMode"):
+            make()

@@ -364,6 +364,21 @@ class NeuronTensor(torch.Tensor):
     # ops, and what Dynamo requires of a tensor subclass it traces through).
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    def as_subclass(self, cls: type) -> torch.Tensor:
+        """``Tensor.as_subclass``: a neuron tensor already is a Python subclass (this one), so another
+        ``__torch_function__`` subclass cannot take it over; a clear error says what works instead."""
+        try:
+            return super().as_subclass(cls)
+        except RuntimeError as exc:
+            if "already associated" not in str(exc):
+                raise
+            raise TypeError(
+                f"a neuron tensor cannot become a {cls.__name__}: neuron tensors are a Python tensor subclass "
+                f"themselves (NeuronTensor), and torch gives a tensor one Python class. Keep a "
+                f"__torch_function__ subclass ({cls.__name__}) on the CPU, or observe neuron tensors with a "
+                "torch.overrides.TorchFunctionMode or a TorchDispatchMode, or wrap them in a wrapper "
+                "subclass (torch.Tensor._make_wrapper_subclass) that holds the neuron tensor") from exc
+
     def __tensor_flatten__(self) -> tuple[list[str], tuple[int, ...]]:
         """The inner tensor (the CPU view of the device memory); the device index and storage offset,
         and its conjugate and negative bits when it has one (:func:`math_bits`).
