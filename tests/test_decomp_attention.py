@@ -169,3 +169,14 @@ def test_dropout_in_a_fused_kernel_is_refused():
     q = torch.randn(1, 1, 2, 4)
     with pytest.raises(NotImplementedError, match="dropout_p > 0"):
         attention.flash_attention_for_cpu(q, q, q, 0.5)
+
+
+def test_a_dropout_probability_out_of_range_is_an_error_compiled():
+    """Eager raises torch's error; compiled, SDPA's dropout_p=1.5 drew a mask and returned zeros
+    (``bernoulli`` of a probability out of range, as ``F.dropout``'s path calls it, drew too)."""
+    q, k, v = (torch.randn(1, 1, 4, 8) for _ in range(3))
+    for p in (1.5, 2.0):  # (a negative one is no dropout in torch's math path, as on the CPU)
+        for device in ("cpu", "neuron"):
+            with pytest.raises(Exception, match="(dropout probability has to be between 0 and 1|expects p to be in)"):
+                torch.compile(lambda a, b, c, p=p: F.scaled_dot_product_attention(a, b, c, dropout_p=p),
+                              backend="neuron")(q.to(device), k.to(device), v.to(device))

@@ -251,3 +251,11 @@ def test_samplers_without_a_lowering_draw_in_compiled_graphs(device):
         torch.neuron.manual_seed(3)
         for a, b in zip(again, compiled(rates), strict=True):
             assert torch.equal(a.cpu(), b.cpu())
+
+
+def test_compiled_bernoulli_of_a_probability_out_of_range_raises_torchs_error():
+    """Traced, ``bernoulli(x, p=1.5)`` and ``x.bernoulli_(-0.5)`` drew anyway (eager raises)."""
+    x = torch.rand(8)
+    for fn in (lambda t: torch.bernoulli(t, 1.5), lambda t: t.clone().bernoulli_(-0.5)):
+        with pytest.raises(Exception, match=r"expects p to be in \[0, 1\]"):
+            torch.compile(fn, backend="neuron")(x)

@@ -136,6 +136,8 @@ def _computation_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _no_dropout(dropout_p: float) -> None:
+    if not 0 <= dropout_p <= 1:
+        raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {dropout_p}")
     if dropout_p != 0.0:
         raise NotImplementedError("scaled_dot_product_attention with dropout_p > 0 in a compiled graph "
                                   "(a fused attention kernel's dropout has no decomposition)")

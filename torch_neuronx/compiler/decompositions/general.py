@@ -113,6 +113,8 @@ def slice_scatter(x: torch.Tensor, src: torch.Tensor, dim: int = 0, start: int |
 def native_dropout(x: torch.Tensor, p: float, train: bool | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``aten.native_dropout`` from ``rand_like`` (which the compile path draws on the host per call;
     torch-mlir's lowering drew the same mask every call)."""
+    if train and not 0 <= p <= 1:  # (traced, it drew a mask anyway: SDPA's dropout_p=1.5 gave zeros)
+        raise RuntimeError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not train or p == 0:
         return x.clone(), torch.ones_like(x, dtype=torch.bool)
     if p == 1:

@@ -26,6 +26,8 @@ def _floating(x: torch.Tensor) -> torch.dtype:
 
 def bernoulli(x: torch.Tensor, p: float | torch.Tensor | None = None, *, generator=None) -> torch.Tensor:
     """``aten.bernoulli`` (probabilities ``x``, or ``p``): 1 where a uniform draw falls below them."""
+    if isinstance(p, float | int) and not 0 <= p <= 1:  # (traced, it drew anyway: dropout_p=1.5 gave zeros)
+        raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
     probability = x if p is None else p
     return (torch.rand_like(x, dtype=_floating(x)) < probability).to(x.dtype)
 
