@@ -203,6 +203,8 @@ def test_memory_order_only_for_permutations_of_dense_layouts():
     assert memory_order(torch.empty(2, 8, 8, 3).permute(0, 3, 1, 2)) == [0, 2, 3, 1]
     assert memory_order(torch.empty(4, 6)[:, :3]) is None  # gaps
     assert memory_order(torch.empty(3, 1).expand(3, 4)) is None  # overlap
+    batch_of_one = torch.empty(5, 1, 3).permute(1, 2, 0)  # strides (3, 1, 3): the size-1 one addresses nothing
+    assert memory_order(batch_of_one) == [0, 2, 1]
 
 
 def test_aligned_inputs_cross_without_copies():

@@ -80,3 +80,26 @@ def test_forward_ad_takes_tangents_of_transposed_primals():
             return fwAD.unpack_dual((dual.sin() * 2).exp()).tangent
 
     torch.testing.assert_close(jvp_of(x.to("neuron").t()).cpu(), jvp_of(x.t()), rtol=1e-5, atol=1e-5)
+
+
+def test_one_ops_layouts_do_not_leak_into_each_other():
+    """An op's dynamic kernel took the memory order of the first layout it met: channels-last and
+    expanded inputs sort their dimensions alike, so ``expanded + 1`` came back channels-last
+    after ``channels_last + 1`` (and a ``.view()`` valid on the CPU raised)."""
+    for rows in (3, 4, 5, 6):
+        image = torch.randn(2, 3, rows, 5).contiguous(memory_format=torch.channels_last)
+        expanded = torch.randn(2, 1, rows, 5).expand(2, 3, rows, 5)
+        for x in (image, expanded, image):
+            got, expected = x.to("neuron") + 1, x + 1
+            assert got.stride() == expected.stride()
+            torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_a_batch_of_one_keeps_its_permuted_layout():
+    """A dimension of size 1 with the stride of another (a batch of one, permuted for a Conv1d)
+    made the layout ambiguous, and the result was row-major: permuting back and ``.view(-1)``
+    raised where the CPU's result allows it."""
+    for steps in (5, 7, 9):
+        x = torch.randn(steps, 1, 3)
+        h = F.gelu(x.to("neuron").permute(1, 2, 0))
+        torch.testing.assert_close(h.permute(2, 0, 1).view(-1).cpu(), F.gelu(x).view(-1))

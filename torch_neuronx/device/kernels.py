@@ -204,12 +204,13 @@ class Kernel:
         self.orders: dict[tuple, list[list[int] | None] | None] = {}
 
 
-def _layout(t: torch.Tensor) -> tuple[int, ...] | None:
-    """The memory order of an input's dimensions, outermost first (None: row-major)."""
+def _layout(t: torch.Tensor) -> tuple | None:
+    """The memory order of an input's dimensions, outermost first, and which are broadcast (stride
+    0: an expanded tensor and a channels-last one have one order); None: row-major."""
     if t.is_contiguous():
         return None
     stride = t.stride()
-    return tuple(sorted(range(t.dim()), key=lambda d: (-stride[d], d)))
+    return tuple(sorted(range(t.dim()), key=lambda d: (-stride[d], d))), tuple(s == 0 for s in stride)
 
 
 def output_orders(kernel: Kernel, func: Any, args: Sequence[Any], kwargs: dict[str, Any],

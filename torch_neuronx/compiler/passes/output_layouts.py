@@ -21,14 +21,17 @@ aten = torch.ops.aten
 
 def memory_order(val: torch.Tensor) -> list[int] | None:
     """The permutation ``p`` with ``val.permute(p)`` contiguous, when ``val`` is dense but not
-    contiguous and permuting a contiguous tensor back gives exactly its strides; else None."""
+    contiguous and permuting a contiguous tensor back gives its strides (those of its dimensions
+    of size 1 aside, which address nothing: a batch of one's); else None."""
     if val.is_contiguous() or val.numel() <= 1:
         return None
-    order = sorted(range(val.dim()), key=lambda d: (-val.stride()[d], d))
+    stride = val.stride()
+    order = sorted(range(val.dim()), key=lambda d: (-stride[d], d))
     shape = [val.shape[d] for d in order]
     inverse = [order.index(d) for d in range(val.dim())]
-    if torch.empty(shape, device="meta").permute(inverse).stride() != val.stride():
-        return None  # gaps, overlap or ambiguous size-1 strides: stays contiguous
+    permuted = torch.empty(shape, device="meta").permute(inverse).stride()
+    if any(p != s for p, s, n in zip(permuted, stride, val.shape, strict=True) if n != 1):
+        return None  # gaps or overlap: stays contiguous
     return order
 
 
