@@ -119,7 +119,7 @@ def _failing_kernel(key_op: str, shape: tuple, monkeypatch) -> None:
 
     monkeypatch.setitem(eager._kernels, key, types.SimpleNamespace(
         compiled=Failing(), out_spec=kernel.out_spec, metas=kernel.metas, name=kernel.name,
-        shapes=kernel.shapes, dtypes=kernel.dtypes))
+        shapes=kernel.shapes, dtypes=kernel.dtypes, orders=kernel.orders, copies=kernel.copies))
     monkeypatch.setenv("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "1")
 
 
@@ -154,7 +154,8 @@ class Failing:
         raise NeuronRuntimeError("injected device fault")
     run_into = __call__
 eager._kernels[key] = types.SimpleNamespace(compiled=Failing(), out_spec=kernel.out_spec, metas=kernel.metas,
-                                            name=kernel.name, shapes=kernel.shapes, dtypes=kernel.dtypes)
+                                            name=kernel.name, shapes=kernel.shapes, dtypes=kernel.dtypes,
+                                            orders=kernel.orders, copies=kernel.copies)
 def users_training_step():
     return x - 0.5  # THE FAILING LINE
 try:

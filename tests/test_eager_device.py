@@ -260,7 +260,8 @@ def test_execution_errors_follow_the_fallback_policy(only_unimplemented, monkeyp
         run_into = __call__
 
     injected = types.SimpleNamespace(compiled=Failing(), out_spec=kernel.out_spec, metas=kernel.metas,
-                                     name=kernel.name, shapes=kernel.shapes, dtypes=kernel.dtypes)
+                                     name=kernel.name, shapes=kernel.shapes, dtypes=kernel.dtypes,
+                                     orders=kernel.orders, copies=kernel.copies)
     monkeypatch.setitem(eager._kernels, key, injected)
     monkeypatch.setenv("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", only_unimplemented)
     monkeypatch.setattr(fallback, "_warned", set())

@@ -103,3 +103,15 @@ def test_a_batch_of_one_keeps_its_permuted_layout():
         x = torch.randn(steps, 1, 3)
         h = F.gelu(x.to("neuron").permute(1, 2, 0))
         torch.testing.assert_close(h.permute(2, 0, 1).view(-1).cpu(), F.gelu(x).view(-1))
+
+
+def test_ops_whose_decomposition_lays_out_otherwise_follow_torch():
+    """``max_pool2d`` of a channels-last tensor and a convolution of a channels-last weight kept
+    their decomposition's row-major layout; they now have the CPU's (the results are copied)."""
+    for rows in (8, 6):
+        image = torch.randn(2, 3, rows, 8).contiguous(memory_format=torch.channels_last)
+        weight = torch.randn(4, 3, 3, 3).contiguous(memory_format=torch.channels_last)
+        for op in (lambda t, w: F.max_pool2d(t, 2), lambda t, w: F.conv2d(t.contiguous(), w)):
+            got, expected = op(image.to("neuron"), weight.to("neuron")), op(image, weight)
+            assert got.stride() == expected.stride()
+            torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)

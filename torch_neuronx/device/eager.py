@@ -296,7 +296,7 @@ def _execute_into(kernel: kernels.Kernel, tensors: list[torch.Tensor], storage: 
     """
     try:
         # (``is not None`` one by one: ``None in storage`` would compare tensors with None)
-        if all(s is not None for s in storage) and kernel.compiled.run_into(tensors, storage):
+        if not kernel.copies and all(s is not None for s in storage) and kernel.compiled.run_into(tensors, storage):
             return  # the kernel wrote into the outputs' memory
     except Exception as exc:
         return _execute_failed(exc, storage, func, given)

@@ -189,7 +189,7 @@ class Kernel:
     metadata when the op can be queued (``metas``: per result leaf, a meta tensor or a constant;
     None when the kernel must run where it is called, see ``CompiledGraph.output_metas``)."""
 
-    __slots__ = ("compiled", "out_spec", "metas", "name", "shapes", "dtypes", "orders")
+    __slots__ = ("compiled", "out_spec", "metas", "name", "shapes", "dtypes", "orders", "copies")
 
     def __init__(self, compiled: Any, out_spec: pytree.TreeSpec, name: str) -> None:
         self.compiled, self.out_spec, self.name = compiled, out_spec, name
@@ -202,6 +202,24 @@ class Kernel:
         # A dynamic kernel's outputs in torch's memory order, per layout of its inputs (see
         # :func:`output_orders`): the same kernel serves row-major and transposed inputs.
         self.orders: dict[tuple, list[list[int] | None] | None] = {}
+        # Results copied into outputs laid out as torch lays them out, not written by the NEFF: a
+        # decomposition's layout can differ from the op's (max_pool2d of channels-last, linalg).
+        self.copies = False
+
+    def follow_torchs_layout(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        """Outputs with torch's strides where this static kernel's trace laid them out otherwise."""
+        if self.metas is None or not any(isinstance(m, torch.Tensor) and m.dim() > 1 for m in self.metas):
+            return
+        orders = _output_orders(func, args, kwargs, missing=False)
+        if orders is None or len(orders) != len(self.metas):
+            return
+        metas = list(self.metas)
+        for i, (m, order) in enumerate(zip(metas, orders, strict=True)):
+            if isinstance(m, torch.Tensor) and memory_order(m) != order:
+                stride = strides_in_order(m.shape, order) or torch.empty(m.shape, device="meta").stride()
+                metas[i] = torch.empty_strided(m.shape, stride, dtype=m.dtype, device="meta")
+                self.copies = True
+        self.metas = metas
 
 
 def _layout(t: torch.Tensor) -> tuple | None:
@@ -226,21 +244,26 @@ def output_orders(kernel: Kernel, func: Any, args: Sequence[Any], kwargs: dict[s
     return orders[layout]
 
 
-def _output_orders(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> list[list[int] | None] | None:
-    """The memory order of each result of ``func`` (see :attr:`Kernel.orders`), run on meta tensors
-    of the call's; None when all are row-major or the op has no meta kernel."""
-    def meta(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+def _output_orders(func: Any, args: Sequence[Any], kwargs: dict[str, Any],
+                   missing: bool = True) -> list[list[int] | None] | None:
+    """The memory order of each result of ``func`` (see :attr:`Kernel.orders`), run on fake CPU
+    tensors laid out as the call's; None when the op has no meta kernel, or (``missing``) when all
+    are row-major."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def fake(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):  # on the CPU: layouts that depend on the device are the CPU's
+            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="cpu")
         return value
 
     try:
-        metas = pytree.tree_map(meta, (list(args), kwargs))
-        results = pytree.tree_leaves(scalars.call(func, *metas))
+        with FakeTensorMode(allow_non_fake_inputs=False):
+            fakes = pytree.tree_map(fake, (list(args), kwargs))
+            results = pytree.tree_leaves(scalars.call(func, *fakes))
     except Exception:  # no meta kernel (or it disagrees with these inputs): row-major
         return None
     orders = [memory_order(r) if isinstance(r, torch.Tensor) else None for r in results]
-    return orders if any(o is not None for o in orders) else None
+    return orders if not missing or any(o is not None for o in orders) else None
 
 
 def strides_in_order(shape: Sequence[int], order: Sequence[int] | None) -> list[int] | None:
@@ -258,7 +281,12 @@ def _compile(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str, Any],
     """The compiled kernel of ``func`` for this dispatch key (HLO cache, else trace and lower);
     for a dynamic key, :data:`STATIC` when the op needs a kernel per shape."""
     compiled = _compile_graph(func, key, args, kwargs, dynamic)
-    return STATIC if compiled is STATIC else Kernel(*compiled, name=str(func))
+    if compiled is STATIC:
+        return STATIC
+    kernel = Kernel(*compiled, name=str(func))
+    if kernel.shapes is None:
+        kernel.follow_torchs_layout(func, args, kwargs)
+    return kernel
 
 
 def _compile_lent(lent: bool, *args: Any) -> Any:
@@ -358,8 +386,6 @@ def compiled_kernel(func: Any, key: tuple, args: Sequence[Any], kwargs: dict[str
                 kernel = UNIMPLEMENTED
             registry[key] = kernel
     return kernel
-
-
 
 
 def agrees_with_cpu(kernel: Kernel, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool | None:
