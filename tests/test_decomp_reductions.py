@@ -13,6 +13,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -128,3 +130,17 @@ def test_mode_counts_nans_as_one_value():
     for got in (torch.compile(lambda t: torch.mode(t, 1).values, backend="neuron")(x),
                 torch.mode(x.to("neuron"), 1).values.cpu()):
         torch.testing.assert_close(got, expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool])
+def test_means_of_integers_with_a_dtype_compile(dtype):
+    """``t.mean(dim, dtype=torch.float64)`` of integers failed to lower (a ``torch.constant.int``
+    torch-mlir could not legalize); the eager device ran it on the CPU."""
+    x = torch.randint(-1000, 1000, (3, 10)).to(dtype)
+    for fn in (lambda t: t.mean(-1, dtype=torch.float64), lambda t: t.mean(dtype=torch.float32),
+               lambda t: torch.mean(t, (0, 1), keepdim=True, dtype=torch.float64)):
+        expected = fn(x)
+        torch.testing.assert_close(torch.compile(fn, backend="neuron")(x), expected)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no CPU fallback
+            torch.testing.assert_close(fn(x.to("neuron")).cpu(), expected)

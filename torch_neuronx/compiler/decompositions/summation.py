@@ -116,6 +116,8 @@ def mean_dim(x: torch.Tensor, dim: Any = None, keepdim: bool = False, *, dtype: 
     source = x if dtype is None else x.to(dtype)
     dims = _dims(source, dim)
     if not _needed(source, dims):
+        if dtype is not None and dtype != x.dtype:  # torch-mlir lowers no mean of ints with a dtype
+            return aten.mean.dim(source, dim, keepdim)
         return NotImplemented
     count = 1
     for d in dims:
