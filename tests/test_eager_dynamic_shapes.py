@@ -354,3 +354,18 @@ def test_bad_input_on_a_dynamic_kernels_first_call_gives_no_verdict():
     _close(t.to("neuron").index_select(0, i.to("neuron")), t.index_select(0, i))
     family = [k for k in eager._kernels if k[0] == "dynamic" and k[1] == "aten.index_select.default"]
     assert family and all(isinstance(eager._kernels[k], kernels.Kernel) for k in family)
+
+
+def test_long_rows_of_softmax_keep_kernels_per_shape():
+    """A softmax's dynamic-shape kernel took time quadratic in a long row (2 x 1e5: 25 s, 2 x 1e6:
+    not back in minutes, the third shape of an eager softmax): rows past ``LONG_ROW`` get kernels
+    of their own."""
+    from torch_neuronx.device import choice
+
+    n = choice.LONG_ROW + 10
+    for length in (n, n + 1, n + 2):
+        x = torch.rand(2, length)
+        torch.testing.assert_close(x.to("neuron").softmax(-1).cpu(), x.softmax(-1))
+    keys = [key for sig, key in choice._seen.items()
+            if sig[0] is torch.ops.aten._softmax.default and sig[3] == (2, n + 2)]
+    assert keys and all(key[0] != "dynamic" for key in keys)

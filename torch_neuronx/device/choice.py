@@ -48,6 +48,8 @@ def kernel_for(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     (TORCH_NEURONX_EAGER_DYNAMIC_SHAPES) and this shape has no kernel of its own, else the
     kernel of its shapes and strides."""
     dynamic = config.get("TORCH_NEURONX_EAGER_DYNAMIC_SHAPES")
+    if dynamic and func in _ROW_OPS and _longest(args) > LONG_ROW:
+        dynamic = False
     sig = None if kwargs else _signature(func, args, dynamic)
     if sig is not None:
         key = _seen.get(sig)
@@ -64,6 +66,22 @@ def kernel_for(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
             _hot.clear()
         _seen[sig] = key
     return kernel
+
+
+_aten = torch.ops.aten
+#: Ops that reduce a row and use the result across it, whose dynamic-shape code took time quadratic
+#: in a long row (a softmax of 2 x 1e4: 0.3 s, 2 x 1e5: 25 s, 2 x 1e6: not back in minutes; IREE
+#: fuses the reduction into its consumer when the row is symbolic): past LONG_ROW, a kernel per shape.
+_ROW_OPS = frozenset({_aten._softmax.default, _aten._log_softmax.default, _aten.logsumexp.default,
+                      _aten._softmax_backward_data.default, _aten._log_softmax_backward_data.default,
+                      _aten.native_layer_norm.default, _aten.native_layer_norm_backward.default})
+LONG_ROW = 8192
+
+
+def _longest(args: Sequence[Any]) -> int:
+    """The longest dimension of the call's first tensor argument (0 without one)."""
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    return max(first.shape, default=0) if first is not None else 0
 
 
 #: Seconds a shape keeps being called on its family's dynamic kernel before it gets a kernel of its
