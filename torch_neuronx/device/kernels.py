@@ -26,7 +26,7 @@ from torch_neuronx import config, observe
 from torch_neuronx.cache import store
 from torch_neuronx.compiler.errors import data_dependent, input_error
 from torch_neuronx.compiler.hlo import lowering_versions
-from torch_neuronx.compiler.passes.output_layouts import memory_order
+from torch_neuronx.compiler.passes.output_layouts import memory_order, stride_order
 from torch_neuronx.device import scalars
 from torch_neuronx.pipeline import trace as tracing
 from torch_neuronx.runtime.tensor import NeuronTensor
@@ -228,7 +228,7 @@ def _layout(t: torch.Tensor) -> tuple | None:
     if t.is_contiguous():
         return None
     stride = t.stride()
-    return tuple(sorted(range(t.dim()), key=lambda d: (-stride[d], d))), tuple(s == 0 for s in stride)
+    return tuple(stride_order(stride)), tuple(s == 0 for s in stride)
 
 
 def output_orders(kernel: Kernel, func: Any, args: Sequence[Any], kwargs: dict[str, Any],

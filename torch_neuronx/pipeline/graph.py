@@ -55,6 +55,9 @@ class CompiledGraph:
         self._storage_executable: Executable | None = None
         # Outputs returned in memory order, permuted back to their traced strides on the host.
         self._layouts = tuple((int(i), tuple(inverse)) for i, inverse in layouts)
+        # ... and the memory order each such output's storage is written in (:meth:`run_into`).
+        self._memory_orders = tuple((i, tuple(inverse.index(d) for d in range(len(inverse))))
+                                    for i, inverse in self._layouts)
         # Error checks of the trailing outputs, run on the host after every call (passes/host_checks.py).
         self._checks = tuple(checks)
         # Random values the graph takes as its last inputs, drawn on the host at every call.
@@ -116,8 +119,8 @@ class CompiledGraph:
             executable = self._storage_executable = self._open(self._storage_neff)
         if self._layouts:  # outputs with their traced strides: the NEFF writes them in memory order
             outputs = list(outputs)
-            for i, inverse in self._layouts:
-                outputs[i] = outputs[i].permute(_inverted(inverse))
+            for i, order in self._memory_orders:
+                outputs[i] = outputs[i].permute(order)
         try:
             executable.run_into(tensors, outputs)
         except NeuronRuntimeError as exc:
@@ -368,11 +371,3 @@ def from_plan(plan: Plan, options: ResolvedOptions, gm: torch.fx.GraphModule | N
     observe.count("compiled_graphs")
     observe.count("warm_start_plans")
     return compiled
-
-
-def _inverted(permutation: Sequence[int]) -> list[int]:
-    """The permutation that undoes ``permutation``."""
-    inverse = [0] * len(permutation)
-    for i, p in enumerate(permutation):
-        inverse[p] = i
-    return inverse

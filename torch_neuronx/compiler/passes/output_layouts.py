@@ -19,6 +19,11 @@ from torch_neuronx.compiler.passes.rewrite import static_val
 aten = torch.ops.aten
 
 
+def stride_order(stride: tuple[int, ...]) -> list[int]:
+    """Dimensions from the largest stride to the smallest (ties: in order): outermost first."""
+    return sorted(range(len(stride)), key=lambda d: (-stride[d], d))
+
+
 def memory_order(val: torch.Tensor) -> list[int] | None:
     """The permutation ``p`` with ``val.permute(p)`` contiguous, when ``val`` is dense but not
     contiguous and permuting a contiguous tensor back gives its strides (those of its dimensions
@@ -26,7 +31,7 @@ def memory_order(val: torch.Tensor) -> list[int] | None:
     if val.is_contiguous() or val.numel() <= 1:
         return None
     stride = val.stride()
-    order = sorted(range(val.dim()), key=lambda d: (-stride[d], d))
+    order = stride_order(stride)
     shape = [val.shape[d] for d in order]
     inverse = [order.index(d) for d in range(val.dim())]
     permuted = torch.empty(shape, device="meta").permute(inverse).stride()
