@@ -34,11 +34,12 @@ def _optimizers():
     }
 
 
-def _train(device: str, make, steps: int, compiled_after: list[int] | None = None) -> list[torch.Tensor]:
-    model = _model().to(device)
+def _train(device: str, make, steps: int, compiled_after: list[int] | None = None,
+           dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    model = _model().to(device, dtype)
     opt, scheduler = make(model.parameters())
     torch.manual_seed(1)
-    x, y = torch.randn(4, 6), torch.randn(4, 2)
+    x, y = torch.randn(4, 6, dtype=dtype), torch.randn(4, 2, dtype=dtype)
     x, y = x.to(device), y.to(device)
     for _ in range(steps):
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -63,6 +64,49 @@ def test_training_loops_stop_compiling_after_their_first_steps(name):
     assert kernels[3:] == [kernels[2]] * 3, f"kernels compiled after step 3: {kernels}"
     for a, b in zip(on_neuron, on_cpu):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _per_tensor_optimizers():
+    """Optimizers whose per-parameter (``foreach=False``) steps pass their step-dependent numbers to
+    single-tensor ops, and a hand-written EMA whose decay warms up."""
+    class WarmingEMA:
+        def __init__(self, params):
+            self.params, self.shadow, self.n = list(params), None, 0
+
+        def step(self):
+            self.n += 1
+            decay = min(0.999, (1 + self.n) / (10 + self.n))
+            if self.shadow is None:
+                self.shadow = [p.detach().clone() for p in self.params]
+            with torch.no_grad():
+                for s, p in zip(self.shadow, self.params):
+                    s.lerp_(p, 1 - decay)
+                    p.sub_(p.grad, alpha=0.1 * decay)
+
+        def zero_grad(self):
+            for p in self.params:
+                p.grad = None
+
+    return {
+        "adam": lambda p: (torch.optim.Adam(p, lr=1e-2, weight_decay=1e-3, foreach=False), None),
+        "sgd_scheduled": lambda p: (opt := torch.optim.SGD(p, lr=0.1, momentum=0.9, foreach=False),
+                                    torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.7)),
+        "warming_ema": lambda p: (WarmingEMA(p), None),
+    }
+
+
+@pytest.mark.parametrize("name", list(_per_tensor_optimizers()))
+def test_half_precision_training_loops_stop_compiling_after_their_first_steps(name):
+    """float16/bfloat16 numbers were constants of their kernels: a per-tensor optimizer's bias
+    corrections, a scheduled learning rate or a warming EMA's decay compiled kernels every step.
+    (bfloat16: float16 Adam's eps of 1e-8 is 0, and its steps divide by zero on the CPU too.)"""
+    make, dtype = _per_tensor_optimizers()[name], torch.bfloat16
+    kernels: list[int] = []
+    on_neuron = _train("neuron", make, 6, kernels, dtype)
+    on_cpu = _train("cpu", make, 6, dtype=dtype)
+    assert kernels[3:] == [kernels[2]] * 3, f"kernels compiled after step 3: {kernels}"
+    for a, b in zip(on_neuron, on_cpu):  # (the matrix products may round differently)
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
 
 
 _CASES = {
@@ -97,6 +141,64 @@ def test_runtime_scalars_compute_what_eager_does(case, dtype):
     torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
     if case == "minus_zero":
         assert torch.equal(torch.signbit(got.cpu()), torch.signbit(expected))
+
+
+_HALF_CASES = {
+    **{name: _CASES[name] for name in ("add_alpha", "sub_alpha", "addcdiv", "addcmul", "lerp", "mul_scalar",
+                                       "div_scalar", "div_tensor_slot", "rsub", "minus_zero", "int_add",
+                                       "int_alpha", "int_rdiv")},
+    "add": lambda x, y: x + 0.1234567,
+    "sub_int_beyond_half": lambda x, y: x - 70001,
+    "mul_beyond_half": lambda x, y: x * 1e5,     # float32 arithmetic, rounded once: inf only where it is
+    "div_beyond_half": lambda x, y: x / 1e-7,
+    "lerp_large_weight": lambda x, y: torch.lerp(x, y, 0.7),
+    "lerp_ema": lambda x, y: x.clone().lerp_(y, 1 - 0.999),  # 0.999 is 1.0 in bfloat16
+    "addcdiv_": lambda x, y: x.clone().addcdiv_(y, y.abs() + 0.5, value=-3.3333333),
+    "addcmul_": lambda x, y: x.clone().addcmul_(y, y, value=1 - 0.999),
+    "mul_": lambda x, y: x.clone().mul_(0.9),
+    "add_": lambda x, y: x.clone().add_(y, alpha=-0.0123),
+    "gt": lambda x, y: x > 0.1234567,
+    "le": lambda x, y: x <= -1.0001,
+    "eq_int": lambda x, y: x == 3,
+    "nan": lambda x, y: x * math.nan,
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_runtime_scalars_are_eagers_bits(dtype):
+    """float16/bfloat16 ops take their numbers at run time as float32 and use them as eager's kernels
+    do: multiplied and divided as they are, added and compared after rounding to the tensors' dtype,
+    all in float32 and rounded once. Bit for bit on many values. (Sizes are multiples of the CPU's
+    vector width: torch computes the leftover elements of a vectorized loop another way.)"""
+    torch.manual_seed(3)
+    x, y = (torch.randn(4096) * 4).to(dtype), (torch.randn(4096) * 4).to(dtype)
+    x[:3] = torch.tensor([3.0, -0.0, 65504.0 if dtype == torch.float16 else 1e30])
+    nx, ny = x.to("neuron"), y.to("neuron")
+    for name, case in _HALF_CASES.items():
+        expected, got = case(x, y), case(nx, ny)
+        assert got.dtype == expected.dtype, name
+        assert torch.equal(got.cpu().view(-1).float().nan_to_num(7.0),
+                           expected.view(-1).float().nan_to_num(7.0)), name
+        if got.is_floating_point():
+            numbers = ~torch.isnan(expected)
+            assert torch.equal(torch.signbit(got.cpu()[numbers]), torch.signbit(expected[numbers])), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_ops_compile_once_for_every_value(dtype):
+    x = torch.randn(64, 8).to(dtype)  # (a multiple of the CPU's vector width, as above)
+    nx = x.to("neuron")
+
+    def ops(t: torch.Tensor, v: float) -> list[torch.Tensor]:
+        return [t * v, t + v, v - t, t / v, t.clone().lerp_(t, v), t > v, torch.add(t, t, alpha=v)]
+
+    for v in (0.5, 1.5):
+        [r.cpu() for r in ops(nx, v)]
+    before = set(eager._kernels)
+    for v in (3.5, 0.001, -2.25, 7):
+        for got, expected in zip(ops(nx, v), ops(x, v), strict=True):
+            assert torch.equal(got.cpu(), expected)
+    assert set(eager._kernels) - before == set()
 
 
 def test_one_kernel_serves_every_value():
@@ -185,7 +287,7 @@ _NUMBER_OPS = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bool, pytest.param(torch.int8, marks=pytest.mark.slow), torch.float16])
 def test_numbers_of_another_kind_than_the_tensor_give_eagers_values_and_errors(dtype):
     """A number the tensor's dtype cannot hold: ``bool_mask == 2`` was the mask (2 made True),
     ``bool + True`` a xor, ``full_like(mask, 2)`` False, ``int % 2.5`` an int64 ``% 2``,

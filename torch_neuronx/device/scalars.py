@@ -55,8 +55,8 @@ def _sub(self: Any, other: Any, *, alpha: Any = 1) -> Any:
 
 
 def _addcdiv(self: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Any:
-    # Eager's kernel: self + value * (tensor1 / tensor2).
-    return aten.add.Tensor(self, aten.mul.Tensor(aten.div.Tensor(tensor1, tensor2), value))
+    # Eager's kernel: self + value * tensor1 / tensor2, left to right.
+    return aten.add.Tensor(self, aten.div.Tensor(aten.mul.Tensor(tensor1, value), tensor2))
 
 
 def _addcmul(self: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Any:
@@ -65,13 +65,20 @@ def _addcmul(self: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Any:
 
 
 def _lerp(self: Any, end: Any, weight: Any) -> Any:
+    if self.dtype in precision.NARROW:  # eager takes the weight in float32, unrounded (an EMA's 0.999)
+        return precision.in_float32(aten.lerp.Tensor, None)(self, end, weight)
     return aten.lerp.Tensor(self, end, aten._to_copy.default(weight, dtype=self.dtype))
 
 
 def _as_tensor_op(scalar_op: Any, tensor_op: Any) -> Callable[..., Any]:
-    """``scalar_op`` called with its number as a runtime 0-d tensor: ``tensor_op`` (as it is otherwise)."""
+    """``scalar_op`` called with its number as a runtime 0-d tensor: ``tensor_op`` (as it is otherwise),
+    the number first rounded to a float16/bfloat16 ``self``'s dtype, as eager compares."""
     def call(self: Any, other: Any, **kwargs: Any) -> Any:
-        return (tensor_op if isinstance(other, torch.Tensor) else scalar_op)(self, other, **kwargs)
+        if not isinstance(other, torch.Tensor):
+            return scalar_op(self, other, **kwargs)
+        if self.dtype in precision.NARROW and other.dtype != self.dtype:
+            other = precision.rounded_tensor(other, self.dtype)
+        return tensor_op(self, other, **kwargs)
     return call
 
 
@@ -89,6 +96,16 @@ REWRITES: dict[Any, Callable[..., Any]] = {
     **{getattr(aten, name).Scalar: _as_tensor_op(getattr(aten, name).Scalar, getattr(aten, name).Tensor)
        for name in ("eq", "ne", "lt", "le", "gt", "ge")},
 }
+
+
+#: The ops whose numbers are runtime inputs of float16/bfloat16 kernels too: 0-d float32 tensors,
+#: which each rewrite or ``precision.in_float32`` uses as eager does (mul, div, addcdiv, addcmul and
+#: lerp compute with the number as it is; add, sub, rsub and comparisons round it to the tensors' dtype).
+NARROW_OPS = frozenset((
+    aten.add.Tensor, aten.sub.Tensor, aten.mul.Tensor, aten.div.Tensor, aten.rsub.Scalar,
+    aten.addcdiv.default, aten.addcmul.default, aten.lerp.Scalar, aten.mul.Scalar, aten.div.Scalar,
+    *(getattr(aten, name).Scalar for name in ("eq", "ne", "lt", "le", "gt", "ge")),
+))
 
 
 @functools.cache
@@ -121,27 +138,30 @@ def _int_dtype(values: Sequence[Any], numbers: Sequence[Any]) -> torch.dtype | N
     return dtype if all(type(n) is int and low <= n <= high for n in numbers) else None
 
 
-def _runtime_dtype(values: Sequence[Any]) -> torch.dtype | None:
+def _runtime_dtype(values: Sequence[Any], narrow: bool) -> torch.dtype | None:
     """The dtype of the 0-d tensors standing for scalars among ``values``' tensors, or None to keep
     constants (a tensor that is not float32/float64, or 0-d operands only, which a 0-d tensor of
-    another dtype would promote where a Python float does not)."""
+    another dtype would promote where a Python float does not). With ``narrow`` (an op of
+    :data:`NARROW_OPS`), tensors of one float16/bfloat16 dtype take float32 0-d tensors."""
     dtype, dimensioned, zero_d = None, False, set()
     for value in values:
         if not isinstance(value, torch.Tensor):
             continue
         inner = getattr(value, "_data", value)  # a neuron tensor's metadata, without dispatch
         kind = inner.dtype
-        if kind not in _RUNTIME_DTYPES:
+        if kind not in _RUNTIME_DTYPES and not (narrow and kind in precision.NARROW):
             return None
+        if dtype is not None and kind is not dtype and (kind in precision.NARROW or dtype in precision.NARROW):
+            return None  # a half type beside another floating type: constants, as before
         if dtype is not torch.float64:
             dtype = kind
         if inner.dim():
             dimensioned = True
         else:
             zero_d.add(kind)
-    if dtype is None or (not dimensioned and zero_d != {dtype}):
+    if dtype is None or (not dimensioned and (zero_d != {dtype} or dtype in precision.NARROW)):
         return None
-    return dtype
+    return torch.float32 if dtype in precision.NARROW else dtype
 
 
 _NUMBERS = (float, int)  # (not bool: a flag)
@@ -159,7 +179,7 @@ def as_inputs(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[S
     if not floats and not keys:
         return args, kwargs
     values = (*args, *kwargs.values())
-    dtype = _runtime_dtype(values)
+    dtype = _runtime_dtype(values, func in NARROW_OPS)
     if dtype is None:  # integer tensors: ints that fit their dtype
         dtype = _int_dtype(values, [args[i] for i in floats] + [kwargs[k] for k in keys])
     if dtype is None:

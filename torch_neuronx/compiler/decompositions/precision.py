@@ -112,6 +112,37 @@ def rounded(value: float, dtype: torch.dtype) -> float:
     return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
+#: Ops whose scalar operands torch rounds to the tensors' dtype before computing in float32: ``x +
+#: 0.1`` adds bfloat16's 0.10009765625 (``x * 0.1`` multiplies by 0.1 itself), and so does a 0-d
+#: float32 tensor operand (the eager device's runtime scalars) or ``alpha``.
+ROUNDED_SCALARS = frozenset(_overloads("add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Tensor",
+                                       "rsub.Scalar"))
+
+
+def _round_scalar(narrow: torch.dtype, leaf: Any) -> Any:
+    """A number or 0-d tensor of another floating dtype, rounded to ``narrow``; anything else as it is."""
+    if type(leaf) in (float, int):
+        try:
+            return rounded(float(leaf), narrow)
+        except OverflowError:  # an int beyond any float: torch's own error, from the op
+            return leaf
+    if isinstance(leaf, torch.Tensor) and leaf.dim() == 0 and leaf.is_floating_point() and leaf.dtype != narrow:
+        return rounded_tensor(leaf, narrow)
+    return leaf
+
+
+def rounded_tensor(value: torch.Tensor, narrow: torch.dtype) -> torch.Tensor:
+    """0-d ``value`` rounded to ``narrow`` (to nearest, ties to even). bfloat16 by its float32 bits:
+    IREE folds a single element's float32 -> bfloat16 -> float32 into nothing (the scalar code
+    path; vectors round), so the cast alone left eager's runtime scalars unrounded."""
+    if narrow != torch.bfloat16:
+        return value.to(narrow)
+    wide = value.to(torch.float32)
+    bits = wide.view(torch.int32)
+    bits = torch.bitwise_and(bits + (torch.bitwise_and(bits >> 16, 1) + 0x7FFF), -65536)
+    return torch.where(wide != wide, wide, bits.view(torch.float32)).to(narrow)
+
+
 def in_float32(op: Any, previous: Callable | None, when: Callable[[tuple, dict], bool] | None = None) -> Callable:
     """The decomposition of ``op``: ``previous`` (or the op itself) as it is, except for inputs of
     one narrow dtype (see the module docstring), which it computes in float32 (only where
@@ -131,9 +162,8 @@ def in_float32(op: Any, previous: Callable | None, when: Callable[[tuple, dict],
         def round_back(leaf: Any) -> Any:
             return leaf.to(narrow) if isinstance(leaf, torch.Tensor) and leaf.dtype == torch.float32 else leaf
 
-        alpha = kwargs.get("alpha")
-        if type(alpha) is float:  # add/sub: torch rounds alpha to the tensors' dtype, then computes in float32
-            kwargs = {**kwargs, "alpha": rounded(alpha, narrow)}
+        if op in ROUNDED_SCALARS:
+            args, kwargs = pytree.tree_map(functools.partial(_round_scalar, narrow), (args, kwargs))
         wide_args, wide_kwargs = pytree.tree_map(widen, (args, kwargs))
         result = previous(*wide_args, **wide_kwargs) if previous is not None else NotImplemented
         if result is NotImplemented:
