@@ -259,3 +259,87 @@ def test_compiled_bernoulli_of_a_probability_out_of_range_raises_torchs_error():
     for fn in (lambda t: torch.bernoulli(t, 1.5), lambda t: t.clone().bernoulli_(-0.5)):
         with pytest.raises(Exception, match=r"expects p to be in \[0, 1\]"):
             torch.compile(fn, backend="neuron")(x)
+
+
+def test_half_precision_samplers_draw_float32_uniforms():
+    """Compiled samplers of float16/bfloat16 tensors drew their uniforms in that dtype: 8 bits of
+    bfloat16 made ``dropout(p=0.001)`` drop nothing, ``bernoulli(0.001)`` fire 3x too often and
+    ``exponential_`` stop at 5.5 (torch draws in float32: about 14 in a million draws)."""
+    torch.manual_seed(0)
+    n = 1 << 20
+    ones = torch.ones(n, dtype=torch.bfloat16)
+
+    def fn(x):
+        return (F.dropout(x, 0.001), torch.bernoulli(torch.full_like(x, 0.001)), torch.empty_like(x).exponential_(),
+                torch.bernoulli(torch.full_like(x.half(), 0.001)))
+
+    dropped, fired, exponential, fired_half = torch.compile(fn, backend="neuron")(ones)
+    sd = (0.001 * 0.999 / n) ** 0.5
+    assert abs((dropped == 0).float().mean().item() - 0.001) < 5 * sd
+    assert abs(fired.float().mean().item() - 0.001) < 5 * sd
+    assert abs(fired_half.float().mean().item() - 0.001) < 5 * sd
+    assert exponential.float().max() > 9 and abs(exponential.float().mean().item() - 1) < 0.01
+
+
+def test_compiled_rrelu_draws_fresh_slopes_and_its_backward_uses_them():
+    """``F.rrelu(training=True)`` compiled used the same 'random' slopes on every call and seed."""
+    x = -torch.rand(4096) - 0.5
+    x[:10] = torch.arange(10.0)  # positives pass through
+
+    def fn(t):
+        return F.rrelu(t, 0.1, 0.3, training=True)
+
+    compiled = torch.compile(fn, backend="neuron")
+    a, b = compiled(x), compiled(x)
+    assert not torch.equal(a, b)
+    for out in (a, b):
+        slopes = out[10:] / x[10:]
+        assert torch.equal(out[:10], x[:10])
+        assert slopes.min() >= 0.1 and slopes.max() <= 0.3 and abs(slopes.mean() - 0.2) < 0.005
+    leaf = x.clone().requires_grad_()
+    out = compiled(leaf)
+    out.sum().backward()
+    torch.testing.assert_close(leaf.grad[10:], (out / x)[10:].detach())
+    torch.testing.assert_close(torch.compile(lambda t: F.rrelu(t, 0.1, 0.3), backend="neuron")(x), F.rrelu(x, 0.1, 0.3))
+
+
+def test_ops_without_a_lowering_run_on_the_host_between_compiled_partitions():
+    """Fractional max pooling and the gradients of gamma and Dirichlet samples (``Beta.rsample()``
+    in a loss) failed to lower: they run as they are, the compute around them compiled."""
+    torch.manual_seed(0)
+    x, samples = torch.randn(2, 3, 9, 7), torch.rand(2, 3, 2)
+    alpha, draws = torch.rand(64) * 3 + 0.1, torch.rand(64) + 0.01
+
+    def fn(x, samples, alpha, draws):
+        pooled, indices = F.fractional_max_pool2d(x * 2, 2, output_size=(4, 3), return_indices=True,
+                                                  _random_samples=samples)
+        return (pooled.relu(), indices, torch._standard_gamma_grad(draws, alpha) + 1,
+                torch._dirichlet_grad(draws, alpha, alpha.sum().expand(64)))
+
+    leaf = x.clone().requires_grad_()
+    got = torch.compile(fn, backend="neuron")(leaf, samples, alpha, draws)
+    expected_leaf = x.clone().requires_grad_()
+    expected = fn(expected_leaf, samples, alpha, draws)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b)
+    got[0].sum().backward()
+    expected[0].sum().backward()
+    torch.testing.assert_close(leaf.grad, expected_leaf.grad)
+    concentration = torch.tensor([0.5, 1.0, 3.0], requires_grad=True)
+    loss = torch.compile(lambda c: torch.distributions.Gamma(c, 2.0).rsample((256,)).mean(), backend="neuron")
+    loss(concentration).backward()
+    assert concentration.grad.shape == (3,) and torch.isfinite(concentration.grad).all()
+
+
+@pytest.mark.parametrize(("call", "message"), [
+    (lambda t: t.uniform_(3.0, 1.0), "uniform_ expects to return a \\[from, to\\) range"),
+    (lambda t: t.uniform_(float("nan"), 1.0), "from is out of bounds for float"),
+    (lambda t: t.exponential_(-1.0), "exponential_ expects lambda > 0.0"),
+    (lambda t: t.normal_(0.0, -1.0), "normal expects std >= 0.0"),
+])
+def test_compiled_samplers_check_their_parameters_as_eager_does(call, message):
+    """Traced, a reversed or NaN range, a negative rate or a negative std drew values anyway."""
+    with pytest.raises(RuntimeError, match=message):
+        call(torch.empty(8))
+    with pytest.raises(Exception, match=message):
+        torch.compile(lambda t: call(t.clone()), backend="neuron")(torch.empty(8))

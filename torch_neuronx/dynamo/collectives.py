@@ -51,11 +51,21 @@ def is_custom_op(node: torch.fx.Node) -> bool:
 def _value_random(node: torch.fx.Node) -> bool:
     """Whether ``node`` draws random numbers from its tensors' values (``poisson``, a gamma or a
     Dirichlet sample: ``Beta(a, b).sample()`` for mixup), which run on the host, not lowered."""
-    return node.op == "call_function" and node.target in random_inputs.VALUE_DEPENDENT
+    return random_inputs.drawn_on_host(node)
+
+
+#: aten ops no lowering computes, run on the host between the compiled partitions: fractional max
+#: pooling (its random samples are an input), the gradients of gamma and Dirichlet samples
+#: (``Beta(a, b).rsample()`` in a loss).
+_HOST_OPS = frozenset(op for name in ("fractional_max_pool2d", "fractional_max_pool3d",
+                                      "fractional_max_pool2d_backward", "fractional_max_pool3d_backward",
+                                      "_standard_gamma_grad", "_dirichlet_grad")
+                      if (op := getattr(getattr(torch.ops.aten, name, None), "default", None)) is not None)
 
 
 def _opaque(node: torch.fx.Node) -> bool:
-    return stats.is_collective(node) or is_custom_op(node) or _value_random(node)
+    return (stats.is_collective(node) or is_custom_op(node) or _value_random(node)
+            or (node.op == "call_function" and node.target in _HOST_OPS))
 
 
 def present(gm: torch.fx.GraphModule) -> bool:

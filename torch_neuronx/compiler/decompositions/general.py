@@ -119,7 +119,8 @@ def native_dropout(x: torch.Tensor, p: float, train: bool | None) -> tuple[torch
         return x.clone(), torch.ones_like(x, dtype=torch.bool)
     if p == 1:
         return torch.zeros_like(x), torch.zeros_like(x, dtype=torch.bool)
-    keep = torch.rand_like(x) < 1 - p
+    # (uniforms of a float16/bfloat16 ``x`` in float32: 8 bits of bfloat16 made p=0.001 drop nothing)
+    keep = torch.rand_like(x, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32) < 1 - p
     return x * keep * (1.0 / (1 - p)), keep
 
 

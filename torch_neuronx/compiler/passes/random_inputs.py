@@ -31,6 +31,20 @@ _LIKE = {aten.rand_like.default, aten.randn_like.default, aten.randint_like.defa
 #: computes: a compiled graph runs them between its compiled partitions (``dynamo/collectives.py``).
 VALUE_DEPENDENT = frozenset({aten.poisson.default, aten._standard_gamma.default, aten.binomial.default,
                              aten._sample_dirichlet.default})
+
+
+def drawn_on_host(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a random op that neither a lowering nor this pass draws per call: one of
+    :data:`VALUE_DEPENDENT`, or any other seeded op of tensors that are not just a shape (torch-mlir
+    lowered such ops with a generator state baked in: the same draws on every call)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    if node.target in VALUE_DEPENDENT:
+        return True
+    return (torch.Tag.nondeterministic_seeded in node.target.tags and bool(node.all_input_nodes)
+            and node.target not in _LIKE)
+
+
 # Placement arguments: the draw happens on the host, which is where the NEFF's inputs live.
 _PLACEMENT = ("device", "pin_memory", "layout", "memory_format", "generator")
 
