@@ -30,6 +30,8 @@ def _layers():
                                                          groups=2, dilation=(1, 2)),
         "transposed_1d": nn.ConvTranspose1d(2, 3, 4, stride=3),
         "transposed_3d": nn.ConvTranspose3d(2, 2, 3, stride=(2, 2, 1), padding=(1, 0, 0), output_padding=(1, 0, 0)),
+        # one padding for all dims (aten's ``padding=[0]``): the backward read a second one
+        "valid": nn.Conv2d(2, 3, (4, 2), padding="valid"),
     })
 
 
@@ -37,7 +39,7 @@ _INPUTS = {
     "grouped_1d_stride2": (2, 4, 9), "depthwise": (2, 4, 7, 8), "dilated": (2, 3, 9, 8),
     "stride2_odd_even": (1, 2, 6, 5), "conv3d": (2, 2, 5, 4, 4), "transposed": (2, 3, 4, 5),
     "transposed_uneven": (2, 3, 3, 4), "transposed_grouped_dilated": (2, 4, 3, 4), "transposed_1d": (2, 2, 5),
-    "transposed_3d": (1, 2, 3, 2, 2),
+    "transposed_3d": (1, 2, 3, 2, 2), "valid": (1, 2, 7, 5),
 }
 
 

@@ -50,6 +50,12 @@ def _transposed(x: torch.Tensor, weight: torch.Tensor, stride: Sequence[int], pa
     return full
 
 
+def _per_dim(dims: int, *params: Sequence[int]) -> list[list[int]]:
+    """Each of ``params`` with one value per spatial dimension: aten takes one value for all
+    (``padding="valid"`` reaches ``convolution_backward`` as ``padding=[0]``)."""
+    return [list(p) * dims if len(p) == 1 else list(p) for p in params]
+
+
 def _shape_env(x: torch.Tensor) -> object | None:
     """The shape environment of a symbolically traced ``x``; None for concrete sizes."""
     for size in x.shape:
@@ -65,6 +71,7 @@ def convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     """``aten.convolution``: ours for transposed ones with differing output paddings; with symbolic
     sizes, torch's without the guards its fake kernel adds while choosing a CPU backend (``batch <
     16``: a dynamic-shape trace of any convolutional model was refused, one NEFF per batch size)."""
+    stride, padding, dilation, output_padding = _per_dim(weight.dim() - 2, stride, padding, dilation, output_padding)
     if not transposed or len(set(output_padding)) <= 1:
         env = _shape_env(x)
         if env is None:
@@ -117,6 +124,7 @@ def convolution_backward(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tens
     input gradient is the plain convolution of ``grad``, its weight gradient that of a plain
     convolution of ``grad`` whose output gradient is ``x``.
     """
+    stride, padding, dilation, output_padding = _per_dim(weight.dim() - 2, stride, padding, dilation, output_padding)
     zeros = [0] * len(stride)
     grad_input = grad_weight = grad_bias = None
     if transposed:
