@@ -44,10 +44,25 @@ def test_save_and_load_keep_device_dtype_and_values(dtype):
     assert on_cpu.device.type == "cpu" and torch.equal(on_cpu, x)
 
 
-def test_a_cpu_checkpoint_loads_onto_neuron_with_views_sharing_memory():
+@pytest.mark.parametrize("shape", [(0,), (0, 2), (3, 0, 4)])
+def test_empty_tensors_load_in_weights_only_mode(shape):
+    """An empty buffer (a zero-length cache in a state_dict) pickled as ``builtins.bytes()``, which
+    torch.load's default weights_only mode refused ("Unsupported global: GLOBAL bytes")."""
+    back = _loaded({"empty": torch.zeros(shape).to("neuron"), "full": torch.ones(2).to("neuron")})
+    assert back["empty"].device.type == "neuron" and back["empty"].shape == shape
+    assert torch.equal(back["full"].cpu(), torch.ones(2))
+
+
+@pytest.mark.parametrize("zipfile", [True, False], ids=["zip", "legacy"])
+def test_a_cpu_checkpoint_loads_onto_neuron_with_views_sharing_memory(zipfile):
+    """(The legacy format, ``_use_new_zipfile_serialization=False``, reads each storage's bytes after
+    restoring it: that copy into device memory raised "'Tensor' object has no attribute '_index'".)"""
     base = torch.arange(12.0)
     view = base[4:].view(2, 4)
-    back = _loaded({"base": base, "view": view}, map_location="neuron")
+    buffer = io.BytesIO()
+    torch.save({"base": base, "view": view}, buffer, _use_new_zipfile_serialization=zipfile)
+    buffer.seek(0)
+    back = torch.load(buffer, map_location="neuron")
     assert back["base"].device.type == "neuron" and back["view"].device.type == "neuron"
     assert torch.equal(back["base"].cpu(), base) and torch.equal(back["view"].cpu(), view)
     back["base"].add_(100)  # one storage in the checkpoint: one device memory

@@ -102,6 +102,7 @@ def _register_kernels() -> None:
 
     from torch_neuronx.device import copies, recurrent
     from torch_neuronx.device.queued import on_host
+    from torch_neuronx.runtime import serialization
     from torch_neuronx.runtime.tensor import NeuronTensor
 
     def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):
@@ -115,6 +116,9 @@ def _register_kernels() -> None:
 
     def copy_from(src, dst, non_blocking=False):
         neuron = dst if isinstance(dst, NeuronTensor) else src
+        if not isinstance(neuron, NeuronTensor):  # a storage a legacy-format torch.load restored
+            holder = serialization.restored_holder(dst)
+            return on_host(holder._index, [holder], serialization.write_restored, holder, src, dst)
         return on_host(neuron._index, [src, dst], copies.transfer, dst, src)
 
     # Never traced by Dynamo (as torch does for __torch_dispatch__): eager code inside a

@@ -87,7 +87,9 @@ def reduce(t: NeuronTensor) -> tuple[Any, tuple[Any, ...]]:
                            "to 0 bytes (it holds no values)")
     with torch.no_grad():
         values = t.detach().cpu()
-    raw = values.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    # (no values: None, since pickle writes an empty ``bytes`` as a call of ``builtins.bytes``, which
+    # torch.load's default weights_only mode refuses: a state_dict with an empty buffer did not load)
+    raw = values.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if values.numel() else None
     return rebuild_from_bytes, (raw, values.dtype, tuple(values.shape), t._index, t.requires_grad,
                                 bool(getattr(t, "_is_param", False)), program_attributes(t))
 
@@ -96,7 +98,7 @@ def reduce(t: NeuronTensor) -> tuple[Any, tuple[Any, ...]]:
 reduce_for_processes = reduce
 
 
-def rebuild_from_bytes(raw: bytes, dtype: torch.dtype, shape: tuple[int, ...], index: int, requires_grad: bool,
+def rebuild_from_bytes(raw: bytes | None, dtype: torch.dtype, shape: tuple[int, ...], index: int, requires_grad: bool,
                        is_param: bool, state: dict[str, Any] | None = None) -> torch.Tensor:
     """The tensor :func:`reduce` pickled."""
     flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
@@ -174,6 +176,27 @@ def restore_storage(storage: Any, location: str) -> torch.UntypedStorage | None:
     restored = storages.storage_of(holder._allocation)
     pending[restored._cdata] = holder
     return restored
+
+
+def restored_holder(dst: torch.Tensor) -> NeuronTensor:
+    """The neuron tensor holding the device memory of ``dst``, a plain tensor over a storage
+    :func:`restore_storage` made: a legacy-format ``torch.load`` (``_use_new_zipfile_serialization=
+    False``) restores each storage first and then reads the file's bytes into it through such a
+    tensor (``_copy_from``, which then writes with :func:`write_restored`)."""
+    address = dst.untyped_storage().data_ptr()
+    for entry in list(pending.values()):  # (torch's rebuild may have set tensors over it already)
+        found = entry if isinstance(entry, NeuronTensor) else entry()
+        if found is not None and found._data.untyped_storage().data_ptr() == address:
+            return found
+    raise RuntimeError(f"cannot copy into a {dst.device} tensor that no neuron tensor holds "
+                       f"(shape {tuple(dst.shape)}, {dst.dtype})")
+
+
+def write_restored(holder: NeuronTensor, src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    """``dst.copy_(src)`` into the memory of ``holder`` (see :func:`restored_holder`)."""
+    memory = torch.empty(0, dtype=torch.uint8).set_(holder._data.untyped_storage()).view(dst.dtype)
+    memory.as_strided(dst.shape, dst.stride(), dst.storage_offset()).copy_(src)
+    return dst
 
 
 def set_from_restored(t: NeuronTensor, storage: Any, offset: int, size: Any, stride: Any) -> bool:
