@@ -143,7 +143,12 @@ def test_a_host_tensor_written_with_a_neuron_operand_is_torchs_device_error():
 @pytest.mark.parametrize("fn", [
     lambda x, c: x + c, lambda x, c: c * x, lambda x, c: torch.mm(x.view(3, 1), c.view(1, 3)),
     lambda x, c: torch.where(x > 0, x, c), lambda x, c: torch.cat([x, c]), lambda x, c: x.add_(c),
-], ids=["add", "rmul", "mm", "where", "cat", "add_"])
+    # composites whose CUDA path checks in the ops they decompose into, or in their in-place kernels
+    lambda x, c: torch.nn.functional.embedding(c.long(), x.view(3, 1)), lambda x, c: torch.stack([x, c]),
+    lambda x, c: torch.stack([x[0], c[0]]), lambda x, c: x.masked_scatter_(x > 0, c),
+    lambda x, c: x.put_(torch.tensor([0], device="neuron"), c[:1]), lambda x, c: torch.allclose(x, c),
+], ids=["add", "rmul", "mm", "where", "cat", "add_", "embedding", "stack", "stack_0d", "masked_scatter_", "put_",
+        "allclose"])
 def test_a_cpu_operand_beside_neuron_tensors_is_torchs_device_error(fn):
     """A CPU tensor of one or more dimensions as an operand: computed silently with the host
     tensor (CUDA refuses it: code that fails on an accelerator ran here). 0-d CPU tensors
@@ -157,6 +162,15 @@ def test_a_cpu_operand_beside_neuron_tensors_is_torchs_device_error(fn):
     assert torch.equal(x.cpu(), torch.tensor([0.0, 7.0, 2.0]))
     x.copy_(torch.ones(3))
     assert torch.equal(x.cpu(), torch.ones(3))
+
+
+def test_a_host_tensor_indexed_by_neuron_indices_is_torchs_device_error():
+    """``cpu_tensor[neuron_mask]`` returned a neuron tensor (CUDA refuses device indices of a host tensor)."""
+    host, device = torch.arange(6.0), torch.arange(6.0, device="neuron")
+    for index in (device > 2, torch.tensor([1, 0], device="neuron")):
+        with pytest.raises(RuntimeError, match="indices should be either on cpu or on the same device"):
+            host[index]
+    assert torch.equal(device[torch.tensor([1, 0])].cpu(), torch.tensor([1.0, 0.0]))
 
 
 def test_clamping_integers_with_float_bounds_promotes_instead_of_raising():

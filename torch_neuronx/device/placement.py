@@ -28,17 +28,29 @@ _ACCEPTING = frozenset((
 ))
 
 
+# Composite ops whose CUDA path checks devices in the kernels they decompose into (``embedding``
+# is an ``index_select``, ``stack`` a ``cat``), or whose in-place form has a backend kernel that
+# does (``masked_scatter_``, ``put_``); the eager device runs its own kernel for them.
+_CHECKED_COMPOSITES = frozenset(("embedding", "stack", "hstack", "vstack", "masked_scatter", "put", "allclose",
+                                 "isclose"))
+# (whose 0-d operands become rows of a ``cat``: no scalars there)
+_STACKS = frozenset((torch.ops.aten.stack.default, torch.ops.aten.hstack.default, torch.ops.aten.vstack.default))
+_INDEXING = frozenset(("index", "_unsafe_index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put"))
+
+
 def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     """Raise torch's error when ``func`` has a host tensor operand CUDA would refuse."""
     if _accepts_host_tensors(func):
+        if args and func._schema.name.split("::")[-1] in _INDEXING:
+            _check_indexed(args[0])
         return
     if kwargs or any(isinstance(a, list | tuple) for a in args):
         leaves = pytree.tree_leaves((list(args), kwargs))
     else:
         leaves = args
     for leaf in leaves:
-        if (isinstance(leaf, torch.Tensor) and not isinstance(leaf, NeuronTensor) and leaf.dim() > 0
-                and leaf.device.type == "cpu"):
+        if (isinstance(leaf, torch.Tensor) and not isinstance(leaf, NeuronTensor)
+                and (leaf.dim() > 0 or func in _STACKS) and leaf.device.type == "cpu"):
             device = next((t.device for t in leaves if isinstance(t, NeuronTensor)), "neuron")
             raise RuntimeError(
                 f"Expected all tensors to be on the same device, but found at least two devices, {device} "
@@ -54,4 +66,13 @@ def _accepts_host_tensors(func: Any) -> bool:
     name = func._schema.name.split("::")[-1]
     if name in _ACCEPTING:
         return True
+    if name in _CHECKED_COMPOSITES:
+        return False
     return not torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CPU")
+
+
+def _check_indexed(indexed: Any) -> None:
+    """A host tensor indexed by neuron indices (``cpu_tensor[neuron_mask]``): torch's CUDA error,
+    not a neuron result."""
+    if isinstance(indexed, torch.Tensor) and not isinstance(indexed, NeuronTensor) and indexed.device.type == "cpu":
+        raise RuntimeError("indices should be either on cpu or on the same device as the indexed tensor (cpu)")
