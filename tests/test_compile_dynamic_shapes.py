@@ -480,7 +480,9 @@ _MODELS = {
 }
 
 
-@pytest.mark.parametrize(("model", "device"), [("gpt2", "cpu"), ("gpt2", "neuron"), ("llama", "cpu")])
+@pytest.mark.parametrize(("model", "device"), [  # (the host variants in the slow lane: CI time)
+    pytest.param("gpt2", "cpu", marks=pytest.mark.slow), ("gpt2", "neuron"),
+    pytest.param("llama", "cpu", marks=pytest.mark.slow)])
 def test_generate_with_a_kv_cache_stops_compiling_after_the_first_tokens(tmp_path, model, device):
     """``model.generate()`` of a compiled GPT-2 compiled a NEFF for every token; now the prompt,
     the first decoding step (static, as Dynamo's first compiles are) and one dynamic NEFF for

@@ -163,6 +163,7 @@ def test_send_and_receive_orders_that_gloo_completes():
     _both_ranks_ok("point_to_point_orders")
 
 
+@pytest.mark.slow  # (CI time: DDP's default hook runs in the fast suite)
 def test_ddp_with_the_powersgd_comm_hook():
     _both_ranks_ok("ddp_powersgd_hook")
 
