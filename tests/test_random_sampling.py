@@ -37,9 +37,13 @@ def test_multinomial_with_and_without_replacement():
     weights = torch.tensor([[1.0, 0.0, 3.0, 4.0, 2.0]]).expand(4000, 5).contiguous()
 
     def fn(w):
-        return torch.multinomial(w, 3), torch.multinomial(w, 6, replacement=True)
+        return torch.multinomial(w, 3), torch.multinomial(w, 6, replacement=True), torch.multinomial(w, 1)
 
-    (without, with_), (again, _) = _twice(fn, weights)
+    (without, with_, one), (again, _, _) = _twice(fn, weights)
+    # one sample without replacement (a language model's next token): the largest Gumbel key
+    assert one.shape == (4000, 1) and one.dtype == torch.int64
+    share = torch.bincount(one.reshape(-1), minlength=5).float() / 4000
+    torch.testing.assert_close(share, weights[0] / weights[0].sum(), atol=0.03, rtol=0)
     assert not torch.equal(without, again)
     assert without.dtype == torch.int64 and without.shape == (4000, 3)
     assert (without != 1).all()  # zero weight: never drawn

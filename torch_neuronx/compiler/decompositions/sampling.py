@@ -102,7 +102,10 @@ def multinomial(x: torch.Tensor, num_samples: int, replacement: bool = False, *,
     weights = _checked_weights(x.to(_draw_dtype(x)))
     if not replacement:
         gumbel = -torch.log(-torch.log(torch.rand_like(weights).clamp(min=torch.finfo(weights.dtype).tiny)))
-        return (torch.log(weights) + gumbel).topk(num_samples, dim=-1).indices
+        keys = torch.log(weights) + gumbel
+        if num_samples == 1:  # (a language model's next token: the largest key, without sorting the vocabulary)
+            return keys.argmax(-1, keepdim=True)
+        return keys.topk(num_samples, dim=-1).indices
     cdf = torch.cumsum(weights, -1)
     draws = torch.rand(*weights.shape[:-1], num_samples, dtype=weights.dtype, device=x.device) * cdf[..., -1:]
     picked = (cdf.unsqueeze(-2) <= draws.unsqueeze(-1)).sum(-1)
