@@ -347,3 +347,19 @@ def test_compiled_samplers_check_their_parameters_as_eager_does(call, message):
         call(torch.empty(8))
     with pytest.raises(Exception, match=message):
         torch.compile(lambda t: call(t.clone()), backend="neuron")(torch.empty(8))
+
+
+def test_distributions_validate_their_arguments_on_the_device():
+    """``torch.distributions``' argument checks call ``aten._is_all_true``, which had no lowering: every
+    ``Categorical(...)`` on neuron warned and ran it on the CPU."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for values in ([True, True], [True, False], []):
+            t = torch.tensor(values, dtype=torch.bool)
+            assert torch.equal(torch._is_all_true(t.to("neuron")).cpu(), torch._is_all_true(t))
+            assert torch.equal(torch._is_any_true(t.to("neuron")).cpu(), torch._is_any_true(t))
+        categorical = torch.distributions.Categorical(logits=torch.randn(3, 5).to("neuron"))
+        draws = categorical.sample((64,))
+    assert draws.shape == (64, 3) and 0 <= int(draws.min().cpu()) and int(draws.max().cpu()) < 5

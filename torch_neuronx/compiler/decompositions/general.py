@@ -185,7 +185,20 @@ def neg_view(x: torch.Tensor) -> torch.Tensor:
     return torch.neg(x)
 
 
+def is_all_true(x: torch.Tensor) -> torch.Tensor:
+    """``aten._is_all_true`` (``torch.distributions``' argument validation): ``all`` of a bool tensor
+    (torch-mlir has no lowering: every ``Categorical(...)`` on neuron warned and ran it on the CPU)."""
+    return x.all()
+
+
+def is_any_true(x: torch.Tensor) -> torch.Tensor:
+    """``aten._is_any_true``: ``any`` of a bool tensor."""
+    return x.any()
+
+
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
+    aten._is_all_true.default: is_all_true,
+    aten._is_any_true.default: is_any_true,
     aten._neg_view.default: neg_view,
     aten.diagonal.default: diagonal,
     aten.diagonal_scatter.default: diagonal_scatter,
