@@ -194,3 +194,23 @@ def test_pooling_in_other_dtypes_matches_eager(dtype):
     # a looser atol.
     tolerance = {"atol": 4e-2, "rtol": 1.6e-2} if dtype == torch.bfloat16 else {}
     _check(fn, torch.randn(2, 3, 6, 5, 7).to(dtype), **tolerance)
+
+
+@pytest.mark.parametrize("bad", [-1, 100])
+def test_max_unpool_refuses_indices_outside_the_output_as_eager_does(bad):
+    """A negative index was wrapped (written to the last pixel) where torch raises "Found an invalid
+    max index"; one past the end raised ``index_put``'s message."""
+    x = torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]])
+    good = torch.tensor([[[[0, 1], [14, 3]]]])
+    bad_index = torch.tensor([[[[0, 1], [bad, 3]]]])
+    calls = {"2d": lambda a, i: F.max_unpool2d(a, i, 2),
+             "3d": lambda a, i: F.max_unpool3d(a.unsqueeze(2), i.unsqueeze(2), (1, 2, 2))}
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError, match="Found an invalid max index") as expected:
+            call(x, bad_index)
+        message = str(expected.value).split(" (output volumes")[0]
+        compiled = torch.compile(call, backend="neuron")
+        for run in (lambda: call(x.to("neuron"), bad_index.to("neuron")).cpu(), lambda: compiled(x, bad_index)):
+            with pytest.raises(RuntimeError, match=message.replace("(", "\\(")):
+                run()
+        torch.testing.assert_close(compiled(x, good), call(x, good), msg=name)

@@ -419,7 +419,25 @@ def adaptive_max_pool3d(x: torch.Tensor, output_size: Sequence[int]) -> tuple[to
 
 
 #: This module's decompositions, merged into the compile path's table.
+def _checked_unpool(op: torch._ops.OpOverload) -> Callable:
+    """``op`` (``max_unpool2d``/``3d``) as torch decomposes it, its indices checked against the output
+    volume first: a negative index wrapped (written to the last pixel) where torch raises "Found an
+    invalid max index", and one past the end raised ``index_put``'s message."""
+    from torch._decomp import decomposition_table
+
+    from torch_neuronx.compiler.decompositions.indexing import BOUNDS
+
+    def decomposition(x: torch.Tensor, indices: torch.Tensor, output_size: Sequence[int], *rest: object):
+        volume = "x".join(str(n) for n in output_size)
+        checked = BOUNDS(indices, math.prod(output_size), False, str(op), f"max_unpool:{volume}")
+        return decomposition_table[op](x, checked, output_size, *rest)
+
+    return decomposition
+
+
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
+    aten.max_unpool2d.default: _checked_unpool(aten.max_unpool2d.default),
+    aten.max_unpool3d.default: _checked_unpool(aten.max_unpool3d.default),
     aten.max_pool2d_with_indices.default: max_pool2d_with_indices,
     aten.max_pool3d_with_indices.default: max_pool3d_with_indices,
     aten.avg_pool3d.default: avg_pool3d,

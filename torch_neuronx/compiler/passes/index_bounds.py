@@ -226,6 +226,9 @@ def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:
                   "position 0" if high & 1 else "offsets[-1] can not be greater than input's length"
                   if high & 2 else "offsets of embedding_bag must not decrease")
         raise IndexOutOfRangeError(f"{reason} (embedding_bag on neuron)")
+    if check["message"].startswith("max_unpool:"):  # indices into the output volume (pooling.py)
+        raise IndexOutOfRangeError(f"Found an invalid max index: {bad} (output volumes are of size "
+                                   f"{check['message'].split(':', 1)[1]}) ({check['op']} on neuron)")
     if check["message"] == "in_self":
         message = "index out of range in self"
     else:
