@@ -291,3 +291,16 @@ def test_distributed_checkpoints_async_save_stages_neuron_tensors(tmp_path):
     fresh.load_state_dict(loaded["model"])
     for a, b in zip(fresh.parameters(), model.parameters(), strict=True):
         assert a.device.type == "neuron" and torch.equal(a.cpu(), b.cpu())
+
+
+def test_a_zip_checkpoint_stores_raw_values_as_torchs_own_does(tmp_path):
+    """Values were pickled as bytes: the file was 1.5x a CPU checkpoint's, saving 4x and loading 20x
+    slower, saving 128 MiB took 700 MiB of host memory. Now a storage record per tensor, read back
+    (mmap too) before the rebuild puts it on neuron."""
+    values = torch.randn(1 << 18)
+    torch.save({"w": values}, tmp_path / "cpu.pt")
+    torch.save({"w": values.to("neuron")}, tmp_path / "neuron.pt")
+    assert (tmp_path / "neuron.pt").stat().st_size <= (tmp_path / "cpu.pt").stat().st_size + 4096
+    for kwargs in ({}, {"mmap": True}, {"map_location": "cpu"}, {"map_location": "neuron"}):
+        back = torch.load(tmp_path / "neuron.pt", **kwargs)["w"]
+        assert back.device.type == kwargs.get("map_location", "neuron") and torch.equal(back.cpu(), values), kwargs
