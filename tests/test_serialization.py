@@ -304,3 +304,14 @@ def test_a_zip_checkpoint_stores_raw_values_as_torchs_own_does(tmp_path):
     for kwargs in ({}, {"mmap": True}, {"map_location": "cpu"}, {"map_location": "neuron"}):
         back = torch.load(tmp_path / "neuron.pt", **kwargs)["w"]
         assert back.device.type == kwargs.get("map_location", "neuron") and torch.equal(back.cpu(), values), kwargs
+
+
+def test_storages_move_to_neuron_as_cuda_storages_do():
+    """``map_location=lambda s, loc: s.cuda()`` had no neuron spelling: ``UntypedStorage.neuron()``."""
+    base = torch.arange(6.0)
+    back = _loaded({"base": base, "view": base[2:]}, map_location=lambda s, loc: s.neuron())
+    assert back["base"].device == torch.device("neuron", 0) and torch.equal(back["view"].cpu(), base[2:])
+    back["base"].add_(10)
+    assert torch.equal(back["view"].cpu(), base[2:] + 10)
+    moved = torch.arange(3.0).untyped_storage().neuron()
+    assert moved.device.type == "neuron" and moved.nbytes() == 12 and moved.neuron() is moved

@@ -88,6 +88,7 @@ def _register_serialization() -> None:
     serialization.register_for_processes()
     serialization.install_legacy_map_location()
     serialization.install_zip_save_marker()
+    torch.UntypedStorage.neuron = serialization.storage_to_neuron
     torch.serialization.add_safe_globals([serialization.rebuild, serialization.rebuild_from_bytes])
     torch.serialization.register_package(9, lambda obj: None, serialization.restore_storage)
 

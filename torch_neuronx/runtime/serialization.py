@@ -232,6 +232,19 @@ def write_restored(holder: NeuronTensor, src: torch.Tensor, dst: torch.Tensor) -
     return dst
 
 
+def storage_to_neuron(storage: torch.UntypedStorage, device: Any = None, non_blocking: bool = False
+                      ) -> torch.UntypedStorage:
+    """``UntypedStorage.neuron()``: the storage in device memory (``torch.load``'s CUDA idiom
+    ``map_location=lambda s, loc: s.cuda()`` spelled for neuron); a neuron storage of that device as it is."""
+    index = 0 if device is None else torch.device("neuron", device).index if isinstance(device, int) \
+        else torch.device(device).index or 0
+    if storage.device.type == "neuron" and (storage.device.index or 0) == index:
+        return storage
+    if storage.device.type != "cpu":
+        storage = storage.cpu()
+    return restore_storage(storage, f"neuron:{index}")
+
+
 def set_from_restored(t: NeuronTensor, storage: Any, offset: int, size: Any, stride: Any) -> bool:
     """``t.set_(storage, offset, size, stride)`` for a storage :func:`restore_storage` made (torch's
     rebuild of a loaded tensor): ``t`` becomes a view of that device memory, as every other tensor
