@@ -392,3 +392,14 @@ def test_a_torch_function_subclass_of_a_neuron_tensor_is_a_clear_error():
     for make in (lambda: x.to("neuron").as_subclass(Logged), lambda: x.as_subclass(Logged).to("neuron")):
         with pytest.raises(TypeError, match="cannot become a Logged.*TorchFunctionMode"):
             make()
+
+
+def test_dlpack_exports_a_host_copy_or_refuses():
+    """``n.__dlpack__()`` made a capsule with a null pointer: the tensor imported from it failed on
+    every use with internal errors. DLPack's refusal (``BufferError``), or a host copy when asked."""
+    from torch.utils.dlpack import from_dlpack
+
+    n = torch.arange(6.0, device="neuron")
+    with pytest.raises(BufferError, match="no DLPack export"):
+        n.__dlpack__()
+    assert torch.equal(from_dlpack(n.__dlpack__(dl_device=(1, 0))), torch.arange(6.0))

@@ -270,6 +270,15 @@ class NeuronTensor(torch.Tensor):
         """False: no other process sees this tensor's memory (see :meth:`share_memory_`)."""
         return False
 
+    def __dlpack__(self, *args: Any, dl_device: Any = None, **kwargs: Any) -> Any:
+        """DLPack export: a host copy where ``dl_device`` asks for the CPU (``(1, 0)``); otherwise a
+        ``BufferError`` (DLPack's refusal), since no DLPack device describes neuron memory (the
+        capsule held a null pointer, and the tensor imported from it failed on every use)."""
+        if dl_device is not None and tuple(dl_device)[0] == 1:  # kDLCPU
+            return self.cpu().__dlpack__(*args, dl_device=dl_device, **kwargs)
+        raise BufferError("a neuron tensor has no DLPack export of its device memory: export a host copy "
+                          "(tensor.cpu(), or __dlpack__(dl_device=(1, 0)))")
+
     def __reduce_ex__(self, protocol: int) -> tuple[Any, tuple[Any, ...]]:
         """Pickled (``torch.save``, ``pickle``) as its values on the host and its device (:mod:`.serialization`)."""
         from torch_neuronx.runtime import serialization
