@@ -161,6 +161,10 @@ _HALF_CASES = {
     "le": lambda x, y: x <= -1.0001,
     "eq_int": lambda x, y: x == 3,
     "nan": lambda x, y: x * math.nan,
+    "addcmul_loss_scale": lambda x, y: x.clone().addcmul_(y, y, value=65536.0),  # float32 values: no overflow
+    "addcdiv_large": lambda x, y: torch.addcdiv(x, y, y.abs() + 1, value=1e5),
+    "pow_tiny": lambda x, y: x.abs() ** 1e-8,  # the exponent rounded first: float16's 0
+    "rpow": lambda x, y: 1e5 ** (x / 8),
 }
 
 
@@ -199,6 +203,21 @@ def test_half_precision_ops_compile_once_for_every_value(dtype):
         for got, expected in zip(ops(nx, v), ops(x, v), strict=True):
             assert torch.equal(got.cpu(), expected)
     assert set(eager._kernels) - before == set()
+
+
+def test_half_precision_numbers_keep_one_dynamic_kernel_per_op():
+    """The numbers that torch rounds to bfloat16 are rounded on the host: rounded in the kernel, a
+    dynamic-shape kernel failed to compile ("op was not bufferized"), so every shape compiled one."""
+    from torch_neuronx.device import kernels
+
+    for n in (64, 128, 192, 256):
+        x = torch.randn(n).to(torch.bfloat16)
+        nx = x.to("neuron")
+        for op in (lambda t: t + 0.1234567, lambda t: t > 0.1234567, lambda t: 0.77 - t):
+            assert torch.equal(op(nx).cpu(), op(x))
+    dynamic = {k[1]: v for k, v in eager._kernels.items() if k[0] == "dynamic" and "bfloat16" in str(k)}
+    for name in ("aten.add.Tensor", "aten.gt.Scalar", "aten.rsub.Scalar"):
+        assert name in dynamic and dynamic[name] is not kernels.STATIC, name
 
 
 def test_one_kernel_serves_every_value():

@@ -131,7 +131,8 @@ def find(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Plan | None:
 class Plan:
     """One signature's route: the kernel's inputs, the kernel, the outputs' metadata."""
 
-    __slots__ = ("func", "kernel", "inputs", "float_dtype", "outputs", "index", "leaf", "spec", "work", "expires")
+    __slots__ = ("func", "kernel", "inputs", "float_dtype", "rounding", "outputs", "index", "leaf", "spec", "work",
+                 "expires")
 
     def __init__(self, func: Any, kernel: Any, inputs: list[tuple[Any, int]], float_dtype: Any,
                  outputs: list[Any], index: int, work: Callable[..., None], expires: float = 0.0) -> None:
@@ -141,6 +142,7 @@ class Plan:
         self.expires = expires
         self.inputs = inputs  # the kernel's inputs in order: (position or keyword, _TENSOR or _FLOAT)
         self.float_dtype = float_dtype
+        self.rounding = None  # the float16/bfloat16 dtype floats are rounded to first (scalars.rounding)
         self.outputs = outputs  # per result leaf: (size, stride, dtype, nbytes), or a constant in a 1-tuple
         self.index = index
         self.spec = kernel.out_spec
@@ -156,7 +158,7 @@ class Plan:
                 neuron.append(value)
                 tensors.append(value._data.detach())
             else:
-                tensors.append(scalars.scalar_tensor(value, self.float_dtype))
+                tensors.append(scalars.scalar_tensor(value, self.float_dtype, self.rounding))
         stream = current_stream(index)
         stream_id = stream._queue.id
         results, allocations, storage = [], [], []
@@ -232,5 +234,7 @@ def record(func: Any, given: tuple[Sequence[Any], dict[str, Any]], computed: tup
             specs.append((out,))
     if len(_plans) >= _LIMIT:
         _plans.clear()
-    _plans[sig] = Plan(func, kernel, inputs, float_dtype, specs, index, work, expires)
+    plan = _plans[sig] = Plan(func, kernel, inputs, float_dtype, specs, index, work, expires)
+    if float_dtype is torch.float32:
+        plan.rounding = scalars.rounding(func, *given)
 

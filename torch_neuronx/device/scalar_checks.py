@@ -57,6 +57,10 @@ _PROMOTING = frozenset((aten.clamp.default, aten.clamp_min.default, aten.clamp_m
 #: Ops that convert a number to a floating-point result type unchecked (``where(h > 0, h, 1e10)`` of a
 #: float16 ``h`` is inf, not an error).
 _UNCHECKED_FLOAT = frozenset((aten.where.ScalarOther, aten.where.ScalarSelf))
+#: Ops whose float16/bfloat16 kernels take their value in float32 (a loss scale of 65536 in a float16
+#: ``addcmul_`` computes; it raised the overflow error).
+_FLOAT32_VALUE = frozenset((aten.addcmul.default, aten.addcmul_.default, aten.addcdiv.default,
+                            aten.addcdiv_.default))
 
 
 def _safe(value: Any, dtype: torch.dtype) -> bool:
@@ -99,6 +103,8 @@ def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
         dtype = torch.result_type(target, value) if func in _PROMOTING else target.dtype
         if func in _UNCHECKED_FLOAT and dtype.is_floating_point:
             continue
+        if func in _FLOAT32_VALUE and dtype in (torch.float16, torch.bfloat16):
+            dtype = torch.float32
         if func is aten.full_like.default and kwargs.get("dtype") is not None:
             dtype = kwargs["dtype"]
         if not _safe(value, dtype):

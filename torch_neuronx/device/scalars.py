@@ -76,8 +76,8 @@ def _as_tensor_op(scalar_op: Any, tensor_op: Any) -> Callable[..., Any]:
     def call(self: Any, other: Any, **kwargs: Any) -> Any:
         if not isinstance(other, torch.Tensor):
             return scalar_op(self, other, **kwargs)
-        if self.dtype in precision.NARROW and other.dtype != self.dtype:
-            other = precision.rounded_tensor(other, self.dtype)
+        if self.dtype in precision.NARROW and other.dtype != self.dtype:  # (rounded on the host already)
+            other = aten._to_copy.default(other, dtype=self.dtype)
         return tensor_op(self, other, **kwargs)
     return call
 
@@ -106,6 +106,26 @@ NARROW_OPS = frozenset((
     aten.addcdiv.default, aten.addcmul.default, aten.lerp.Scalar, aten.mul.Scalar, aten.div.Scalar,
     *(getattr(aten, name).Scalar for name in ("eq", "ne", "lt", "le", "gt", "ge")),
 ))
+
+
+#: Those of :data:`NARROW_OPS` whose numbers torch rounds to the tensors' dtype: their runtime
+#: scalars are rounded on the host when made (:func:`rounding`), since IREE folds the rounding of a
+#: single element inside a kernel (``f32 -> bf16 -> f32`` into nothing).
+ROUNDED_OPS = frozenset((aten.add.Tensor, aten.sub.Tensor, aten.rsub.Scalar,
+                         *(getattr(aten, name).Scalar for name in ("eq", "ne", "lt", "le", "gt", "ge"))))
+
+
+def rounding(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> torch.dtype | None:
+    """The float16/bfloat16 dtype ``func``'s runtime numbers are rounded to before they become
+    float32 0-d inputs (see :data:`ROUNDED_OPS`); None for other ops and dtypes."""
+    if func not in ROUNDED_OPS:
+        return None
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            inner = getattr(value, "_data", value)
+            if inner.dtype in precision.NARROW and inner.dim():
+                return inner.dtype
+    return None
 
 
 @functools.cache
@@ -184,12 +204,13 @@ def as_inputs(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[S
         dtype = _int_dtype(values, [args[i] for i in floats] + [kwargs[k] for k in keys])
     if dtype is None:
         return args, kwargs
+    narrow = rounding(func, args, kwargs) if dtype is torch.float32 else None
     if floats:
         args = list(args)
         for i in floats:
-            args[i] = scalar_tensor(args[i], dtype)
+            args[i] = scalar_tensor(args[i], dtype, narrow)
     if keys:
-        kwargs = {k: scalar_tensor(v, dtype) if k in keys else v for k, v in kwargs.items()}
+        kwargs = {k: scalar_tensor(v, dtype, narrow) if k in keys else v for k, v in kwargs.items()}
     return args, kwargs
 
 
@@ -226,8 +247,14 @@ class _Cache:
 cache = _Cache()
 
 
-def scalar_tensor(value: float, dtype: torch.dtype) -> torch.Tensor:
-    """The 0-d tensor of ``value`` that a kernel takes: cached unless TORCH_NEURONX_ENABLE_SCALAR_CACHE=0."""
+def scalar_tensor(value: float, dtype: torch.dtype, narrow: torch.dtype | None = None) -> torch.Tensor:
+    """The 0-d tensor of ``value`` (first rounded to ``narrow``, see :func:`rounding`) that a kernel
+    takes: cached unless TORCH_NEURONX_ENABLE_SCALAR_CACHE=0."""
+    if narrow is not None:
+        try:
+            value = precision.rounded(float(value), narrow)
+        except OverflowError:  # an int beyond any float: torch's own error, from the tensor
+            pass
     if not config.get("TORCH_NEURONX_ENABLE_SCALAR_CACHE"):
         return torch.tensor(value, dtype=dtype)
     return cache.get(value, dtype)

@@ -114,9 +114,10 @@ def rounded(value: float, dtype: torch.dtype) -> float:
 
 #: Ops whose scalar operands torch rounds to the tensors' dtype before computing in float32: ``x +
 #: 0.1`` adds bfloat16's 0.10009765625 (``x * 0.1`` multiplies by 0.1 itself), and so does a 0-d
-#: float32 tensor operand (the eager device's runtime scalars) or ``alpha``.
+#: float32 tensor operand (the eager device's runtime scalars) or ``alpha``; ``x ** 1e-8`` of float16
+#: is ``x ** 0`` (1 for every x, where the unrounded exponent gave NaN for negative x).
 ROUNDED_SCALARS = frozenset(_overloads("add.Tensor", "add.Scalar", "sub.Tensor", "sub.Scalar", "rsub.Tensor",
-                                       "rsub.Scalar"))
+                                       "rsub.Scalar", "pow.Tensor_Scalar", "pow.Scalar"))
 
 
 def _round_scalar(narrow: torch.dtype, leaf: Any) -> Any:
@@ -127,20 +128,8 @@ def _round_scalar(narrow: torch.dtype, leaf: Any) -> Any:
         except OverflowError:  # an int beyond any float: torch's own error, from the op
             return leaf
     if isinstance(leaf, torch.Tensor) and leaf.dim() == 0 and leaf.is_floating_point() and leaf.dtype != narrow:
-        return rounded_tensor(leaf, narrow)
+        return leaf.to(narrow)  # (IREE may fold this for one element: the eager device rounds on the host)
     return leaf
-
-
-def rounded_tensor(value: torch.Tensor, narrow: torch.dtype) -> torch.Tensor:
-    """0-d ``value`` rounded to ``narrow`` (to nearest, ties to even). bfloat16 by its float32 bits:
-    IREE folds a single element's float32 -> bfloat16 -> float32 into nothing (the scalar code
-    path; vectors round), so the cast alone left eager's runtime scalars unrounded."""
-    if narrow != torch.bfloat16:
-        return value.to(narrow)
-    wide = value.to(torch.float32)
-    bits = wide.view(torch.int32)
-    bits = torch.bitwise_and(bits + (torch.bitwise_and(bits >> 16, 1) + 0x7FFF), -65536)
-    return torch.where(wide != wide, wide, bits.view(torch.float32)).to(narrow)
 
 
 def in_float32(op: Any, previous: Callable | None, when: Callable[[tuple, dict], bool] | None = None) -> Callable:
