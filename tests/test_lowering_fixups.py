@@ -157,6 +157,22 @@ def test_full_sums_of_products_with_a_broadcast_vector():
         torch.testing.assert_close(got_t, expected, rtol=1e-5, atol=1e-4)
 
 
+def test_a_reduction_read_along_two_dimensions():
+    """IREE fused ``d = A.sum(1)`` into ``d[:, None] * A * d[None, :]`` (GCN's symmetric normalization)
+    tile by tile: the compiled result kept the diagonal and was 0 elsewhere, at every size."""
+    def fn(a, x):
+        d = a.sum(1)
+        m = x.mean(1)
+        return d[:, None] * a * d[None, :], m[:, None] - m[None, :], (a.amax(0)[None] + a.amax(0)[:, None]) * a
+
+    g = torch.Generator().manual_seed(0)
+    for n in (2, 3, 16, 40):
+        a, x = torch.rand(n, n, generator=g), torch.randn(n, 7, generator=g)
+        got = torch.compile(fn, backend="neuron", dynamic=False)(a, x)
+        for got_t, expected in zip(got, fn(a, x), strict=True):
+            torch.testing.assert_close(got_t, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("source", [torch.float32, torch.bfloat16])
 def test_conversions_to_float8_saturate_as_torchs(source):
     """float8_e4m3fn has no infinity: torch converts values beyond 448 (infinities too) to ±448;

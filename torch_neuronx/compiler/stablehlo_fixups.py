@@ -23,6 +23,7 @@ def apply(module: object) -> None:
     _signed_unsigned_converts(module)
     _materialize_broadcast_products_of_full_sums(module)
     _materialize_converted_grouped_filters(module)
+    _materialize_reductions_read_along_two_dims(module)
 
 
 _INT32_LIMIT = 2**31
@@ -451,6 +452,74 @@ def _materialize_broadcast_products_of_full_sums(module: object) -> None:
                 continue
             if any(_broadcast_vector(v) for v in product.operands):  # type: ignore[attr-defined]
                 _materialize_operand(reduce, 0)
+
+
+#: Ops whose result of the operand's shape holds its elements elsewhere (or other elements).
+_MOVING = frozenset(("stablehlo.transpose", "stablehlo.reverse", "stablehlo.dot_general", "stablehlo.reduce",
+                     "stablehlo.gather", "stablehlo.scatter", "stablehlo.sort", "stablehlo.slice", "stablehlo.pad",
+                     "stablehlo.dynamic_slice", "stablehlo.dynamic_update_slice", "stablehlo.concatenate",
+                     "stablehlo.reduce_window", "stablehlo.convolution", "stablehlo.custom_call",
+                     "stablehlo.optimization_barrier", "stablehlo.reshape", "stablehlo.broadcast_in_dim"))
+
+
+def _same_shape(a: object, b: object) -> bool:
+    """Whether values ``a`` and ``b`` are ranked tensors of one shape."""
+    from torch_mlir import ir
+
+    try:
+        return ir.RankedTensorType(a.type).shape == ir.RankedTensorType(b.type).shape  # type: ignore[attr-defined]
+    except ValueError:  # (not a ranked tensor: a token, a tuple)
+        return False
+
+
+def _placements(value: object, dims: tuple[int, ...], found: set[tuple]) -> None:
+    """Add to ``found`` where the elements of a reduction's result land in the tensors that broadcast
+    it: per ``broadcast_in_dim`` (seen through reshapes that add or drop unit dims), its rank and the
+    dimension each of the result's dims (``dims``: their positions in ``value``) goes to. (Other
+    readers iterate over the result's own shape, which any tiling of it serves.)"""
+    from torch_mlir import ir
+
+    for use in value.uses:  # type: ignore[attr-defined]
+        user = use.owner
+        name = user.name  # type: ignore[attr-defined]
+        if name == "stablehlo.broadcast_in_dim":
+            mapping = list(ir.DenseI64ArrayAttr(user.attributes["broadcast_dimensions"]))  # type: ignore[attr-defined]
+            target = ir.RankedTensorType(user.results[0].type)  # type: ignore[attr-defined]
+            found.add((target.rank, tuple(mapping[d] for d in dims)))
+        elif name not in _MOVING and len(user.results) == 1 and _same_shape(user.results[0], value):  # type: ignore[attr-defined]
+            _placements(user.results[0], dims, found)  # elementwise (a mean's division): the same places  # type: ignore[attr-defined]
+        elif name == "stablehlo.reshape":
+            source = ir.RankedTensorType(value.type).shape  # type: ignore[attr-defined]
+            shape = ir.RankedTensorType(user.results[0].type).shape  # type: ignore[attr-defined]
+            kept = [i for i in dims if source[i] != 1]
+            places = [i for i, n in enumerate(shape) if n != 1]
+            if [source[i] for i in kept] == [shape[i] for i in places]:
+                _placements(user.results[0], tuple(places), found)  # type: ignore[attr-defined]
+
+
+def _materialize_reductions_read_along_two_dims(module: object) -> None:
+    """Put an ``optimization_barrier`` after a reduction whose result is read along two different
+    dimensions of its readers.
+
+    IREE 3.13 fuses a reduction into the elementwise op that reads it and computes the reduced
+    values tile by tile; read along a second dimension too, the values of other tiles are not
+    there: ``d = A.sum(1); d[:, None] * A * d[None, :]`` (GCN's symmetric normalization) kept the
+    diagonal and gave zeros elsewhere, at every optimization level. Materialized, the reduction is
+    a dispatch of its own.
+    """
+    from torch_mlir import ir
+
+    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
+        for reduce in _ops_named(module, "stablehlo.reduce"):
+            for result in reduce.results:  # type: ignore[attr-defined]
+                rank = ir.RankedTensorType(result.type).rank
+                if rank == 0:
+                    continue
+                found: set[tuple] = set()
+                _placements(result, tuple(range(rank)), found)
+                if len({placed_rank for placed_rank, _ in found}) < len(found):  # two placements, one rank
+                    barrier = _barrier(result, ir.InsertionPoint.after(reduce))
+                    result.replace_all_uses_except(barrier.result, barrier)  # type: ignore[attr-defined]
 
 
 _UNSIGNED = ("ui8", "ui16", "ui32", "ui64")
