@@ -9,6 +9,7 @@ propagate it), offsets not starting at 0 and segments not covering the data (``u
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 _NAN = float("nan")
@@ -44,3 +45,18 @@ def test_segment_reduce():
     assert expected["max_lengths"].isnan().any() and expected["mean_lengths"].isnan().any()
     for name, e in expected.items():
         torch.testing.assert_close(got[name], e, equal_nan=True, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+def test_segment_reduce_trains_compiled(reduce):
+    """``aten._segment_reduce_backward`` has no lowering: the backward failed to compile; it runs on
+    the host between the compiled partitions."""
+    data, lengths = torch.randn(10, 2), torch.tensor([3, 0, 4, 1, 2])
+
+    def fn(d):
+        return torch.segment_reduce(d, reduce, lengths=lengths, initial=0.0).pow(2).sum()
+
+    expected_leaf, leaf = data.clone().requires_grad_(), data.clone().requires_grad_()
+    fn(expected_leaf).backward()
+    torch.compile(fn, backend="neuron")(leaf).backward()
+    torch.testing.assert_close(leaf.grad, expected_leaf.grad)

@@ -56,10 +56,10 @@ def _value_random(node: torch.fx.Node) -> bool:
 
 #: aten ops no lowering computes, run on the host between the compiled partitions: fractional max
 #: pooling (its random samples are an input), the gradients of gamma and Dirichlet samples
-#: (``Beta(a, b).rsample()`` in a loss).
+#: (``Beta(a, b).rsample()`` in a loss) and of ``segment_reduce``.
 _HOST_OPS = frozenset(op for name in ("fractional_max_pool2d", "fractional_max_pool3d",
                                       "fractional_max_pool2d_backward", "fractional_max_pool3d_backward",
-                                      "_standard_gamma_grad", "_dirichlet_grad")
+                                      "_standard_gamma_grad", "_dirichlet_grad", "_segment_reduce_backward")
                       if (op := getattr(getattr(torch.ops.aten, name, None), "default", None)) is not None)
 
 
