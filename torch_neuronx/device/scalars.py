@@ -20,7 +20,9 @@ them. On int32/int64 tensors (positions, lengths, counters: a generation loop's
 a 0-d tensor of the tensors' dtype when it fits that dtype; a float there stays a
 constant (a 0-d float tensor would promote as a Python float does not). Comparisons
 with a number (``eq``/``ne``/``lt``/``le``/``gt``/``ge``) and ``rsub`` take it at run
-time too. Ints anywhere else (sizes, dimensions, an exponent, a fill value) and
+time too. On float16/bfloat16 tensors the numbers of :data:`NARROW_OPS` (arithmetic, ``lerp``,
+comparisons) are float32 0-d tensors, rounded first to the tensors' dtype where torch rounds
+them (:data:`ROUNDED_OPS`). Ints anywhere else (sizes, dimensions, an exponent, a fill value) and
 booleans stay constants, and so does every scalar of an op on other dtypes. The 0-d tensors
 are cached per value and dtype (TORCH_NEURONX_ENABLE_SCALAR_CACHE, default 1), so a
 loop does not build them again.
