@@ -29,10 +29,9 @@ _ACCEPTING = frozenset((
 
 
 # Composite ops whose CUDA path checks devices in the kernels they decompose into (``embedding``
-# is an ``index_select``, ``stack`` a ``cat``), or whose in-place form has a backend kernel that
-# does (``masked_scatter_``, ``put_``); the eager device runs its own kernel for them.
-_CHECKED_COMPOSITES = frozenset(("embedding", "stack", "hstack", "vstack", "masked_scatter", "put", "allclose",
-                                 "isclose"))
+# is an ``index_select``, ``stack`` a ``cat``, ``allclose`` elementwise ops); the eager device runs
+# its own kernel for them.
+_CHECKED_COMPOSITES = frozenset(("embedding", "stack", "hstack", "vstack", "allclose", "isclose"))
 # (whose 0-d operands become rows of a ``cat``: no scalars there)
 _STACKS = frozenset((torch.ops.aten.stack.default, torch.ops.aten.hstack.default, torch.ops.aten.vstack.default))
 _INDEXING = frozenset(("index", "_unsafe_index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put"))
