@@ -57,8 +57,23 @@ def _sub(self: Any, other: Any, *, alpha: Any = 1) -> Any:
 
 
 def _addcdiv(self: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Any:
-    # Eager's kernel: self + value * tensor1 / tensor2, left to right.
+    # float32/float64: self + value * (tensor1 / tensor2). (torch's CPU kernel multiplies first; the
+    # orders differ in the last bit, and a bucketed DDP AdamW run matched its CPU reference this way.)
+    return aten.add.Tensor(self, aten.mul.Tensor(aten.div.Tensor(tensor1, tensor2), value))
+
+
+def _addcdiv_left_to_right(self: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Any:
+    # torch's float16/bfloat16 kernel: self + value * tensor1 / tensor2 in float32, left to right.
     return aten.add.Tensor(self, aten.div.Tensor(aten.mul.Tensor(tensor1, value), tensor2))
+
+
+_addcdiv_narrow = precision.in_float32(aten.addcdiv.default, _addcdiv_left_to_right)
+
+
+def _addcdiv_rewrite(self: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Any:
+    if self.dtype in precision.NARROW:
+        return _addcdiv_narrow(self, tensor1, tensor2, value=value)
+    return _addcdiv(self, tensor1, tensor2, value=value)
 
 
 def _addcmul(self: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Any:
@@ -89,7 +104,7 @@ def _as_tensor_op(scalar_op: Any, tensor_op: Any) -> Callable[..., Any]:
 REWRITES: dict[Any, Callable[..., Any]] = {
     aten.add.Tensor: precision.in_float32(aten.add.Tensor, _add),
     aten.sub.Tensor: precision.in_float32(aten.sub.Tensor, _sub),
-    aten.addcdiv.default: precision.in_float32(aten.addcdiv.default, _addcdiv),
+    aten.addcdiv.default: _addcdiv_rewrite,
     aten.addcmul.default: precision.in_float32(aten.addcmul.default, _addcmul),
     aten.lerp.Scalar: _lerp,
     aten.mul.Scalar: lambda self, other: aten.mul.Tensor(self, other),
