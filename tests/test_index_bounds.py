@@ -197,3 +197,25 @@ def test_a_source_of_another_dtype_is_eagers_error(name, fn, message):
         torch.compile(fn, backend="neuron")(X.clone(), index)
     with pytest.raises(RuntimeError, match=message):
         fn(X.to("neuron"), index.to("neuron")).cpu()
+
+
+def test_scatter_and_index_reductions_name_the_users_index_and_dimension():
+    """Their decompositions flatten the index: an index out of range was reported as ``index_add``'s,
+    with the flattened index and size ("index 29 ... size 15")."""
+    x = torch.randn(5, 3)
+    index = torch.tensor([0, 1, 9, 2, 3])
+    calls = {
+        "dim 0": lambda t, i: torch.zeros(5, 3, device=t.device).scatter_reduce(0, i.unsqueeze(1).expand(-1, 3), t,
+                                                                               "amax"),
+        "dim 1": lambda t, i: torch.zeros(3, 5, device=t.device).scatter_reduce(1, i.unsqueeze(0).expand(3, -1),
+                                                                               t.t(), "sum"),
+        "index_reduce": lambda t, i: torch.zeros(5, 3, device=t.device).index_reduce(0, i, t, "amax"),
+    }
+    for call in calls.values():
+        with pytest.raises((IndexError, RuntimeError)) as expected:
+            call(x, index)
+        message = str(expected.value)
+        with pytest.raises((IndexError, RuntimeError), match=message):
+            call(x.to("neuron"), index.to("neuron")).cpu()
+        with pytest.raises((IndexError, RuntimeError), match=message):
+            torch.compile(call, backend="neuron")(x, index)

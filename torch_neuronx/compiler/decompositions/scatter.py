@@ -98,6 +98,8 @@ def scatter_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, src: torch.Te
     dim = dim % x.dim()
     if index.numel() == 0:
         return x.clone()
+    # (checked here, in the user's dimension: past the flattening, index_add's check named its own)
+    index = BOUNDS(index, x.shape[dim], False, "aten.scatter_reduce", f"bounds:{dim}")
     for axis, size in enumerate(index.shape):
         src = src.narrow(axis, 0, size)
     targets = _flat_targets(tuple(x.shape), dim, index)
@@ -147,6 +149,7 @@ def index_reduce(x: torch.Tensor, dim: int, index: torch.Tensor, source: torch.T
     if x.dim() == 0:
         return scatter_reduce(x, 0, index.view(1), source.view(1), reduce, include_self=include_self)
     dim = dim % x.dim()
+    index = BOUNDS(index, x.shape[dim], False, "aten.index_reduce", "in_self")  # torch's IndexError
     view = [1] * source.dim()
     view[dim] = index.numel()
     spread = index.reshape(view).expand(source.shape)

@@ -229,8 +229,9 @@ def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:
     if check["message"].startswith("max_unpool:"):  # indices into the output volume (pooling.py)
         raise IndexOutOfRangeError(f"Found an invalid max index: {bad} (output volumes are of size "
                                    f"{check['message'].split(':', 1)[1]}) ({check['op']} on neuron)")
+    dim = int(check["message"].split(":")[1]) if check["message"].startswith("bounds:") else check["dim"]
     if check["message"] == "in_self":
         message = "index out of range in self"
     else:
-        message = f"index {bad} is out of bounds for dimension {check['dim']} with size {size}"
+        message = f"index {bad} is out of bounds for dimension {dim} with size {size}"
     raise IndexOutOfRangeError(f"{message} ({check['op']} on neuron)")
