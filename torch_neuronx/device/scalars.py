@@ -268,10 +268,7 @@ def scalar_tensor(value: float, dtype: torch.dtype, narrow: torch.dtype | None =
     """The 0-d tensor of ``value`` (first rounded to ``narrow``, see :func:`rounding`) that a kernel
     takes: cached unless TORCH_NEURONX_ENABLE_SCALAR_CACHE=0."""
     if narrow is not None:
-        try:
-            value = precision.rounded(float(value), narrow)
-        except OverflowError:  # an int beyond any float: torch's own error, from the tensor
-            pass
+        value = precision.rounded_number(value, narrow)
     if not config.get("TORCH_NEURONX_ENABLE_SCALAR_CACHE"):
         return torch.tensor(value, dtype=dtype)
     return cache.get(value, dtype)

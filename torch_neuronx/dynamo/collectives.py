@@ -48,12 +48,6 @@ def is_custom_op(node: torch.fx.Node) -> bool:
     return isinstance(node.target, torch._ops.OpOverload) and node.target.namespace not in _LOWERED_NAMESPACES
 
 
-def _value_random(node: torch.fx.Node) -> bool:
-    """Whether ``node`` draws random numbers from its tensors' values (``poisson``, a gamma or a
-    Dirichlet sample: ``Beta(a, b).sample()`` for mixup), which run on the host, not lowered."""
-    return random_inputs.drawn_on_host(node)
-
-
 #: aten ops no lowering computes, run on the host between the compiled partitions: fractional max
 #: pooling (its random samples are an input), the gradients of gamma and Dirichlet samples
 #: (``Beta(a, b).rsample()`` in a loss) and of ``segment_reduce``.
@@ -64,7 +58,7 @@ _HOST_OPS = frozenset(op for name in ("fractional_max_pool2d", "fractional_max_p
 
 
 def _opaque(node: torch.fx.Node) -> bool:
-    return (stats.is_collective(node) or is_custom_op(node) or _value_random(node)
+    return (stats.is_collective(node) or is_custom_op(node) or random_inputs.drawn_on_host(node)
             or (node.op == "call_function" and node.target in _HOST_OPS))
 
 
@@ -179,8 +173,8 @@ def compile_split(gm: torch.fx.GraphModule, options: ResolvedOptions, name: str)
     opaque_ids = {ids[n] for n in gm.graph.nodes if _opaque(n)}
     on_default_stream = stats.has_collectives(gm)
     device = gm.meta.get(random_inputs.DEVICE_META)
-    on_device_ids = {ids[n] for n in gm.graph.nodes if (is_custom_op(n) and _own_kernel(n)) or _value_random(n)} \
-        if device else set()
+    on_device_ids = {ids[n] for n in gm.graph.nodes
+                     if (is_custom_op(n) and _own_kernel(n)) or random_inputs.drawn_on_host(n)} if device else set()
     for child_name, child in list(split.named_children()):
         index = int(child_name.rsplit("_", 1)[-1])
         if index in on_device_ids:

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from torch_neuronx.compiler.decompositions import sampling
+
 aten = torch.ops.aten
 
 
@@ -120,7 +122,7 @@ def native_dropout(x: torch.Tensor, p: float, train: bool | None) -> tuple[torch
     if p == 1:
         return torch.zeros_like(x), torch.zeros_like(x, dtype=torch.bool)
     # (uniforms of a float16/bfloat16 ``x`` in float32: 8 bits of bfloat16 made p=0.001 drop nothing)
-    keep = torch.rand_like(x, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32) < 1 - p
+    keep = torch.rand_like(x, dtype=sampling.draw_dtype(x)) < 1 - p
     return x * keep * (1.0 / (1 - p)), keep
 
 

@@ -123,13 +123,19 @@ ROUNDED_SCALARS = frozenset(_overloads("add.Tensor", "add.Scalar", "sub.Tensor",
 def _round_scalar(narrow: torch.dtype, leaf: Any) -> Any:
     """A number or 0-d tensor of another floating dtype, rounded to ``narrow``; anything else as it is."""
     if type(leaf) in (float, int):
-        try:
-            return rounded(float(leaf), narrow)
-        except OverflowError:  # an int beyond any float: torch's own error, from the op
-            return leaf
+        return rounded_number(leaf, narrow)
     if isinstance(leaf, torch.Tensor) and leaf.dim() == 0 and leaf.is_floating_point() and leaf.dtype != narrow:
         return leaf.to(narrow)  # (IREE may fold this for one element: the eager device rounds on the host)
     return leaf
+
+
+def rounded_number(value: float | int, narrow: torch.dtype) -> float | int:
+    """A Python number rounded to ``narrow`` (:func:`rounded`); an int beyond any float as it is
+    (torch's own error comes from the op)."""
+    try:
+        return rounded(float(value), narrow)
+    except OverflowError:
+        return value
 
 
 def in_float32(op: Any, previous: Callable | None, when: Callable[[tuple, dict], bool] | None = None) -> Callable:

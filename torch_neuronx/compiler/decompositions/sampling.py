@@ -25,7 +25,7 @@ def _floating(x: torch.Tensor) -> torch.dtype:
     return x.dtype if x.is_floating_point() else torch.get_default_dtype()
 
 
-def _draw_dtype(x: torch.Tensor) -> torch.dtype:
+def draw_dtype(x: torch.Tensor) -> torch.dtype:
     """The dtype uniforms for ``x`` are drawn in: float32 for float16/bfloat16 ones, whose 8 or 11
     bits of uniform made ``dropout(p=0.001)`` of bfloat16 drop nothing and ``exponential_`` never
     exceed 5.5 (torch's kernels draw these in float32 too)."""
@@ -41,14 +41,14 @@ def bernoulli(x: torch.Tensor, p: float | torch.Tensor | None = None, *, generat
     if isinstance(p, float | int) and not 0 <= p <= 1:  # (traced, it drew anyway: dropout_p=1.5 gave zeros)
         raise RuntimeError(f"bernoulli_ expects p to be in [0, 1], but got p={p}")
     probability = x if p is None else p
-    return (torch.rand_like(x, dtype=_draw_dtype(x)) < probability).to(x.dtype)
+    return (torch.rand_like(x, dtype=draw_dtype(x)) < probability).to(x.dtype)
 
 
 def normal_functional(x: torch.Tensor, mean: float = 0.0, std: float = 1.0, *, generator=None) -> torch.Tensor:
     """``aten.normal_functional`` (``Tensor.normal_``)."""
     if not std >= 0:
         raise RuntimeError(f"normal expects std >= 0.0, but found std {std}")
-    return (torch.randn_like(x, dtype=_draw_dtype(x)) * std + mean).to(x.dtype)
+    return (torch.randn_like(x, dtype=draw_dtype(x)) * std + mean).to(x.dtype)
 
 
 def normal_tensors(mean: torch.Tensor | float, std: torch.Tensor | float = 1.0, *, generator=None) -> torch.Tensor:
@@ -72,14 +72,14 @@ def uniform(x: torch.Tensor, low: float = 0.0, high: float = 1.0, *, generator=N
             raise RuntimeError(f"{name} is out of bounds for {kind}")
     if low > high:
         raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={low} > to={high}")
-    return (torch.rand_like(x, dtype=_draw_dtype(x)) * (high - low) + low).to(x.dtype)
+    return (torch.rand_like(x, dtype=draw_dtype(x)) * (high - low) + low).to(x.dtype)
 
 
 def exponential(x: torch.Tensor, lambd: float = 1.0, *, generator=None) -> torch.Tensor:
     """``aten.exponential`` (``Tensor.exponential_``): -log(1 - u) / lambda."""
     if not lambd > 0:
         raise RuntimeError(f"exponential_ expects lambda > 0.0, but found lambda={lambd}")
-    return (-torch.log1p(-torch.rand_like(x, dtype=_draw_dtype(x))) / lambd).to(x.dtype)
+    return (-torch.log1p(-torch.rand_like(x, dtype=draw_dtype(x))) / lambd).to(x.dtype)
 
 
 def _checked_weights(weights: torch.Tensor) -> torch.Tensor:
@@ -99,7 +99,7 @@ def _checked_weights(weights: torch.Tensor) -> torch.Tensor:
 def multinomial(x: torch.Tensor, num_samples: int, replacement: bool = False, *, generator=None) -> torch.Tensor:
     """``aten.multinomial``: with replacement by inverse CDF; without, by Gumbel top-k (exact
     sampling without replacement from the same weights)."""
-    weights = _checked_weights(x.to(_draw_dtype(x)))
+    weights = _checked_weights(x.to(draw_dtype(x)))
     if not replacement:
         gumbel = -torch.log(-torch.log(torch.rand_like(weights).clamp(min=torch.finfo(weights.dtype).tiny)))
         keys = torch.log(weights) + gumbel
@@ -121,7 +121,7 @@ def rrelu_with_noise_functional(x: torch.Tensor, noise: torch.Tensor, lower: flo
     backward reads, as torch's kernel does; torch-mlir's lowering drew the same slopes every call."""
     if not training:
         return aten.leaky_relu.default(x, (lower + upper) / 2), noise.clone()
-    slopes = torch.rand_like(x, dtype=_draw_dtype(x)) * (upper - lower) + lower
+    slopes = torch.rand_like(x, dtype=draw_dtype(x)) * (upper - lower) + lower
     negative = x <= 0
     out = torch.where(negative, (x.to(slopes.dtype) * slopes).to(x.dtype), x)
     return out, torch.where(negative, slopes, torch.ones_like(slopes)).to(noise.dtype)
