@@ -32,6 +32,11 @@ def _layers():
         "transposed_3d": nn.ConvTranspose3d(2, 2, 3, stride=(2, 2, 1), padding=(1, 0, 0), output_padding=(1, 0, 0)),
         # one padding for all dims (aten's ``padding=[0]``): the backward read a second one
         "valid": nn.Conv2d(2, 3, (4, 2), padding="valid"),
+        # one output row whose window stops short of the input's end (IREE refused these)
+        "one_row_stride2": nn.Conv2d(4, 3, 3, stride=2),
+        "one_row_padded_1d": nn.Conv1d(2, 3, 3, stride=3, padding=1),
+        "one_row_3d": nn.Conv3d(2, 2, (2, 3, 1), stride=(3, 2, 1)),
+        "transposed_one_pixel": nn.ConvTranspose2d(3, 4, 3, stride=2, output_padding=1),
     })
 
 
@@ -40,6 +45,8 @@ _INPUTS = {
     "stride2_odd_even": (1, 2, 6, 5), "conv3d": (2, 2, 5, 4, 4), "transposed": (2, 3, 4, 5),
     "transposed_uneven": (2, 3, 3, 4), "transposed_grouped_dilated": (2, 4, 3, 4), "transposed_1d": (2, 2, 5),
     "transposed_3d": (1, 2, 3, 2, 2), "valid": (1, 2, 7, 5),
+    "one_row_stride2": (2, 4, 4, 8), "one_row_padded_1d": (2, 2, 3), "one_row_3d": (1, 2, 4, 4, 3),
+    "transposed_one_pixel": (2, 3, 1, 1),
 }
 
 
@@ -95,3 +102,19 @@ def test_depthwise_convolutions_under_bfloat16_autocast_compile_and_match_eager(
     torch.testing.assert_close(got_x, expected_x, rtol=5e-2, atol=5e-2)
     for g, e in zip(got_p, expected_p, strict=True):
         torch.testing.assert_close(g, e, rtol=5e-2, atol=1e-1)
+
+
+def test_eager_convolutions_of_one_output_row_run_on_neuron():
+    """The eager device lowers convolutions as the compile path does: a window that stops short of
+    the input's end, with one output row, failed to compile and ran on the CPU with a warning."""
+    import warnings
+
+    g = torch.Generator().manual_seed(2)
+    layers = _layers()
+    for name in ("one_row_stride2", "one_row_3d"):
+        x = torch.randn(*_INPUTS[name], generator=g)
+        expected = layers[name](x)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = layers[name].to("neuron")(x.to("neuron"))
+        torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)

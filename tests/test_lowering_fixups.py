@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch_mlir import ir
 
-from torch_neuronx.compiler import stablehlo_fixups
+from torch_neuronx.compiler import stablehlo_fixups, stablehlo_ir
 
 _NARROWED = """
 module {
@@ -31,7 +31,7 @@ def test_narrowing_converts_of_float64_constants_become_rounded_constants():
     text = module.operation.get_asm()
     assert "stablehlo.convert" not in text
     values = {}
-    for op in stablehlo_fixups._ops_named(module, "stablehlo.constant"):
+    for op in stablehlo_ir.ops_named(module, "stablehlo.constant"):
         attr = ir.DenseFPElementsAttr(op.attributes["value"])
         kind = str(ir.RankedTensorType(op.results[0].type))
         values[kind] = [ir.FloatAttr(attr.get_splat_value()).value] if attr.is_splat else np.array(attr).tolist()

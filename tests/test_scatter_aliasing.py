@@ -23,7 +23,7 @@ import pytest
 import torch
 from torch_mlir import ir
 
-from torch_neuronx.compiler import stablehlo_fixups
+from torch_neuronx.compiler import stablehlo_fixups, stablehlo_ir
 
 aten = torch.ops.aten
 
@@ -159,7 +159,7 @@ def test_only_a_computed_tensor_with_other_users_goes_through_a_barrier() -> Non
     context.allow_unregistered_dialects = True
     module = ir.Module.parse(_SHARED, context)
     stablehlo_fixups._copy_shared_in_place_operands(module)
-    barriers = stablehlo_fixups._ops_named(module, "stablehlo.optimization_barrier")
+    barriers = stablehlo_ir.ops_named(module, "stablehlo.optimization_barrier")
     assert len(barriers) == 1
     (barrier,) = barriers
     assert barrier.operands[0].owner.name == "stablehlo.add"

@@ -26,8 +26,8 @@ _log = logging.getLogger("torch_neuronx.compiler.hlo")
 LOWERING_VERSION = 4
 # The code that decides what a graph lowers to: decompositions run when aot_autograd traces
 # (so they shape the FX graph a plan or HLO entry stands for), passes and lowering after it.
-_LOWERING_SOURCES = ("decompositions", "lower.py", "torch_to_stablehlo.py", "stablehlo_fixups.py", "linalg_fixups.py",
-                     "passes")
+_LOWERING_SOURCES = ("decompositions", "lower.py", "torch_to_stablehlo.py", "stablehlo_fixups.py",
+                     "stablehlo_conv_fixups.py", "stablehlo_ir.py", "linalg_fixups.py", "passes")
 
 
 def sources_digest() -> str:

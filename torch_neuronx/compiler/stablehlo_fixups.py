@@ -11,6 +11,13 @@ import math
 import re
 from collections.abc import Callable
 
+if __package__:
+    from torch_neuronx.compiler import stablehlo_conv_fixups
+    from torch_neuronx.compiler import stablehlo_ir as ir_
+else:  # the lowering worker imports this module alone, its directory on sys.path
+    import stablehlo_conv_fixups
+    import stablehlo_ir as ir_
+
 
 def apply(module: object) -> None:
     """Every fixup, in order, on the StableHLO ``module`` (in place)."""
@@ -22,25 +29,11 @@ def apply(module: object) -> None:
     _materialize_sliced_operands(module)
     _signed_unsigned_converts(module)
     _materialize_broadcast_products_of_full_sums(module)
-    _materialize_converted_grouped_filters(module)
+    stablehlo_conv_fixups.apply(module)
     _materialize_reductions_read_along_two_dims(module)
 
 
 _INT32_LIMIT = 2**31
-
-
-def _ops_named(module: object, name: str) -> list[object]:
-    from torch_mlir import ir
-
-    found: list[object] = []
-
-    def visit(op: object) -> object:
-        if op.name == name:  # type: ignore[attr-defined]
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)  # type: ignore[attr-defined]
-    return found
 
 
 _NARROW_FLOATS = ("f32", "f16", "bf16")
@@ -60,9 +53,9 @@ def _round_narrowed_constants(module: object) -> None:
     from torch_mlir import ir
 
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
-        for convert in _ops_named(module, "stablehlo.convert"):
+        for convert in ir_.ops_named(module, "stablehlo.convert"):
             source = convert.operands[0]  # type: ignore[attr-defined]
-            owner = _defining_op(source)
+            owner = ir_.defining_op(source)
             if getattr(owner, "name", None) not in ("arith.constant", "stablehlo.constant"):
                 continue
             source_type = ir.RankedTensorType(source.type)
@@ -97,7 +90,7 @@ def _narrow_scatter_indices(module: object) -> None:
     """
     from torch_mlir import ir
 
-    scatters = _ops_named(module, "stablehlo.scatter")
+    scatters = ir_.ops_named(module, "stablehlo.scatter")
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
         i32 = ir.IntegerType.get_signless(32)
         for op in scatters:
@@ -155,7 +148,7 @@ def _materialize_scatter_operands(module: object) -> None:
     from torch_mlir import ir
 
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
-        for op in _ops_named(module, "stablehlo.scatter"):
+        for op in ir_.ops_named(module, "stablehlo.scatter"):
             unique = op.attributes["unique_indices"] if "unique_indices" in op.attributes else None  # type: ignore[attr-defined]
             if unique is not None and ir.BoolAttr(unique).value:
                 continue  # a parallel scatter: tiled, nothing on the stack
@@ -164,46 +157,8 @@ def _materialize_scatter_operands(module: object) -> None:
             if sum(_tensor_bytes(op.operands[p]) for p in operands) < _SCATTER_STACK_BUDGET:  # type: ignore[attr-defined]
                 continue
             for position in operands:
-                if _defining_op(op.operands[position]) is not None:  # type: ignore[attr-defined]
-                    _materialize_operand(op, position)
-
-
-#: Ops that only move their operand's elements: a consumer reads through them to the data's source.
-_VIEWS = ("stablehlo.reshape", "stablehlo.bitcast_convert", "stablehlo.transpose", "stablehlo.broadcast_in_dim")
-
-
-def _defining_op(value: object) -> object | None:
-    """The operation that produced ``value`` (None for a block argument)."""
-    from torch_mlir import ir
-
-    owner = value.owner  # type: ignore[attr-defined]
-    if isinstance(owner, ir.Block):
-        return None
-    return owner.operation if hasattr(owner, "operation") else owner
-
-
-def _view_source(value: object) -> object | None:
-    """The op that computed ``value``'s elements, seen through ops that only move them (None for
-    a function argument)."""
-    source = _defining_op(value)
-    while source is not None and source.name in _VIEWS:  # type: ignore[attr-defined]
-        source = _defining_op(source.operands[0])  # type: ignore[attr-defined]
-    return source
-
-
-def _barrier(value: object, point: object) -> object:
-    """An ``optimization_barrier`` of ``value`` created at ``point``: IREE fuses nothing across it."""
-    from torch_mlir import ir
-
-    return ir.Operation.create("stablehlo.optimization_barrier", results=[value.type],  # type: ignore[attr-defined]
-                               operands=[value], ip=point)
-
-
-def _materialize_operand(op: object, position: int) -> None:
-    """Make ``op`` read its operand ``position`` through a barrier (a tensor of its own)."""
-    from torch_mlir import ir
-
-    op.operands[position] = _barrier(op.operands[position], ir.InsertionPoint(op)).result  # type: ignore[attr-defined]
+                if ir_.defining_op(op.operands[position]) is not None:  # type: ignore[attr-defined]
+                    ir_.materialize_operand(op, position)
 
 
 #: StableHLO ops that IREE runs in place, and the operand positions whose buffer each one writes
@@ -220,10 +175,10 @@ def _is_constant(value: object) -> bool:
     """Whether ``value`` is a ``stablehlo.constant``, or a splat one seen through ops that only move elements."""
     from torch_mlir import ir
 
-    source = _defining_op(value)
+    source = ir_.defining_op(value)
     if source is not None and source.name == "stablehlo.constant":  # type: ignore[attr-defined]
         return True
-    source = _view_source(value)
+    source = ir_.view_source(value)
     if source is None or source.name != "stablehlo.constant":  # type: ignore[attr-defined]
         return False
     elements = source.attributes["value"]  # type: ignore[attr-defined]
@@ -232,7 +187,7 @@ def _is_constant(value: object) -> bool:
 
 def _views_an_argument(value: object) -> bool:
     """Whether ``value`` is a function argument seen through ops that only move elements."""
-    return _view_source(value) is None
+    return ir_.view_source(value) is None
 
 
 def _read_elsewhere(value: object) -> bool:
@@ -272,14 +227,14 @@ def _copy_shared_in_place_operands(module: object) -> None:
 
     shared: list[object] = []
     for name, positions in _IN_PLACE.items():
-        for op in _ops_named(module, name):
+        for op in ir_.ops_named(module, name):
             for position in positions(len(op.operands)):  # type: ignore[attr-defined]
                 value = op.operands[position]  # type: ignore[attr-defined]
                 if value not in shared and _read_elsewhere(value):
                     shared.append(value)
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
         for value in shared:
-            barrier = _barrier(value, ir.InsertionPoint.after(_defining_op(value)))
+            barrier = ir_.barrier(value, ir.InsertionPoint.after(ir_.defining_op(value)))
             value.replace_all_uses_except(barrier.result, barrier)  # type: ignore[attr-defined]
 
 
@@ -295,11 +250,11 @@ _DEPENDENCE_LIMIT = 4096  # values looked at per operand (a larger search leaves
 def _same_data(value: object) -> list[object]:
     """``value`` and what it shows, seen through ops that only move elements and through barriers."""
     found = [value]
-    source = _defining_op(value)
-    while source is not None and (source.name in _VIEWS  # type: ignore[attr-defined]
+    source = ir_.defining_op(value)
+    while source is not None and (source.name in ir_.VIEWS  # type: ignore[attr-defined]
                                   or source.name == "stablehlo.optimization_barrier"):  # type: ignore[attr-defined]
         found.append(source.operands[0])  # type: ignore[attr-defined]
-        source = _defining_op(source.operands[0])  # type: ignore[attr-defined]
+        source = ir_.defining_op(source.operands[0])  # type: ignore[attr-defined]
     return found
 
 
@@ -317,7 +272,7 @@ def _computed_from(value: object, sources: list[object]) -> bool:
         seen += 1
         if seen > _DEPENDENCE_LIMIT:
             return False
-        op = _defining_op(current)
+        op = ir_.defining_op(current)
         if op is not None:
             stack.extend(op.operands)  # type: ignore[attr-defined]
     return False
@@ -336,22 +291,22 @@ def _materialize_updates_read_from_the_target(module: object) -> None:
 
     reads: list[tuple[object, int]] = []
     for name, positions in _READ_WHILE_WRITING.items():
-        for op in _ops_named(module, name):
+        for op in ir_.ops_named(module, name):
             count = len(op.operands)  # type: ignore[attr-defined]
             written = _IN_PLACE[name](count)
             sources = [v for p in written for v in _same_data(op.operands[p])]  # type: ignore[attr-defined]
             for position in positions(count):
                 update = op.operands[position]  # type: ignore[attr-defined]
-                if _defining_op(update) is not None and _computed_from(update, sources):
+                if ir_.defining_op(update) is not None and _computed_from(update, sources):
                     reads.append((op, position))
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
         for op, position in reads:
-            _materialize_operand(op, position)
+            ir_.materialize_operand(op, position)
 
 
 def _reads_a_slice(value: object) -> bool:
     """Whether ``value`` is a slice seen through ops that only move elements (a strided view)."""
-    source = _view_source(value)
+    source = ir_.view_source(value)
     return source is not None and source.name == "stablehlo.slice"  # type: ignore[attr-defined]
 
 
@@ -373,27 +328,6 @@ def _vector_operands(dot: object) -> list[int]:
     return vectors
 
 
-def _materialize_converted_grouped_filters(module: object) -> None:
-    """Put an ``optimization_barrier`` between a dtype conversion and the grouped convolution whose
-    filter it computes.
-
-    IREE 3.13 folds the conversion into the depthwise convolution's reshaped filter with the
-    wrong element type ("'tensor.collapse_shape' op expected collapsed type to be
-    'tensor<3x3x8xbf16>', but got 'tensor<3x3x8xf32>'"): a depthwise convolution under bfloat16
-    autocast (its float32 weight rounded to bfloat16 and computed in float32) failed to compile.
-    """
-    from torch_mlir import ir
-
-    with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
-        for conv in _ops_named(module, "stablehlo.convolution"):
-            groups = conv.attributes["feature_group_count"]  # type: ignore[attr-defined]
-            if ir.IntegerAttr(groups).value <= 1:
-                continue
-            source = _view_source(conv.operands[1])  # type: ignore[attr-defined]
-            if source is not None and source.name == "stablehlo.convert":  # type: ignore[attr-defined]
-                _materialize_operand(conv, 1)
-
-
 def _materialize_sliced_operands(module: object) -> None:
     """Put an ``optimization_barrier`` between a slice and the gathers and vector products that read it.
 
@@ -408,13 +342,13 @@ def _materialize_sliced_operands(module: object) -> None:
     """
     from torch_mlir import ir
 
-    reads: list[tuple[object, int]] = [(op, 0) for op in _ops_named(module, "stablehlo.gather")]
-    for dot in _ops_named(module, "stablehlo.dot_general"):
+    reads: list[tuple[object, int]] = [(op, 0) for op in ir_.ops_named(module, "stablehlo.gather")]
+    for dot in ir_.ops_named(module, "stablehlo.dot_general"):
         reads += [(dot, position) for position in _vector_operands(dot)]
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
         for op, position in reads:
             if _reads_a_slice(op.operands[position]):  # type: ignore[attr-defined]
-                _materialize_operand(op, position)
+                ir_.materialize_operand(op, position)
 
 
 def _broadcast_vector(value: object) -> bool:
@@ -424,7 +358,7 @@ def _broadcast_vector(value: object) -> bool:
     weights and probabilities as targets failed to compile)."""
     from torch_mlir import ir
 
-    source = _defining_op(value)
+    source = ir_.defining_op(value)
     if source is None or source.name != "stablehlo.broadcast_in_dim":  # type: ignore[attr-defined]
         return False
     shape = ir.RankedTensorType(source.operands[0].type).shape  # type: ignore[attr-defined]
@@ -443,15 +377,15 @@ def _materialize_broadcast_products_of_full_sums(module: object) -> None:
     from torch_mlir import ir
 
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
-        for reduce in _ops_named(module, "stablehlo.reduce"):
+        for reduce in ir_.ops_named(module, "stablehlo.reduce"):
             operands = reduce.operands  # type: ignore[attr-defined]
             if len(operands) != 2 or ir.RankedTensorType(reduce.results[0].type).rank != 0:  # type: ignore[attr-defined]
                 continue
-            product = _defining_op(operands[0])
+            product = ir_.defining_op(operands[0])
             if product is None or product.name != "stablehlo.multiply":  # type: ignore[attr-defined]
                 continue
             if any(_broadcast_vector(v) for v in product.operands):  # type: ignore[attr-defined]
-                _materialize_operand(reduce, 0)
+                ir_.materialize_operand(reduce, 0)
 
 
 #: Ops whose result of the operand's shape holds its elements elsewhere (or other elements).
@@ -510,7 +444,7 @@ def _materialize_reductions_read_along_two_dims(module: object) -> None:
     from torch_mlir import ir
 
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
-        for reduce in _ops_named(module, "stablehlo.reduce"):
+        for reduce in ir_.ops_named(module, "stablehlo.reduce"):
             for result in reduce.results:  # type: ignore[attr-defined]
                 rank = ir.RankedTensorType(result.type).rank
                 if rank == 0:
@@ -518,7 +452,7 @@ def _materialize_reductions_read_along_two_dims(module: object) -> None:
                 found: set[tuple] = set()
                 _placements(result, tuple(range(rank)), found)
                 if len({placed_rank for placed_rank, _ in found}) < len(found):  # two placements, one rank
-                    barrier = _barrier(result, ir.InsertionPoint.after(reduce))
+                    barrier = ir_.barrier(result, ir.InsertionPoint.after(reduce))
                     result.replace_all_uses_except(barrier.result, barrier)  # type: ignore[attr-defined]
 
 
@@ -539,7 +473,7 @@ def _signed_unsigned_converts(module: object) -> None:
     from torch_mlir import ir
 
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
-        for convert in _ops_named(module, "stablehlo.convert"):
+        for convert in ir_.ops_named(module, "stablehlo.convert"):
             source = convert.operands[0]  # type: ignore[attr-defined]
             kind = str(ir.RankedTensorType(source.type).element_type)
             target_type = ir.RankedTensorType(convert.results[0].type)  # type: ignore[attr-defined]
@@ -550,7 +484,7 @@ def _signed_unsigned_converts(module: object) -> None:
             elif kind in _UNSIGNED and target not in _UNSIGNED:
                 converted = ir.Operation.create("stablehlo.convert", results=[target_type], operands=[source],
                                                 ip=point)
-                replacement = _barrier(converted.result, point)
+                replacement = ir_.barrier(converted.result, point)
             else:
                 continue
             convert.results[0].replace_all_uses_with(replacement.result)  # type: ignore[attr-defined]
