@@ -98,6 +98,36 @@ def test_cpu_input_written_by_the_graph_is_written_back_and_scalars_stay_on_the_
     assert out.device.type == "neuron" and out.cpu().tolist() == [2.0, 4.0, 6.0, 8.0]
 
 
+def test_cpu_inputs_are_copied_under_inference_mode(models, monkeypatch):
+    """A serving loop's ``with torch.inference_mode(): out = compiled(batch)``: the copy of an
+    inference-mode input has no version counter, and reading it raised ("Inference tensors do not
+    track version counter") on the first call. A graph that writes into its input writes back."""
+    monkeypatch.delenv(VARIABLE, raising=False)
+    host, device = models
+    x = torch.randn(5, 4)
+    expected = host(x)
+    compiled = torch.compile(device, backend="neuron")
+    with torch.inference_mode():
+        got = compiled(x)
+        batch = torch.randn(5, 4)  # an inference tensor
+        expected_batch = host(batch)
+        got_batch = compiled(batch)
+    for g, e in zip(got + got_batch, expected + expected_batch, strict=True):
+        torch.testing.assert_close(g.cpu(), e.detach())
+
+    weight = torch.tensor([1.0, 2.0, 3.0, 4.0]).to("neuron")
+
+    def accumulate(total: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        total.add_(w)
+        return total * 2
+
+    with torch.inference_mode():
+        total = torch.zeros(4)
+        out = torch.compile(accumulate, backend="neuron")(total, weight)
+    assert total.tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert out.cpu().tolist() == [2.0, 4.0, 6.0, 8.0]
+
+
 def test_gradient_reaches_a_cpu_input_that_requires_it(models, monkeypatch):
     monkeypatch.delenv(VARIABLE, raising=False)
     host, device = models

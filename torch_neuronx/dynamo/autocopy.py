@@ -179,6 +179,10 @@ def copying_inputs(fn: Callable[..., Any], positions: Sequence[int], index: int)
             t = args[i]
             if t.requires_grad and torch.is_grad_enabled():
                 copy = _ToDevice.apply(t, index)
+            elif torch.is_inference_mode_enabled():
+                # an inference tensor has no version counter to tell whether the graph wrote into it
+                with torch.inference_mode(False):
+                    copy = from_cpu(t, stride=t.stride(), index=index)
             else:
                 copy = from_cpu(t, stride=t.stride(), index=index)
             originals.append((t, copy, copy._version))
