@@ -46,6 +46,17 @@ def _raw_zero_size_gather() -> str:
     return lower._asm(lower.import_raw(gm))
 
 
+def test_a_request_of_zero_rows_through_a_transformer_layer_compiles():
+    """A serving batch of 0 rows: the fast path's attention split its heads with
+    ``view(batch, -1, heads, head_dim)``, whose -1 a batch of 0 leaves undetermined."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True, dropout=0.0).eval()
+    x, padding = torch.randn(0, 5, 8), torch.zeros(0, 5, dtype=torch.bool)
+    with torch.no_grad():
+        got = torch.compile(lambda x, m: layer(x, src_key_padding_mask=m), backend="neuron")(x, padding)
+    assert got.shape == (0, 5, 8)
+
+
 def test_an_aborting_lowering_is_an_error_and_the_next_graph_lowers():
     with pytest.raises(NeuronCompileError, match="lowering process (was killed by SIG|exited)") as info:
         lowering_worker.to_stablehlo(_raw_zero_size_gather())

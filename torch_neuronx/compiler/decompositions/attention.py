@@ -60,7 +60,7 @@ def _additive_mask(mask: torch.Tensor | None, mask_type: int | None, batch: int,
     else:
         mask = mask.to(dtype)
     if mask_type == 1:  # key padding mask (B, S)
-        return mask.view(batch, 1, 1, -1)
+        return mask.view(batch, 1, 1, mask.shape[-1])
     return mask  # (L, S) or (B, H, L, S): broadcasts
 
 
@@ -71,7 +71,7 @@ def _packed_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: 
     head_dim = embed // heads
 
     def split(t: torch.Tensor) -> torch.Tensor:
-        return t.view(batch, -1, heads, head_dim).transpose(1, 2)
+        return t.view(batch, t.shape[1], heads, head_dim).transpose(1, 2)
 
     scores = split(q) @ split(k).transpose(-2, -1) * (head_dim ** -0.5)
     if bias is not None:
