@@ -162,6 +162,23 @@ def test_a_cpu_operand_beside_neuron_tensors_is_torchs_device_error(fn):
     assert torch.equal(x.cpu(), torch.ones(3))
 
 
+def test_composites_reaching_the_device_whole_check_devices_as_their_decompositions_do():
+    """Under ``inference_mode`` composite ops reach the device whole: ``cpu_x @ neuron_w`` and
+    ``F.linear(cpu_x, neuron_w)`` ran on neuron where ``no_grad`` (and CUDA) refuse them. They run as
+    torch's decomposition, whose ops check: packing a sequence still takes its lengths on the CPU."""
+    x, w = torch.randn(2, 4), torch.randn(3, 4, device="neuron")
+    with torch.inference_mode():
+        for fn in (lambda: x @ w.t(), lambda: torch.nn.functional.linear(x, w),
+                   lambda: torch.einsum("ij,kj->ik", x, w)):
+            with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+                fn()
+        padded = torch.randn(3, 2, 4)
+        packed = torch.nn.utils.rnn.pack_padded_sequence(padded.to("neuron"), torch.tensor([3, 2]))
+        expected = torch.nn.utils.rnn.pack_padded_sequence(padded, torch.tensor([3, 2]))
+        torch.testing.assert_close(packed.data.cpu(), expected.data)
+        torch.testing.assert_close((x.to("neuron") @ w.t()).cpu(), x @ w.cpu().t())
+
+
 def test_a_host_tensor_indexed_by_neuron_indices_is_torchs_device_error():
     """``cpu_tensor[neuron_mask]`` returned a neuron tensor (CUDA refuses device indices of a host tensor)."""
     host, device = torch.arange(6.0), torch.arange(6.0, device="neuron")

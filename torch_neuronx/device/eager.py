@@ -208,6 +208,10 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
     if plan is not None:  # a call seen before: its route is known (device/launch.py)
         return plan(args, kwargs)
     given = args, kwargs  # what a fallback runs on
+    if placement.composite_with_host_operand(func, args, kwargs):
+        decomposed = func.decompose(*args, **kwargs)
+        if decomposed is not NotImplemented:
+            return decomposed
     placement.check(func, args, kwargs)
     shape_checks.check(func, args, kwargs)
     if func in masks.INDEX_PUTS and masks.has_mask(args):  # x[mask] = values

@@ -19,7 +19,7 @@ import torch.utils._pytree as pytree
 
 from torch_neuronx.runtime.tensor import NeuronTensor
 
-__all__ = ["check"]
+__all__ = ["check", "composite_with_host_operand"]
 
 # Ops whose non-0-d CPU operands CUDA takes: indices of indexing, sources of copies.
 _ACCEPTING = frozenset((
@@ -35,6 +35,22 @@ _CHECKED_COMPOSITES = frozenset(("embedding", "stack", "hstack", "vstack", "allc
 # (whose 0-d operands become rows of a ``cat``: no scalars there)
 _STACKS = frozenset((torch.ops.aten.stack.default, torch.ops.aten.hstack.default, torch.ops.aten.vstack.default))
 _INDEXING = frozenset(("index", "_unsafe_index", "index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put"))
+
+
+def composite_with_host_operand(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """Whether ``func`` is a composite op (one the eager device would run as a kernel of its own)
+    given a host tensor that is not a scalar: it then runs as torch's decomposition, whose ops
+    check devices as CUDA's do. (Composites reach the device whole under ``inference_mode``, where
+    ``cpu_x @ neuron_w`` ran on neuron; ``_pack_padded_sequence``'s CPU lengths still work.)"""
+    if func.name().split("::")[-1] in _ACCEPTING or not _accepts_host_tensors(func):
+        return False
+    leaves = pytree.tree_leaves((list(args), kwargs))
+    return any(_host_operand(leaf) for leaf in leaves) and any(isinstance(leaf, NeuronTensor) for leaf in leaves)
+
+
+def _host_operand(leaf: Any) -> bool:
+    return (isinstance(leaf, torch.Tensor) and not isinstance(leaf, NeuronTensor) and leaf.dim() > 0
+            and leaf.device.type == "cpu")
 
 
 def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
