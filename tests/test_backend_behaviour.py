@@ -118,6 +118,26 @@ def test_unlowerable_op_raises_with_stage_op_and_artifacts(debug_dir, monkeypatc
 
 
 
+def test_a_graph_eager_refuses_too_says_so_first(monkeypatch):
+    """A float64 batch (numpy's default) into a float32 model: torch-mlir's "matmul: input
+    datatypes mismatched" read as a backend limit, with a hint to fall back. The error now leads
+    with eager PyTorch's own ("mat1 and mat2 must have the same dtype") and drops the hint; an
+    op eager runs (the opaque op above) keeps the hint and names no eager error."""
+    monkeypatch.delenv("TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION", raising=False)
+    model = torch.nn.Linear(4, 2)
+    with pytest.raises(Exception) as info, torch.no_grad():
+        torch.compile(model, backend="neuron")(torch.ones(3, 4, dtype=torch.float64))
+    err = info.value
+    while not isinstance(err, NeuronCompileError) and err is not None:
+        err = getattr(err, "inner_exception", None) or err.__cause__
+    assert isinstance(err, NeuronCompileError) and err.stage in ("import", "lowering")
+    assert "eager PyTorch refuses this graph too: RuntimeError: mat1 and mat2 must have the same dtype" in str(err)
+    assert "fallback_execution" not in str(err)
+    with pytest.raises(Exception) as info:
+        _run(uses_opaque, torch.randn(4))
+    assert "eager PyTorch refuses" not in str(info.value) and "fallback_execution" in str(info.value)
+
+
 def test_a_higher_order_op_the_importer_cannot_follow_is_named(monkeypatch):
     """flex_attention with a score_mod failed with "torch-mlir could not import the FX graph:
     KeyError: 140188980966160", naming nothing the user wrote."""

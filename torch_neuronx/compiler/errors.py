@@ -26,18 +26,22 @@ class NeuronCompileError(RuntimeError):
         assert stage in STAGES, stage
         super().__init__(detail)
         self.stage, self.detail, self.op, self.artifacts, self.graph = stage, detail, op, artifacts, graph
+        #: eager PyTorch's own error for the graph, when it raises one too (the program's bug, not ours)
+        self.eager_error: str | None = None
 
     def __str__(self) -> str:
         head = f"neuron backend: {self.stage} stage failed"
         if self.graph:
             head += f" for graph {self.graph!r}"
         parts = [head]
+        if self.eager_error:
+            parts.append(f"eager PyTorch refuses this graph too: {self.eager_error}")
         if self.op:
             parts.append(f"op: {self.op}")
         parts.append(self.detail.strip())
         if self.artifacts:
             parts.append(f"artifacts kept at: {self.artifacts}")
-        if self.stage != "execute":
+        if self.stage != "execute" and not self.eager_error:
             parts.append("set TORCH_NEURONX_DISABLE_FALLBACK_EXECUTION=0 (or CompileOptions("
                          "fallback_execution=True)) to run such graphs eagerly instead")
         return "\n  ".join(parts)

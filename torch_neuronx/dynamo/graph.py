@@ -92,6 +92,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                 # refuses falls back like any failed compile, and leaves no plan to warm-start from.
                 compiled.load()
         except NeuronCompileError as err:
+            if err.stage in ("import", "lowering"):
+                err.eager_error = _eager_refusal(gm, example_inputs)
             if not options.fallback:
                 raise
             fallback.warn(err)
@@ -102,3 +104,27 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         if compile_only_enabled():
             artifacts.release()
         return compiled
+
+
+#: The most elements :func:`_eager_refusal` makes inputs of (a check, not a second run of a big model).
+_EAGER_CHECK_ELEMENTS = 1 << 24
+
+
+def _eager_refusal(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> str | None:
+    """Eager PyTorch's error for ``gm`` run on zeros of its inputs' shapes and dtypes, if it raises
+    one: a graph torch-mlir cannot lower because the program is wrong (``float64_input @
+    float32_weight``: "mat1 and mat2 must have the same dtype") then says so."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    if any(not isinstance(n, int) for t in tensors for n in t.shape) \
+            or sum(t.numel() for t in tensors) > _EAGER_CHECK_ELEMENTS \
+            or any(isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool) for a in example_inputs):
+        return None
+    with unset_fake_temporarily(), torch.no_grad():
+        inputs = [torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in example_inputs]
+        try:
+            gm(*inputs)
+        except (RuntimeError, TypeError, ValueError, IndexError) as exc:
+            return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return None
