@@ -380,10 +380,28 @@ def hypot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def ldexp(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """``aten.ldexp`` as ATen's composite, ``x * 2.0 ** other`` (the power in float32, exact for
-    integer exponents): torch-mlir's lowering took ``2 ** other`` in ``x``'s dtype from an
-    approximate exp2 (float16 ``ldexp(1.0996, 3)`` gave 8.8047 for 8.7969)."""
-    return torch.mul(x, torch.pow(2.0, other))
+    """``aten.ldexp`` as torch computes it: ``x * 2 ** other``, exact for integer exponents.
+
+    The powers of two are built from their bits and applied in up to three steps (each within the
+    compute dtype's exponent range), so only the last multiplication rounds. IREE's ``pow`` and
+    ``exp2`` of integers are approximations (``2.0 ** 3`` was 8 - 2e-15 in float64), and one power
+    in float32 overflowed where the product does not: float64 ``ldexp(1, 1023)`` was inf, float32
+    ``ldexp(1e-30, 150)`` inf, ``ldexp(1, -1074)`` 0. Floating exponents keep ATen's float32 power.
+    """
+    if other.is_floating_point() or other.is_complex() or x.is_complex():
+        return torch.mul(x, torch.pow(2.0, other))
+    out_dtype = x.dtype if x.is_floating_point() else torch.get_default_dtype()
+    compute, bits, bias = (torch.float64, torch.int64, 1023) if out_dtype == torch.float64 \
+        else (torch.float32, torch.int32, 127)
+    limit = bias - 1  # a power of 2 ** limit or 2 ** -limit is a normal number
+    result = x.to(compute)
+    left = other.to(torch.int64).clamp(-3 * limit, 3 * limit)
+    for _ in range(3):
+        step = left.clamp(-limit, limit)
+        power = ((step.to(bits) + bias) << (52 if compute == torch.float64 else 23)).view(compute)
+        result = result * power
+        left = left - step
+    return result.to(out_dtype)
 
 
 def round_decimals(x: torch.Tensor, *, decimals: int = 0) -> torch.Tensor:
