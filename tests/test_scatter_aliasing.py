@@ -203,3 +203,23 @@ def test_a_scatter_of_values_read_from_its_own_target_matches_eager(fn: Callable
     torch.testing.assert_close(torch.compile(fn, backend="neuron")(x), fn(x))
     rows = torch.arange(12.0).reshape(4, 3)
     torch.testing.assert_close(torch.compile(_shift, backend="neuron")(rows), _shift(rows))
+
+
+def _own_elements(x: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = x * 10
+    mask = y.cumsum(1) > 60  # HF's top-p filter: remove.scatter(1, sorted_indices, remove)
+    return (y.scatter(1, index, y), y.scatter(1, index, y.clone()), y.scatter_add(1, index, y),
+            y.index_copy(1, index[0], y), y.index_add(1, index[0], y.neg().neg()),
+            y.scatter(1, index, y.view(torch.int32).view(torch.float32)), mask.scatter(1, index, mask))
+
+
+def test_a_scatter_of_its_targets_own_elements_computed_in_the_graph_matches_eager() -> None:
+    """``y.scatter(1, index, y)`` of a ``y`` computed in the graph: IREE folded the updates (an
+    identity slice, a clone, a bitcast pair, a double negation) into ``y``'s buffer, which the
+    scatter overwrote as it read it: [20, 30, 10, 10] for [20, 30, 40, 10], and transformers'
+    top-p filter masked every token."""
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]])
+    index = torch.tensor([[3, 0, 1, 2], [3, 0, 1, 2]])
+    for got, expected in zip(torch.compile(_own_elements, backend="neuron")(x, index), _own_elements(x, index),
+                             strict=True):
+        assert torch.equal(got, expected), (got, expected)

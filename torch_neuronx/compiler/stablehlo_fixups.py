@@ -286,10 +286,14 @@ def _materialize_updates_read_from_the_target(module: object) -> None:
     has already overwritten: the shift gave ``[1, 1, 1, 1, 1]`` for ``[1, 1, 2, 3, 4]``, and so did
     ``slice_scatter``, ``index_copy``, ``index_put``, ``scatter_add`` and ``index_add`` of a slice of
     their own input. Behind a barrier, the updates are a tensor of their own, computed first.
+    Updates that IREE folds into the target's own elements (``y.scatter(1, index, y)``, HF's top-p
+    filter ``remove.scatter(1, sorted_indices, remove)``: every token masked; an identity slice, a
+    bitcast pair, a double negation) named its buffer, and a barrier copies nothing: the updates
+    are copied first.
     """
     from torch_mlir import ir
 
-    reads: list[tuple[object, int]] = []
+    reads: list[tuple[object, int, bool]] = []
     for name, positions in _READ_WHILE_WRITING.items():
         for op in ir_.ops_named(module, name):
             count = len(op.operands)  # type: ignore[attr-defined]
@@ -301,7 +305,26 @@ def _materialize_updates_read_from_the_target(module: object) -> None:
                     reads.append((op, position))
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
         for op, position in reads:
+            _copy_operand(op, position)
             ir_.materialize_operand(op, position)
+
+
+def _copy_operand(op: object, position: int) -> None:
+    """Make ``op`` read its operand ``position`` as a copy of its own: reversed twice along a
+    dimension of more than one element, which IREE 3.13 computes as a dispatch of its own (it folds
+    a double negation, a bitcast pair and an identity slice into nothing)."""
+    from torch_mlir import ir
+
+    value = op.operands[position]  # type: ignore[attr-defined]
+    shape = ir.RankedTensorType(value.type).shape
+    dims = [d for d, size in enumerate(shape) if size != 1][:1]
+    if not dims:  # one element: read before it is written
+        return
+    point = ir.InsertionPoint(op)
+    for _ in range(2):
+        value = ir.Operation.create("stablehlo.reverse", results=[value.type], operands=[value],
+                                    attributes={"dimensions": ir.DenseI64ArrayAttr.get(dims)}, ip=point).result
+    op.operands[position] = value  # type: ignore[attr-defined]
 
 
 def _reads_a_slice(value: object) -> bool:
