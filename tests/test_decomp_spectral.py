@@ -102,6 +102,14 @@ def test_float64_tables_are_accurate():
     z = _c(2, 96, dtype=C128)
     torch.testing.assert_close(spectral.fft_c2c(z, [1], 0, True), aten._fft_c2c(z, [1], 0, True),
                                rtol=1e-12, atol=1e-12)
+    # an inverse real transform's scale not exact in float32 (1/100, 1/sqrt(8)): its weights were
+    # float32, and float64 irfft was 1e-7 off
+    half = _c(2, 51, dtype=C128)
+    for normalization in (0, 1, 2):
+        torch.testing.assert_close(spectral.fft_c2r(half, [1], normalization, 100),
+                                   aten._fft_c2r(half, [1], normalization, 100), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(spectral.fft_c2r(half[:, :5], [1], 2, 8), aten._fft_c2r(half[:, :5], [1], 2, 8),
+                               rtol=1e-12, atol=1e-12)
 
 
 # -- aot_autograd graphs through complex_to_real, run eagerly -------------------------------------

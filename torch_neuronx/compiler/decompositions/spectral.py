@@ -92,7 +92,7 @@ def _c2r_matrix(m: int, n: int, scale: float) -> torch.Tensor:
     """
     cos, sin = _cos_sin(m, n, n)
     k = torch.arange(m, dtype=torch.int64).unsqueeze(1)
-    weight = torch.where((k == 0) | (2 * k == n), 1.0, torch.where(2 * k < n, 2.0, 0.0)) * scale
+    weight = torch.where((k == 0) | (2 * k == n), 1.0, torch.where(2 * k < n, 2.0, 0.0)).to(torch.float64) * scale
     return torch.stack([cos * weight, -sin * weight], 1).reshape(2 * m, n)
 
 
