@@ -154,6 +154,7 @@ def test_volumetric_grid_sample_backward_runs_on_the_eager_device():
                                x, grid)
 
 
+@pytest.mark.slow  # CI time: the padding-mode sweep covers gradients
 def test_grid_points_on_pixels_and_edges_get_eagers_gradients():
     """An identity ``affine_grid`` puts grid points exactly on pixels and edges, where the
     gradient is one-sided: which side, and the clamp's gradient on the edge (0 in torch's kernels,
@@ -196,6 +197,7 @@ def _non_finite_grid(dims: int, huge: float = 1e30) -> torch.Tensor:
     return points.view(1, *[len(values)] * dims, dims)
 
 
+@pytest.mark.slow  # CI time: the padding-mode sweep covers grid_sample
 def test_grid_sample_of_non_finite_coordinates_matches_the_cpu_kernels():
     """A NaN or infinite grid point (a diverging spatial transformer) gives what torch's CPU kernels
     give: NaN with zeros padding in 2-d, the clamped edge pixel with border and reflection (0 in 2-d,

@@ -107,6 +107,7 @@ def test_float32_eight_by_eight_pivoting_batched():
     _check({"n8_pivoting_batched": _matrices(8, (2, 2), dtype, g, pivoting=True)}, dtype)
 
 
+@pytest.mark.slow  # CI time: float32 sizes cover the factorizations
 def test_float64_pivoting_and_negative_determinant():
     g = torch.Generator().manual_seed(2)
     dtype = torch.float64

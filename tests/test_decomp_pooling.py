@@ -90,6 +90,7 @@ def test_pooling_ops_are_in_the_table():
         assert decompositions[op] is max_pool_backward.DECOMPOSITIONS[op], op  # no scatter
 
 
+@pytest.mark.slow  # CI time: 2-d max pooling covers these cases
 def test_max_pool3d_matches_eager_with_ties_nan_padding_dilation_and_ceil_mode():
     """Values, torch's indices (first maximum, last NaN, first element of an all -inf window)
     and gradients scattered to them, overlapping windows accumulating."""

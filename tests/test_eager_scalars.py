@@ -95,7 +95,8 @@ def _per_tensor_optimizers():
     }
 
 
-@pytest.mark.parametrize("name", list(_per_tensor_optimizers()))
+@pytest.mark.parametrize("name", [  # (CI time: float32's Adam and AdamW stay in the fast suite)
+    pytest.param(n, marks=pytest.mark.slow) if n == "adam" else n for n in _per_tensor_optimizers()])
 def test_half_precision_training_loops_stop_compiling_after_their_first_steps(name):
     """float16/bfloat16 numbers were constants of their kernels: a per-tensor optimizer's bias
     corrections, a scheduled learning rate or a warming EMA's decay compiled kernels every step.

@@ -138,7 +138,7 @@ def test_compiled_steps_of_several_groups_on_the_device_keep_every_groups_step(f
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("layers", [5, 40])
+@pytest.mark.parametrize("layers", [5, pytest.param(40, marks=pytest.mark.slow)])  # (40: CI time)
 def test_a_compiled_step_over_many_parameters_loads_and_matches_eager(layers):
     """IREE put every one-element op of a graph into one dispatch, whatever their number: the
     per-parameter bias corrections of foreach AdamW and the norm of each gradient in
