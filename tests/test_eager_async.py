@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import torch_neuronx  # noqa: F401
-from torch_neuronx.device import eager
+from torch_neuronx.device import choice, eager
 from torch_neuronx.runtime import streams
 from torch_neuronx.runtime.errors import NeuronRuntimeError
 from torch_neuronx.runtime.tensor import NeuronTensor, PoisonedTensorError
@@ -121,6 +121,9 @@ def _failing_kernel(key_op: str, shape: tuple, monkeypatch) -> None:
         compiled=Failing(), out_spec=kernel.out_spec, metas=kernel.metas, name=kernel.name,
         shapes=kernel.shapes, dtypes=kernel.dtypes, orders=kernel.orders, copies=kernel.copies))
     monkeypatch.setenv("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "1")
+    # a shape served by its family's dynamic kernel for 2 s gets its own kernel, not the failing one
+    # (a loaded machine's full run took that long between the warm-up and the failing call)
+    monkeypatch.setattr(choice, "PROMOTE_AFTER_S", float("inf"))
 
 
 def test_a_failed_queued_op_surfaces_at_the_next_synchronization_and_poisons_what_it_wrote(monkeypatch):
