@@ -287,3 +287,18 @@ def test_ldexp_of_integer_exponents_is_exact():
     for got in (every(*[t.to("neuron") for t in flat]), torch.compile(every, backend="neuron")(*flat)):
         for g, e in zip(got, expected, strict=True):
             assert g.dtype == e.dtype and torch.equal(g.cpu(), e), (g, e)
+
+
+def test_logit_backward_of_nan_and_out_of_range_inputs_is_torchs():
+    """torch's decomposition of logit's backward gave a NaN input a gradient of 0 (its CPU kernel:
+    NaN): a NaN reaching ``logit(p, eps)`` vanished from the gradients. Eager device, with and
+    without eps, float32 and bfloat16."""
+    values = [-0.5, 0.0, 0.005, 0.5, 0.999, 1.0, 1.5, float("nan")]
+    for dtype in (torch.float32, torch.bfloat16):
+        for eps in (None, 0.01):
+            grads = []
+            for device in ("cpu", "neuron"):
+                x = torch.tensor(values, dtype=dtype, device=device).requires_grad_()
+                torch.logit(x, eps).sum().backward()
+                grads.append(x.grad.cpu())
+            torch.testing.assert_close(grads[1], grads[0], equal_nan=True)

@@ -404,6 +404,15 @@ def ldexp(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return result.to(out_dtype)
 
 
+def logit_backward(grad: torch.Tensor, x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
+    """``aten.logit_backward`` as torch's CPU kernel: 0 outside ``[eps, 1 - eps]``, NaN outside
+    ``[0, 1]`` without eps, ``grad / (x (1 - x))`` elsewhere, and NaN for a NaN ``x`` (torch's
+    decomposition tests inside the range, and gave a NaN input a gradient of 0)."""
+    lo, hi = (0.0, 1.0) if eps is None else (eps, 1.0 - eps)
+    outside = 0.0 if eps is not None else float("nan")
+    return torch.where((x < lo) | (x > hi), outside, grad / (x * (1.0 - x)))
+
+
 def round_decimals(x: torch.Tensor, *, decimals: int = 0) -> torch.Tensor:
     """``aten.round.decimals`` as torch's CPU kernel computes it: in float32 for float16 and
     bfloat16 (scaled in float16, ``round(1000.25, decimals=2)`` overflowed to inf), dividing by the
@@ -442,6 +451,7 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.round.decimals: round_decimals,
     aten.erf.default: in_default_float(aten.erf.default),
     aten.ldexp.Tensor: ldexp,
+    aten.logit_backward.default: logit_backward,
     aten.remainder.Tensor: remainder,
     aten.remainder.Scalar: remainder_scalar,
     aten.div.Tensor_mode: div_mode,
