@@ -302,3 +302,19 @@ def test_logit_backward_of_nan_and_out_of_range_inputs_is_torchs():
                 torch.logit(x, eps).sum().backward()
                 grads.append(x.grad.cpu())
             torch.testing.assert_close(grads[1], grads[0], equal_nan=True)
+
+
+def test_copysign_by_a_number_runs_on_the_device_with_torchs_signs():
+    """``copysign(t, -1.0)`` (a number as the sign) failed to lower: compiled it raised, eager ran
+    on the CPU with a warning. Signed zeros, NaN and integers promoted to float."""
+    import warnings
+
+    x = torch.tensor([1.5, -2.0, 0.0, -0.0, float("nan"), float("-inf")])
+    for other in (-1.0, 2, -0.0):
+        expected = torch.copysign(x, other)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            got = torch.copysign(x.to("neuron"), other).cpu()
+        assert torch.equal(got.signbit(), expected.signbit()) and torch.allclose(got, expected, equal_nan=True)
+    ints = torch.tensor([3, -4])
+    assert torch.equal(torch.copysign(ints.to("neuron"), -1.0).cpu(), torch.copysign(ints, -1.0))

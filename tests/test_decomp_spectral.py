@@ -229,3 +229,14 @@ def test_compiled_float64_transforms():
 
     x, z = _r(3, 64, dtype=torch.float64), _c(3, 33, dtype=C128)
     _assert_close(_compiled(fn)(x, z), fn(x, z), rtol=1e-10, atol=1e-10)
+
+
+def test_fftfreq_and_rfftfreq_compile_to_atens_values():
+    """A spectral derivative's ``fftfreq`` failed to lower (torch-mlir has no lowering of the factory)."""
+    def frequencies(x):
+        return (torch.fft.fftfreq(7, 0.1) * x, torch.fft.rfftfreq(100, 1e-3, dtype=torch.float64),
+                torch.fft.fftfreq(8, dtype=torch.float64))
+
+    x = torch.tensor(2.0)
+    for got, expected in zip(_compiled(frequencies)(x), frequencies(x), strict=True):
+        assert torch.equal(got, expected), (got, expected)

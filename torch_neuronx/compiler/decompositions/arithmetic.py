@@ -413,6 +413,16 @@ def logit_backward(grad: torch.Tensor, x: torch.Tensor, eps: float | None = None
     return torch.where((x < lo) | (x > hi), outside, grad / (x * (1.0 - x)))
 
 
+def copysign_scalar(x: torch.Tensor, other: float) -> torch.Tensor:
+    """``aten.copysign.Scalar`` (a number as the sign; torch-mlir lowers only the tensor form):
+    ``|x|`` or ``-|x|`` by the number's sign bit, integers promoted as torch promotes them."""
+    if x.is_complex() or isinstance(other, complex):
+        return NotImplemented
+    if not x.is_floating_point():
+        x = x.to(torch.get_default_dtype())
+    return torch.neg(x.abs()) if math.copysign(1.0, float(other)) < 0 else x.abs()
+
+
 def round_decimals(x: torch.Tensor, *, decimals: int = 0) -> torch.Tensor:
     """``aten.round.decimals`` as torch's CPU kernel computes it: in float32 for float16 and
     bfloat16 (scaled in float16, ``round(1000.25, decimals=2)`` overflowed to inf), dividing by the
@@ -452,6 +462,7 @@ DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.erf.default: in_default_float(aten.erf.default),
     aten.ldexp.Tensor: ldexp,
     aten.logit_backward.default: logit_backward,
+    aten.copysign.Scalar: copysign_scalar,
     aten.remainder.Tensor: remainder,
     aten.remainder.Scalar: remainder_scalar,
     aten.div.Tensor_mode: div_mode,

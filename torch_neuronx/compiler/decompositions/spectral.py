@@ -177,9 +177,24 @@ def fft_c2r(self: torch.Tensor, dim: Sequence[int], normalization: int, last_dim
     return torch.movedim(out, -1, last)
 
 
+def fftfreq(n: int, d: float = 1.0, *, dtype=None, layout=None, device=None, pin_memory=None) -> torch.Tensor:
+    """``aten.fft_fftfreq`` as ATen computes it: ``arange(n)``, its upper half less ``n``, times
+    ``1 / (n d)`` (torch-mlir has no lowering of the factory)."""
+    steps = torch.arange(n, dtype=dtype, device=device)
+    steps = torch.where(torch.arange(n, device=device) >= (n + 1) // 2, steps - n, steps)
+    return steps * (1.0 / (n * d))
+
+
+def rfftfreq(n: int, d: float = 1.0, *, dtype=None, layout=None, device=None, pin_memory=None) -> torch.Tensor:
+    """``aten.fft_rfftfreq`` as ATen computes it: ``arange(n // 2 + 1) * (1 / (n d))``."""
+    return torch.arange(n // 2 + 1, dtype=dtype, device=device) * (1.0 / (n * d))
+
+
 #: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten._fft_c2c.default: fft_c2c,
     aten._fft_r2c.default: fft_r2c,
     aten._fft_c2r.default: fft_c2r,
+    aten.fft_fftfreq.default: fftfreq,
+    aten.fft_rfftfreq.default: rfftfreq,
 }
