@@ -418,3 +418,18 @@ def test_dlpack_exports_a_host_copy_or_refuses():
     with pytest.raises(BufferError, match="no DLPack export"):
         n.__dlpack__()
     assert torch.equal(from_dlpack(n.__dlpack__(dl_device=(1, 0))), torch.arange(6.0))
+
+
+def test_a_kernel_compile_failure_warns_with_the_compilers_error_line():
+    """The CPU-fallback warning of an op whose kernel failed to compile ended at "iree exited with
+    status 1:", leaving out why (only TORCH_NEURONX_LOG_LEVEL=3 showed it)."""
+    from torch_neuronx.compiler.errors import NeuronCompileError
+    from torch_neuronx.device import kernels
+
+    err = NeuronCompileError("compile", "iree exited with status 1:\n  module.mlir:3:5: note: called from\n"
+                             "  module.mlir:9:10: error: undefined symbol: __truncsfbf2\n", graph="eager_nll_loss")
+    assert kernels._first_reason(err) == ("compile stage failed for graph 'eager_nll_loss': iree exited with "
+                                          "status 1: module.mlir:9:10: error: undefined symbol: __truncsfbf2")
+    err = NeuronCompileError("lowering", "torch-mlir could not lower: failed to legalize", graph="g")
+    assert kernels._first_reason(err) == ("lowering stage failed for graph 'g': "
+                                          "torch-mlir could not lower: failed to legalize")

@@ -74,8 +74,13 @@ def _first_reason(exc: BaseException) -> str:
     names the stage and graph)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     if len(lines) > 1 and lines[0].startswith("neuron backend:"):
-        return f"{lines[0].split(': ', 1)[-1]}: {lines[1]}"
+        reason = lines[1]
+        if reason.endswith(":"):  # "iree exited with status 1:" says why on a later line
+            reason += " " + next((line for line in lines[2:] if "error" in line.lower()), lines[2] if lines[2:] else "")
+        return f"{lines[0].split(': ', 1)[-1]}: {reason.strip()}"
     return lines[0] if lines else type(exc).__name__
+
+
 STATIC = object()  # a dynamic key whose op needs a kernel per shape
 STATIC_ENTRY = "static"  # the HLO cache entry of such a key
 
