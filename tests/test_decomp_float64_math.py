@@ -227,3 +227,16 @@ def test_elu_selu_and_celu_of_small_negative_float32_and_half_arguments_keep_the
         x = torch.tensor([-1e-4, -1e-6, -1e-8, -3.0, 2.0, 0.0, -0.0, float("nan")], dtype=dtype)
         for fn in functions:
             torch.testing.assert_close(fn(x.to("neuron")).cpu(), fn(x), rtol=rtol, atol=0, equal_nan=True)
+
+
+def test_float32_tanh_saturates_where_torchs_does():
+    """IREE's float32 tanh was exactly +-1 from |x| = 8 (torch's from 9.01, 2 ulp off before): a
+    SAC policy's ``TanhTransform().log_prob`` was NaN. Now within an ulp, signed zeros, NaN and
+    infinities as torch's; half types through float32."""
+    x = torch.cat([torch.linspace(-12, 12, 4801), torch.tensor([0.0, -0.0, 1e-30, -1e-8, float("nan"),
+                                                                 float("inf"), -float("inf")])])
+    expected, got = torch.tanh(x), torch.tanh(x.to("neuron")).cpu()
+    torch.testing.assert_close(got, expected, rtol=0, atol=6e-8, equal_nan=True)
+    assert torch.equal(got.abs() == 1, expected.abs() == 1) and torch.equal(got.signbit(), expected.signbit())
+    for dtype in (torch.float16, torch.bfloat16):
+        torch.testing.assert_close(torch.tanh(x.to(dtype).to("neuron")).cpu(), torch.tanh(x.to(dtype)), equal_nan=True)

@@ -26,7 +26,8 @@ IREE's special values.
   j DP4``, the first three products exact while ``j < 2**30``), then Cephes'
   polynomials (sin, cos) or rational (tan) on ``[-pi/4, pi/4]``, chosen and
   signed by the octant.
-- ``tanh``: Cephes' rational below 0.625, ``1 - 2 / (exp(2|x|) + 1)`` above.
+- ``tanh``: Cephes' rational below 0.625 (tanhf.c's polynomial in float32, where IREE's own
+  saturated at |x| = 8), ``1 - 2 / (exp(2|x|) + 1)`` above.
 - ``atan``: Cephes' reduction to ``[0, 0.66]`` (``-1/|x|`` past tan(3 pi/8),
   ``(|x| - 1) / (|x| + 1)`` past 0.66) and its rational; the offsets pi/2 and
   pi/4 carried in two parts.
@@ -100,6 +101,7 @@ _TAN_Q = (1.36812963470692954678e4, -1.32089234440210967447e6, 2.500838018233579
 _TANH_P = (-9.64399179425052238628e-1, -9.92877231001918586564e1, -1.61468768441708447952e3)
 _TANH_Q = (1.12811678491632931402e2, 2.23548839060100448583e3, 4.84406305325125486048e3)
 _TANH_SPLIT = 0.625
+_TANHF_P = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1)
 
 #: atan(z) = z + z^3 P(z^2) / Q(z^2) for 0 <= z <= 0.66 (Q monic).
 _ATAN_P = (-8.750608600031904122785e-1, -1.615753718733365076637e1, -7.500855792314704667340e1,
@@ -290,14 +292,19 @@ def tan(x: torch.Tensor) -> torch.Tensor:
     return _nan_unless_finite(x, result)
 
 
-@_float64_only
+@_float64_or_float32
 def tanh(x: torch.Tensor) -> torch.Tensor:
-    """``aten.tanh`` (float64): Cephes' tanh.c, a rational below 0.625, else
-    ``1 - 2 / (exp(2|x|) + 1)`` (exactly 1 once exp overflows)."""
+    """``aten.tanh``: Cephes' tanh.c (float64, a rational below 0.625) or tanhf.c (float32, a
+    polynomial there), else ``1 - 2 / (exp(2|x|) + 1)`` (exactly 1 once exp overflows). IREE's
+    float32 tanh was exactly +-1 from |x| = 8 (torch's from 9.01): a tanh-squashed Gaussian's
+    ``log_prob(tanh(u))`` was NaN, ``log(1 - tanh(u) ** 2)`` -inf."""
     a = x.abs()
     small_a = torch.clamp(a, max=_TANH_SPLIT)
     zz = small_a * small_a
-    small = small_a + small_a * (zz * polevl(zz, _TANH_P) / p1evl(zz, _TANH_Q))
+    if x.dtype == torch.float32:
+        small = small_a + small_a * (zz * polevl(zz, _TANHF_P))
+    else:
+        small = small_a + small_a * (zz * polevl(zz, _TANH_P) / p1evl(zz, _TANH_Q))
     large = -2.0 / (torch.exp(2.0 * a) + 1.0) + 1.0
     return torch.where(a < _TANH_SPLIT, small, large) * _sign_of(x)
 
