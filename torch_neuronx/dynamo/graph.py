@@ -117,14 +117,16 @@ def _eager_refusal(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> s
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
-    if any(not isinstance(n, int) for t in tensors for n in t.shape) \
+    if collectives.present(gm) or any(not isinstance(n, int) for t in tensors for n in t.shape) \
             or sum(t.numel() for t in tensors) > _EAGER_CHECK_ELEMENTS \
             or any(isinstance(a, torch.SymInt | torch.SymFloat | torch.SymBool) for a in example_inputs):
         return None
-    with unset_fake_temporarily(), torch.no_grad():
+    # (no peers to meet: a graph with collectives is not run; the host generator is left as it was)
+    with unset_fake_temporarily(), torch.no_grad(), torch.random.fork_rng(devices=[]):
         inputs = [torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in example_inputs]
         try:
             gm(*inputs)
-        except (RuntimeError, TypeError, ValueError, IndexError) as exc:
-            return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        except Exception as exc:  # noqa: BLE001 - only torch's own kinds of refusal are reported
+            if isinstance(exc, RuntimeError | TypeError | ValueError | IndexError) and str(exc):
+                return f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
     return None
