@@ -119,5 +119,3 @@ def _materialize_converted_grouped_filters(module: object) -> None:
             source = ir_.view_source(conv.operands[1])  # type: ignore[attr-defined]
             if source is not None and source.name == "stablehlo.convert":  # type: ignore[attr-defined]
                 ir_.materialize_operand(conv, 1)
-
-

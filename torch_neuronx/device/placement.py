@@ -48,9 +48,10 @@ def composite_with_host_operand(func: Any, args: Sequence[Any], kwargs: dict[str
     return any(_host_operand(leaf) for leaf in leaves) and any(isinstance(leaf, NeuronTensor) for leaf in leaves)
 
 
-def _host_operand(leaf: Any) -> bool:
-    return (isinstance(leaf, torch.Tensor) and not isinstance(leaf, NeuronTensor) and leaf.dim() > 0
-            and leaf.device.type == "cpu")
+def _host_operand(leaf: Any, scalars_too: bool = False) -> bool:
+    """Whether ``leaf`` is a host tensor CUDA refuses beside device tensors (a 0-d one only with ``scalars_too``)."""
+    return (isinstance(leaf, torch.Tensor) and not isinstance(leaf, NeuronTensor)
+            and (leaf.dim() > 0 or scalars_too) and leaf.device.type == "cpu")
 
 
 def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
@@ -64,8 +65,7 @@ def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     else:
         leaves = args
     for leaf in leaves:
-        if (isinstance(leaf, torch.Tensor) and not isinstance(leaf, NeuronTensor)
-                and (leaf.dim() > 0 or func in _STACKS) and leaf.device.type == "cpu"):
+        if _host_operand(leaf, func in _STACKS):
             device = next((t.device for t in leaves if isinstance(t, NeuronTensor)), "neuron")
             raise RuntimeError(
                 f"Expected all tensors to be on the same device, but found at least two devices, {device} "

@@ -391,14 +391,14 @@ def ldexp(x: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     if other.is_floating_point() or other.is_complex() or x.is_complex():
         return torch.mul(x, torch.pow(2.0, other))
     out_dtype = x.dtype if x.is_floating_point() else torch.get_default_dtype()
-    compute, bits, bias = (torch.float64, torch.int64, 1023) if out_dtype == torch.float64 \
-        else (torch.float32, torch.int32, 127)
+    compute, bits, bias, mantissa = (torch.float64, torch.int64, 1023, 52) if out_dtype == torch.float64 \
+        else (torch.float32, torch.int32, 127, 23)
     limit = bias - 1  # a power of 2 ** limit or 2 ** -limit is a normal number
     result = x.to(compute)
     left = other.to(torch.int64).clamp(-3 * limit, 3 * limit)
     for _ in range(3):
         step = left.clamp(-limit, limit)
-        power = ((step.to(bits) + bias) << (52 if compute == torch.float64 else 23)).view(compute)
+        power = ((step.to(bits) + bias) << mantissa).view(compute)
         result = result * power
         left = left - step
     return result.to(out_dtype)
