@@ -223,3 +223,23 @@ def test_a_scatter_of_its_targets_own_elements_computed_in_the_graph_matches_eag
     for got, expected in zip(torch.compile(_own_elements, backend="neuron")(x, index), _own_elements(x, index),
                              strict=True):
         assert torch.equal(got, expected), (got, expected)
+
+
+_ELEMENT_TYPES = (torch.uint8, torch.int8, torch.int16, torch.int64, torch.bool, torch.bfloat16, torch.float16,
+                  torch.float64)
+
+
+def _own_elements_of_every_type(x: torch.Tensor, index: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    ys = [(x * 10).to(dtype) for dtype in _ELEMENT_TYPES]
+    return tuple(y.scatter(1, index, y) for y in ys) + tuple(y.index_copy(1, index[0], y) for y in ys)
+
+
+def test_a_scatter_of_its_targets_own_elements_compiles_for_every_element_type() -> None:
+    """The copy that keeps a scatter's updates apart from its target must compile for every element
+    type: IREE cannot reverse an unsigned tensor, so an in-place ``add_`` through a ``uint8`` view
+    of an ``int16`` tensor failed to compile ("failed to legalize operation 'linalg.generic'")."""
+    x = torch.tensor([[1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]])
+    index = torch.tensor([[3, 0, 1, 2], [3, 0, 1, 2]])
+    got = torch.compile(_own_elements_of_every_type, backend="neuron")(x, index)
+    for g, expected in zip(got, _own_elements_of_every_type(x, index), strict=True):
+        assert g.dtype == expected.dtype and torch.equal(g, expected), (g, expected)

@@ -321,10 +321,33 @@ def _copy_operand(op: object, position: int) -> None:
     if not dims:  # one element: read before it is written
         return
     point = ir.InsertionPoint(op)
+    original = value.type
+    element = ir.RankedTensorType(original).element_type
+    signless = _signless(element)
+    if signless is not None:  # IREE 3.13 cannot reverse an unsigned tensor ("failed to legalize")
+        value = _bitcast(value, ir.RankedTensorType.get(shape, signless), point)
     for _ in range(2):
         value = ir.Operation.create("stablehlo.reverse", results=[value.type], operands=[value],
                                     attributes={"dimensions": ir.DenseI64ArrayAttr.get(dims)}, ip=point).result
+    if signless is not None:
+        value = _bitcast(value, original, point)
     op.operands[position] = value  # type: ignore[attr-defined]
+
+
+def _signless(element: object) -> object | None:
+    """The signless integer type of ``element``'s width when it is an unsigned integer, else None."""
+    from torch_mlir import ir
+
+    if isinstance(element, ir.IntegerType) and element.is_unsigned:
+        return ir.IntegerType.get_signless(element.width)
+    return None
+
+
+def _bitcast(value: object, to: object, point: object) -> object:
+    """``stablehlo.bitcast_convert`` of ``value`` to the type ``to``, inserted at ``point``."""
+    from torch_mlir import ir
+
+    return ir.Operation.create("stablehlo.bitcast_convert", results=[to], operands=[value], ip=point).result
 
 
 def _reads_a_slice(value: object) -> bool:
