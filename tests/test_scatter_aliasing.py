@@ -4,7 +4,7 @@ IREE 3.13 runs scatters, sorts and ``dynamic_update_slice`` in place, giving eac
 its operand when that operand has other users. For an operand built from constants that IREE
 does not hoist into a global (it hoists no bool tensor, nor one that would grow the module by
 more than 1 MiB) the copies were lost (``_copy_shared_in_place_operands`` in
-``torch_neuronx/compiler/stablehlo_fixups.py`` tells the story): two ``index_put`` into
+``torch_neuronx/compiler/stablehlo_scatter_fixups.py`` tells the story): two ``index_put`` into
 ``arange(6) == 0`` returned all False for the first and both updates in the second, and a
 returned base came back with the updates in it. Each test compiles one function holding every
 case for its dtype: ``index_put`` (also accumulating), ``scatter`` of a tensor and of a value,
@@ -23,7 +23,7 @@ import pytest
 import torch
 from torch_mlir import ir
 
-from torch_neuronx.compiler import stablehlo_fixups, stablehlo_ir
+from torch_neuronx.compiler import stablehlo_ir, stablehlo_scatter_fixups
 
 aten = torch.ops.aten
 
@@ -158,7 +158,7 @@ def test_only_a_computed_tensor_with_other_users_goes_through_a_barrier() -> Non
     context = ir.Context()
     context.allow_unregistered_dialects = True
     module = ir.Module.parse(_SHARED, context)
-    stablehlo_fixups._copy_shared_in_place_operands(module)
+    stablehlo_scatter_fixups._copy_shared_in_place_operands(module)
     barriers = stablehlo_ir.ops_named(module, "stablehlo.optimization_barrier")
     assert len(barriers) == 1
     (barrier,) = barriers

@@ -27,7 +27,8 @@ LOWERING_VERSION = 4
 # The code that decides what a graph lowers to: decompositions run when aot_autograd traces
 # (so they shape the FX graph a plan or HLO entry stands for), passes and lowering after it.
 _LOWERING_SOURCES = ("decompositions", "lower.py", "torch_to_stablehlo.py", "stablehlo_fixups.py",
-                     "stablehlo_conv_fixups.py", "stablehlo_ir.py", "linalg_fixups.py", "passes")
+                     "stablehlo_conv_fixups.py", "stablehlo_scatter_fixups.py", "stablehlo_ir.py",
+                     "linalg_fixups.py", "passes")
 
 
 def sources_digest() -> str:
