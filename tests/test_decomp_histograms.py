@@ -62,3 +62,23 @@ def test_histograms(dtype):
         summed = exact and (name == "dd" or "density" in name)
         torch.testing.assert_close(got[name], e, rtol=4e-16 if ulp else 2.4e-7 if summed else 0,
                                    atol=0 if exact else 1e-15, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_histc_of_a_range_torch_refuses_raises(mode):
+    """With the data's own range (``min == max``) an inf or NaN in the data made a histogram where
+    torch raises ("range of [1, inf] is not finite"); a given range must be finite and ordered."""
+    def histc(x, low=0.0, high=0.0):
+        return torch.histc(x, bins=4, min=low, max=high)
+
+    run = torch.compile(histc, backend="neuron") if mode == "compiled" else histc
+    for bad in (float("inf"), float("nan"), -float("inf")):
+        x = torch.tensor([1.0, bad, 2.0])
+        with pytest.raises(RuntimeError, match="histc: range of .* not finite"):
+            histc(x)  # torch's own
+        with pytest.raises(RuntimeError, match="histc: range of .* not finite"):
+            run(x.to("neuron")).cpu()
+        # A given range counts the finite values inside it, as torch's does
+        torch.testing.assert_close(run(x.to("neuron"), 0.0, 3.0).cpu(), histc(x, 0.0, 3.0))
+    with pytest.raises(RuntimeError, match="max must be larger than min"):
+        run(torch.ones(3, device="neuron"), 3.0, 1.0)

@@ -60,3 +60,31 @@ def test_segment_reduce_trains_compiled(reduce):
     fn(expected_leaf).backward()
     torch.compile(fn, backend="neuron")(leaf).backward()
     torch.testing.assert_close(leaf.grad, expected_leaf.grad)
+
+
+_BAD_SEGMENTS = [  # (lengths or offsets, torch's error)
+    ({"lengths": [5, -1]}, "lengths contains negative value!"),
+    ({"lengths": [2, 2]}, "Expected all rows of lengths along axis to sum"),
+    ({"offsets": [0, 3, 2]}, "Expected segment_length >= 0"),
+]
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_invalid_segments_raise_torchs_errors(mode):
+    """Lengths that are negative or do not cover the data (offsets that decrease) gave made-up
+    segments where torch raises; ``unsafe=True`` still skips the checks, as torch's does."""
+    data = torch.arange(6.0)
+
+    def reduce(data, bounds, unsafe=False):
+        return torch.segment_reduce(data, "sum", unsafe=unsafe, **bounds)
+
+    run = torch.compile(reduce, backend="neuron") if mode == "compiled" else reduce
+    for spec, message in _BAD_SEGMENTS:
+        bounds = {k: torch.tensor(v) for k, v in spec.items()}
+        with pytest.raises(RuntimeError, match=message):
+            reduce(data, bounds)  # torch's own
+        with pytest.raises(RuntimeError, match=message):
+            run(data.to("neuron"), {k: v.to("neuron") for k, v in bounds.items()}).cpu()
+    lengths = torch.tensor([2, 2])
+    torch.testing.assert_close(run(data.to("neuron"), {"lengths": lengths.to("neuron")}, True).cpu(),
+                               reduce(data, {"lengths": lengths}, True))

@@ -14,6 +14,7 @@ go to one spare slot past the end, which is then cut off.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -354,12 +355,17 @@ def histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> t
 
     Values outside the range and NaN are not counted; the range's upper end goes to the last bin.
     """
+    if not (math.isfinite(min) and math.isfinite(max)):
+        raise RuntimeError(f"torch.histc: range of [{min}, {max}] is not finite")
+    if min > max:
+        raise RuntimeError("torch.histc: max must be larger than min")
     low = torch.full((), min, dtype=x.dtype, device=x.device)
     high = torch.full((), max, dtype=x.dtype, device=x.device)
-    if min == max:
-        finite = x.isnan().logical_not()
-        low = torch.where(finite, x, float("inf")).amin() if x.numel() else low
-        high = torch.where(finite, x, float("-inf")).amax() if x.numel() else high
+    if min == max and x.numel():
+        # The data's range, which torch requires to be finite (checked on the host after the call)
+        code = x.isfinite().logical_not().any().to(torch.int64).reshape(1)
+        x = x + (BOUNDS(code, 1, False, "histc", "histc").to(x.dtype) * 0).sum()
+        low, high = x.amin(), x.amax()
         same = low == high
         low, high = torch.where(same, low - 1, low), torch.where(same, high + 1, high)
     values = x.reshape(-1)

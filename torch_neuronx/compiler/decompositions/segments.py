@@ -11,7 +11,9 @@ As torch's CPU kernel (``ATen/native/cpu/SegmentReduce.cpp``): ``initial`` (else
 reduction's identity: -inf for max, inf for min, 0 for sum and mean, 1 for prod) is folded
 into every segment and is the value of an empty one, except for mean without ``initial``,
 NaN there; mean divides by the segment's length; a NaN in a segment makes its max or min
-NaN. Segment checks (``unsafe=False``) are not made: they depend on the data.
+NaN. With ``unsafe=False`` torch's checks of the segments (none negative; lengths summing to
+the axis' size in each row) are made on the host after the call (:data:`.indexing.BOUNDS` on
+a code).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from torch_neuronx.compiler.decompositions.indexing import BOUNDS
 from torch_neuronx.compiler.decompositions.scatter import segment_last
 
 aten = torch.ops.aten
@@ -47,6 +50,23 @@ def _bounds(lengths: torch.Tensor | None, offsets: torch.Tensor | None,
     return offsets[:, :-1], offsets[:, 1:]
 
 
+def _checked(starts: torch.Tensor, ends: torch.Tensor, size: int,
+             from_lengths: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(starts, ends)`` with torch's checks made by :data:`BOUNDS` on a code. From lengths: 1
+    when one is negative, 2 when a row's do not sum to ``size``; from offsets (torch checks no
+    sum there): 4 when they decrease. Bad lengths gave made-up segments where torch raises."""
+    if not starts.numel():
+        return starts, ends
+    negative = (ends < starts).any().to(torch.int64)
+    if from_lengths:
+        code = negative + 2 * (ends[:, -1] != size).any().to(torch.int64)
+    else:
+        code = 4 * negative
+    checked = BOUNDS(code.reshape(1), 1, False, "segment_reduce", "segment_reduce")
+    keep = (checked == 0).to(torch.int64)  # always 1: keeps the check in the graph
+    return starts * keep, ends * keep
+
+
 def _run_starts(starts: torch.Tensor, ends: torch.Tensor, size: int) -> torch.Tensor:
     """``(outer * size,)`` flags: true where a row begins, a segment begins, or one ends."""
     outer = starts.shape[0]
@@ -72,6 +92,8 @@ def segment_reduce(data: torch.Tensor, reduce: str, *, lengths: torch.Tensor | N
     shape = data.shape
     size, outer, inner = shape[axis], shape[:axis].numel(), shape[axis + 1:].numel()
     starts, ends = _bounds(lengths, offsets, outer)
+    if not unsafe:
+        starts, ends = _checked(starts, ends, size, lengths is not None)
     count = starts.shape[1]
     combine, identity = _REDUCTIONS[reduce]
     start = torch.full((), identity if initial is None else initial, dtype=data.dtype, device=data.device)

@@ -226,6 +226,14 @@ def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:
                   "position 0" if high & 1 else "offsets[-1] can not be greater than input's length"
                   if high & 2 else "offsets of embedding_bag must not decrease")
         raise IndexOutOfRangeError(f"{reason} (embedding_bag on neuron)")
+    if check["message"] == "segment_reduce":  # a code of segments.py's lengths check, not an index
+        raise IndexOutOfRangeError("lengths contains negative value!" if high & 1 else
+                                   "Expected segment_length >= 0 to be true, but got false." if high & 4 else
+                                   "segment_reduce(): Expected all rows of lengths along axis to sum to "
+                                   "data.size(lengths.dim()-1) when !unsafe.")
+    if check["message"] == "histc":  # a code of scatter.py's range check, not an index
+        raise IndexOutOfRangeError("torch.histc: range of the input's values is not finite (it holds inf or "
+                                   "NaN; histc on neuron)")
     if check["message"].startswith("max_unpool:"):  # indices into the output volume (pooling.py)
         raise IndexOutOfRangeError(f"Found an invalid max index: {bad} (output volumes are of size "
                                    f"{check['message'].split(':', 1)[1]}) ({check['op']} on neuron)")
