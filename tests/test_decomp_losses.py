@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn import LinearCrossEntropyOptions
@@ -111,3 +112,19 @@ def test_cross_entropy_with_class_weights_compiles_for_small_and_unbatched_input
         torch.testing.assert_close(got[name].detach().cpu(), value.detach(), msg=name)
     torch.testing.assert_close(got_x.grad.cpu(), expected_x.grad)
     torch.testing.assert_close(got_x1.grad.cpu(), expected_x1.grad)
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_a_class_index_out_of_range_raises_torchs_error(mode):
+    """A target past the classes (or negative, not ``ignore_index``) raised the gather's "index 7
+    is out of bounds for dimension 1 with size 5"; torch says "Target 7 is out of bounds.", an
+    IndexError, for 1-d and spatial targets alike."""
+    torch.manual_seed(0)
+    loss = torch.compile(F.cross_entropy, backend="neuron") if mode == "compiled" else F.cross_entropy
+    x, spatial = torch.randn(3, 5), torch.randn(2, 5, 3, 3)
+    for logits, target, bad in ((x, torch.tensor([1, 7, 2]), 7), (x, torch.tensor([1, -2, 2]), -2),
+                                (spatial, torch.full((2, 3, 3), 5), 5)):
+        with pytest.raises(IndexError, match=f"^Target {bad} is out of bounds.$"):
+            loss(logits.to("neuron"), target.to("neuron")).cpu()
+    ignored = torch.tensor([1, -100, 2])
+    torch.testing.assert_close(loss(x.to("neuron"), ignored.to("neuron")).cpu(), F.cross_entropy(x, ignored))

@@ -156,7 +156,35 @@ def take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1)[index.reshape(-1)].reshape(index.shape)
 
 
+def _checked_target(x: torch.Tensor, target: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """``nll_loss``'s ``target`` with torch's class check ("Target 7 is out of bounds.", where
+    the gather it decomposes to said "index 7 is out of bounds for dimension 1 with size 5");
+    ``ignore_index`` entries pass as they are."""
+    classes = x.shape[1] if x.dim() >= 2 else x.shape[0]
+    if not target.numel() or isinstance(classes, torch.SymInt):
+        return target
+    ignored = target == ignore_index
+    checked = BOUNDS(torch.where(ignored, 0, target), classes, False, "nll_loss", "nll_loss")
+    return torch.where(ignored, target, checked)
+
+
+def nll_loss_forward(x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, reduction: int,
+                     ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.nll_loss_forward``: torch's decomposition, its target checked as torch's kernel checks it."""
+    target = _checked_target(x, target, ignore_index)
+    return torch_decompositions.nll_loss_forward(x, target, weight, reduction, ignore_index)
+
+
+def nll_loss2d_forward(x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None, reduction: int,
+                       ignore_index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``aten.nll_loss2d_forward``: torch's decomposition, its target checked as torch's kernel checks it."""
+    target = _checked_target(x, target, ignore_index)
+    return torch_decompositions.nll_loss2d_forward(x, target, weight, reduction, ignore_index)
+
+
 DECOMPOSITIONS = {
+    aten.nll_loss_forward.default: nll_loss_forward,
+    aten.nll_loss2d_forward.default: nll_loss2d_forward,
     aten.gather.default: gather_scalar,
     aten.index_select.default: index_select_scalar,
     aten.take.default: take,

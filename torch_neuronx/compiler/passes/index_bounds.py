@@ -226,6 +226,8 @@ def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:
                   "position 0" if high & 1 else "offsets[-1] can not be greater than input's length"
                   if high & 2 else "offsets of embedding_bag must not decrease")
         raise IndexOutOfRangeError(f"{reason} (embedding_bag on neuron)")
+    if check["message"] == "nll_loss":  # a class index: torch's own message
+        raise IndexOutOfRangeError(f"Target {bad} is out of bounds.")
     if check["message"] == "segment_reduce":  # a code of segments.py's lengths check, not an index
         raise IndexOutOfRangeError("lengths contains negative value!" if high & 1 else
                                    "Expected segment_length >= 0 to be true, but got false." if high & 4 else
