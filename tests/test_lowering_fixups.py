@@ -106,6 +106,24 @@ def test_gathers_from_a_slice_of_an_input():
     assert all(torch.equal(a, b) for a, b in zip(got, fn(x, idx)))
 
 
+def test_reversals_of_a_slice_with_a_step_in_its_last_dimension():
+    """``t[:, ::2].flip(0)``, ``flip(1)`` and ``rot90``: IREE fused the strided slice into the
+    reverse and failed to compile it ("LLVM Translation failed", iree-org/iree#15364); a step in
+    the first dimension compiled. Forward and backward."""
+    def fn(t):
+        s = t[:, ::2]
+        return s.flip(0), s.flip(1), s.rot90(1, (0, 1)), t[1:, 1::3].flip(0, 1), t[::2].flip(0)
+
+    t = torch.arange(24.0).reshape(4, 6).requires_grad_()
+    got = torch.compile(fn, backend="neuron")(t)
+    expected = fn(t)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    weights = [torch.randn(e.shape, generator=torch.Generator().manual_seed(i)) for i, e in enumerate(expected)]
+    grad, = torch.autograd.grad(sum((g * w).sum() for g, w in zip(got, weights)), t)
+    want, = torch.autograd.grad(sum((e * w).sum() for e, w in zip(expected, weights)), t)
+    assert torch.equal(grad, want)
+
+
 def test_booleans_and_unsigned_integers_converted_into_a_matmul_keep_their_values():
     """IREE sign-extended the narrow integer when it fused the conversion into a matmul.
 

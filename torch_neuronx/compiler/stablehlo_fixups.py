@@ -80,6 +80,16 @@ def _reads_a_slice(value: object) -> bool:
     return source is not None and source.name == "stablehlo.slice"  # type: ignore[attr-defined]
 
 
+def _strided_last(value: object) -> bool:
+    """Whether ``value`` is a slice with a step in its last dimension, seen through ops that only move elements."""
+    source = ir_.view_source(value)
+    if source is None or source.name != "stablehlo.slice":  # type: ignore[attr-defined]
+        return False
+    text = str(source.attributes["strides"])  # type: ignore[attr-defined]  # array<i64: 1, 2>
+    strides = re.findall(r"-?\d+", text.split(":", 1)[-1])
+    return bool(strides) and strides[-1] != "1"
+
+
 _DOT_DIMS = re.compile(r"(lhs|rhs)_(batching|contracting)_dimensions = \[([\d, ]*)\]")
 
 
@@ -104,7 +114,8 @@ def _materialize_sliced_operands(module: object) -> None:
     IREE 3.13 fuses the slice into its consumer's dispatch as a strided load, and then
     - fails to vectorize a gather from that strided buffer ("LLVM Translation failed for
       operation: builtin.unrealized_conversion_cast", iree-org/iree#15364):
-      ``torch.gather(x[..., 0], ...)`` of an input;
+      ``torch.gather(x[..., 0], ...)`` of an input; the same for a ``reverse`` of a slice
+      with a step in its last dimension (``t[:, ::2].flip(0)``, ``rot90``);
     - computes a matrix-vector product whose vector is that strided view wrongly (its
       data-tiled ``mmt4d`` path): ``x[:, 0] @ m`` returned garbage, as did the backward of
       ``householder_product``. Products of two matrices read strided slices correctly.
@@ -113,6 +124,7 @@ def _materialize_sliced_operands(module: object) -> None:
     from torch_mlir import ir
 
     reads: list[tuple[object, int]] = [(op, 0) for op in ir_.ops_named(module, "stablehlo.gather")]
+    reads += [(op, 0) for op in ir_.ops_named(module, "stablehlo.reverse") if _strided_last(op.operands[0])]
     for dot in ir_.ops_named(module, "stablehlo.dot_general"):
         reads += [(dot, position) for position in _vector_operands(dot)]
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]
