@@ -1,8 +1,8 @@
 """Test-session setup: isolated cache and artifact directories, Dynamo reset between tests.
 
-The NEFF cache lives in one directory for the whole session, so a graph that
-several tests compile is compiled once per run (CI time), while each test gets
-its own artifact directory to inspect.
+The NEFF cache lives in one directory for the whole run (shared by pytest-xdist's
+workers), so a graph that several tests compile is compiled once per run (CI time),
+while each test gets its own artifact directory to inspect.
 """
 
 from __future__ import annotations
@@ -16,14 +16,18 @@ import pytest
 import torch
 
 _SESSION_ROOT = tempfile.mkdtemp(prefix="torch_neuronx_tests_")
-os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = os.path.join(_SESSION_ROOT, "neff_cache")
-os.environ["TORCH_NEURONX_HLO_CACHE_DIR"] = os.path.join(_SESSION_ROOT, "hlo_cache")
-os.environ["TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR"] = os.path.join(_SESSION_ROOT, "local_cache")
+# pytest-xdist's workers of one run share their caches (a kernel that tests in both compile is
+# compiled once; the caches are built for processes sharing them), each its own debug directory.
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+_CACHE_ROOT = os.path.join(tempfile.gettempdir(), f"torch_neuronx_tests_run_{_RUN}") if _RUN else _SESSION_ROOT
+os.environ["TORCH_NEURONX_NEFF_CACHE_DIR"] = os.path.join(_CACHE_ROOT, "neff_cache")
+os.environ["TORCH_NEURONX_HLO_CACHE_DIR"] = os.path.join(_CACHE_ROOT, "hlo_cache")
+os.environ["TORCH_NEURONX_NEFF_LOCAL_CACHE_DIR"] = os.path.join(_CACHE_ROOT, "local_cache")
 os.environ["TORCH_NEURONX_DEBUG_DIR"] = os.path.join(_SESSION_ROOT, "debug")
 # One NEFF per signature in tests of other behaviours (a recompile for a new shape would otherwise add
 # a dynamic trace and a slower dynamic compile to each); tests/test_compile_dynamic_shapes.py turns it on.
 os.environ.setdefault("TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES", "0")
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_SESSION_ROOT, "inductor"))
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(_CACHE_ROOT, "inductor"))
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 
