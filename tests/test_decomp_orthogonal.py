@@ -92,6 +92,8 @@ def test_eigh_and_svd_match_eager_forward_and_backward():
         _close(c.grad, e.grad, dtype, f"grad {which}")
 
 
+@pytest.mark.slow  # CI time: matrix_exp trains through the orthogonal parametrizations, svd's
+# full-rank cases stay
 def test_svd_of_a_rank_deficient_matrix_has_orthonormal_singular_vectors():
     """Columns for zero singular values are an orthonormal completion, as LAPACK's are (float64)."""
     g = torch.Generator().manual_seed(2)
@@ -141,6 +143,8 @@ def test_orthogonal_parametrizations_train_as_in_eager():
         _close(p_compiled.grad, p_eager.grad, torch.float32, f"grad of {name}")
 
 
+@pytest.mark.slow  # CI time: matrix_exp trains through the orthogonal parametrizations, svd's
+# full-rank cases stay
 def test_matrix_exp_matches_eager_forward_and_backward():
     """Small, unit and large norms (up to overflow), batched, float32 and float64."""
     g = torch.Generator().manual_seed(3)

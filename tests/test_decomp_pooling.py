@@ -177,7 +177,7 @@ def test_avg_pool2d_with_a_divisor_override_forward_and_backward():
     torch.testing.assert_close(compiled_grads, eager_grads)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float64, marks=pytest.mark.slow)])  # CI time
 def test_pooling_in_other_dtypes_matches_eager(dtype):
     """bfloat16 (max pooling compares, average pooling sums in float32) and float64 (kept)."""
     def fn(x):

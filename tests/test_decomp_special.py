@@ -136,7 +136,7 @@ def _assert_matches(got: torch.Tensor, expected: torch.Tensor, name: str, tolera
     assert torch.equal(got.signbit()[extreme], expected.signbit()[extreme]), name
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.float64, marks=pytest.mark.slow)])  # CI time
 def test_special_functions_match_eager_forward_and_backward(dtype):
     inputs = _inputs(dtype)
     eager_in = {k: v.clone().requires_grad_(k in _GRADED) for k, v in inputs.items()}

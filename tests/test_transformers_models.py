@@ -70,7 +70,7 @@ _SLOW = pytest.mark.slow  # each compiles for one to two minutes on two cores: t
 
 
 @pytest.mark.parametrize(("name", "device"), [
-    ("llama_gqa", "cpu"),  # grouped-query attention on host tensors
+    pytest.param("llama_gqa", "cpu", marks=_SLOW),  # grouped-query attention on host tensors (CI time)
     ("bert", "neuron"),  # masks naming the device on neuron tensors
     pytest.param("llama_gqa", "neuron", marks=_SLOW),
     pytest.param("bert", "cpu", marks=_SLOW),
