@@ -122,6 +122,10 @@ def test_a_class_index_out_of_range_raises_torchs_error(mode):
     torch.manual_seed(0)
     loss = torch.compile(F.cross_entropy, backend="neuron") if mode == "compiled" else F.cross_entropy
     x, spatial = torch.randn(3, 5), torch.randn(2, 5, 3, 3)
+    for rows, classes in ((4, 6), (5, 7), (6, 8)):  # other sizes first: the eager op's dynamic kernel
+        logits, target = torch.randn(rows, classes), torch.randint(0, classes, (rows,))
+        got = loss(logits.to("neuron"), target.to("neuron")).cpu()
+        torch.testing.assert_close(got, F.cross_entropy(logits, target))
     for logits, target, bad in ((x, torch.tensor([1, 7, 2]), 7), (x, torch.tensor([1, -2, 2]), -2),
                                 (spatial, torch.full((2, 3, 3), 5), 5)):
         with pytest.raises(IndexError, match=f"^Target {bad} is out of bounds.$"):

@@ -160,8 +160,8 @@ def _checked_target(x: torch.Tensor, target: torch.Tensor, ignore_index: int) ->
     """``nll_loss``'s ``target`` with torch's class check ("Target 7 is out of bounds.", where
     the gather it decomposes to said "index 7 is out of bounds for dimension 1 with size 5");
     ``ignore_index`` entries pass as they are."""
-    classes = x.shape[1] if x.dim() >= 2 else x.shape[0]
-    if not target.numel() or isinstance(classes, torch.SymInt):
+    classes = x.shape[1] if x.dim() >= 2 else x.shape[0]  # symbolic in a dynamic-shape kernel
+    if not target.numel():
         return target
     ignored = target == ignore_index
     checked = BOUNDS(torch.where(ignored, 0, target), classes, False, "nll_loss", "nll_loss")
