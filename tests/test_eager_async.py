@@ -107,9 +107,11 @@ def test_errors_torch_raises_from_metadata_are_raised_where_the_op_is_called():
 def _failing_kernel(key_op: str, shape: tuple, monkeypatch) -> None:
     """Make the compiled kernel of ``key_op`` at ``shape`` fail when it runs (fault injection at the
     runtime boundary: the device rejects the work), with execution errors not falling back."""
-    key = next(k for k in eager._kernels if (k[0] == key_op and k[1][0][1] == shape)
-               or (k[0] == "dynamic" and k[1] == key_op and len(k[2][0][1]) == len(shape)))
-    kernel = eager._kernels[key]
+    # Every kernel that may serve the call (its own, its family's dynamic one): earlier tests in
+    # the process leave others of the op, and the call takes whichever its route names.
+    keys = [k for k in eager._kernels if (k[0] == key_op and k[1][0][1] == shape)
+            or (k[0] == "dynamic" and k[1] == key_op and len(k[2][0][1]) == len(shape))]
+    assert keys, f"no kernel of {key_op} at {shape}"
 
     class Failing:  # the device rejects the work
         def __call__(self, tensors, outputs=None):
@@ -117,9 +119,11 @@ def _failing_kernel(key_op: str, shape: tuple, monkeypatch) -> None:
 
         run_into = __call__
 
-    monkeypatch.setitem(eager._kernels, key, types.SimpleNamespace(
-        compiled=Failing(), out_spec=kernel.out_spec, metas=kernel.metas, name=kernel.name,
-        shapes=kernel.shapes, dtypes=kernel.dtypes, orders=kernel.orders, copies=kernel.copies))
+    for key in keys:
+        kernel = eager._kernels[key]
+        monkeypatch.setitem(eager._kernels, key, types.SimpleNamespace(
+            compiled=Failing(), out_spec=kernel.out_spec, metas=kernel.metas, name=kernel.name,
+            shapes=kernel.shapes, dtypes=kernel.dtypes, orders=kernel.orders, copies=kernel.copies))
     monkeypatch.setenv("TORCH_NEURONX_FALLBACK_ONLY_FOR_UNIMPLEMENTED_OPS", "1")
     # a shape served by its family's dynamic kernel for 2 s gets its own kernel, not the failing one
     # (a loaded machine's full run took that long between the warm-up and the failing call)
