@@ -433,3 +433,26 @@ def test_a_kernel_compile_failure_warns_with_the_compilers_error_line():
     err = NeuronCompileError("lowering", "torch-mlir could not lower: failed to legalize", graph="g")
     assert kernels._first_reason(err) == ("lowering stage failed for graph 'g': "
                                           "torch-mlir could not lower: failed to legalize")
+
+
+_BOOL_PRODUCTS = {
+    "mm": lambda a, b, v: a @ b,
+    "bmm": lambda a, b, v: torch.bmm(a[None], b[None]),
+    "mv": lambda a, b, v: a @ v,
+    "dot": lambda a, b, v: torch.dot(v, v),
+    "addmm": lambda a, b, v: torch.addmm(a, a, b),
+}
+
+
+@pytest.mark.parametrize("name", list(_BOOL_PRODUCTS))
+def test_matrix_products_of_bools_raise_as_on_the_cpu(name):
+    """Torch's CPU (and CUDA) kernels implement no bool matrix product ("addmm_impl_cpu_" not
+    implemented for 'Bool'); the compiled kernel computed one. Integers still multiply."""
+    product = _BOOL_PRODUCTS[name]
+    a, b, v = torch.eye(3, dtype=torch.bool), torch.ones(3, 3, dtype=torch.bool), torch.ones(3, dtype=torch.bool)
+    with pytest.raises(RuntimeError) as cpu:
+        product(a, b, v)
+    with pytest.raises(type(cpu.value), match="not implemented for 'Bool'"):
+        product(a.to("neuron"), b.to("neuron"), v.to("neuron"))
+    ints = [t.to(torch.int64) for t in (a, b, v)]
+    assert torch.equal(product(*[t.to("neuron") for t in ints]).cpu(), product(*ints))

@@ -15,6 +15,7 @@ int32 target, ``index_put(accumulate=True)`` with a uint8 or bool mask of the wr
 and the compiled kernel then reads or writes wherever the values point: a call whose index-like
 argument is not int64 runs the CPU's check as well (zero-filled operands: zero is a valid index;
 a boolean or uint8 mask keeps its values, since how many elements it selects decides the shapes).
+Matrix products of bool tensors, which torch's CPU kernels do not implement, run its check too.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def check(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
     sig = _signature(func, args, kwargs)
     if sig is not None and sig in _passed:
         return
-    if _meta_error(func, args, kwargs) or _narrow_index(func, args, kwargs):
+    if _meta_error(func, args, kwargs) or _narrow_index(func, args, kwargs) or _bool_product(func, args):
         error = _cpu_error(func, args, kwargs)
         if error is not None:
             raise error
@@ -101,6 +102,19 @@ def _narrow_index(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> boo
         return False
     tensors = [t for t in pytree.tree_leaves((list(args), kwargs)) if isinstance(t, torch.Tensor)]
     return sum(t.numel() * t.element_size() for t in tensors) <= _HOST_CHECK_BYTES
+
+
+#: Matrix products, whose CPU kernels (and CUDA's) implement no bool ("addmm_impl_cpu_" not
+#: implemented for 'Bool') while their meta kernels accept it: the compiled kernel multiplied.
+_PRODUCTS = frozenset({"mm", "bmm", "addmm", "addbmm", "baddbmm", "mv", "addmv", "dot", "vdot", "matmul",
+                       "_addmm_activation"})
+
+
+def _bool_product(func: Any, args: Sequence[Any]) -> bool:
+    """Whether ``func`` is a matrix product of a bool tensor (the CPU's check runs on zeros)."""
+    name = getattr(func, "_schema", None)
+    return (name is not None and name.name.split("::")[-1] in _PRODUCTS
+            and any(isinstance(a, torch.Tensor) and a.dtype is torch.bool for a in args))
 
 
 def _meta(value: Any) -> Any:
