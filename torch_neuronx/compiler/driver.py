@@ -27,7 +27,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -35,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch_neuronx import config, observe
-from torch_neuronx.compiler.errors import CompilerNotFoundError, NeuronCompileError
+from torch_neuronx.compiler.errors import CompilerNotFoundError, NeuronCompileError, process_ended
 from torch_neuronx.compiler.lower import op_from_message
 from torch_neuronx.compiler.targets import Target
 from torch_neuronx.config import directories
@@ -179,18 +178,8 @@ def _failure(job: CompileJob, proc: subprocess.CompletedProcess, workdir: str) -
     log = (proc.stderr or proc.stdout).strip()
     first = "\n".join(log.splitlines()[:12])
     return NeuronCompileError(
-        "compile", f"{job.target.compiler} {_ended(proc.returncode)}:\n{first}",
+        "compile", f"{job.target.compiler} {process_ended(proc.returncode)}:\n{first}",
         op=op_from_message(log), artifacts=workdir, graph=job.graph_name)
-
-
-def _ended(code: int) -> str:
-    """How a compile that failed with ``code`` ended, in words (a negative code: a signal)."""
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with status {code}"
 
 
 def compile_neff(job: CompileJob) -> bytes:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 STAGES = ("trace", "import", "lowering", "compile", "load", "execute")
 
 
@@ -102,3 +104,16 @@ class InvalidIndexError(IndexError):
 def input_error(exc: BaseException) -> BaseException | None:
     """The bad-input error (one with ``neuron_input_error``) in ``exc``'s chain of causes, if any."""
     return _in_chain(exc, "neuron_input_error")
+
+
+def process_ended(code: int | None) -> str:
+    """How a compiler or worker process that failed with exit status ``code`` ended, in words (a
+    negative status: the signal that killed it; None: it closed its pipe without exiting)."""
+    if code is None:
+        return "closed its pipe"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"

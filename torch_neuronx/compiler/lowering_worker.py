@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from typing import Any
 
 from torch_neuronx import config
 from torch_neuronx.compiler import torch_to_stablehlo
-from torch_neuronx.compiler.errors import NeuronCompileError
+from torch_neuronx.compiler.errors import NeuronCompileError, process_ended
 
 _lock = threading.Lock()
 _worker: _Worker | None = None
@@ -122,15 +121,8 @@ def _died(worker: _Worker) -> NeuronCompileError:
         code = worker.process.wait(timeout=10)
     except subprocess.TimeoutExpired:
         code = None
-    if code is not None and code < 0:
-        try:
-            how = f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            how = f"was killed by signal {-code}"
-    else:
-        how = f"exited with status {code}" if code is not None else "closed its pipe"
     tail = worker.stderr_tail()
-    detail = f"torch-mlir's lowering aborted: the lowering process {how}"
+    detail = f"torch-mlir's lowering aborted: the lowering process {process_ended(code)}"
     if tail:
         detail += f"; its last output:\n{tail}"
     return NeuronCompileError("lowering", detail)

@@ -74,16 +74,21 @@ def _round_narrowed_constants(module: object) -> None:
             convert.erase()  # type: ignore[attr-defined]
 
 
+def _slice_read(value: object) -> object | None:
+    """The ``stablehlo.slice`` that ``value`` is, seen through ops that only move elements (a strided view), or None."""
+    source = ir_.view_source(value)
+    return source if source is not None and source.name == "stablehlo.slice" else None  # type: ignore[attr-defined]
+
+
 def _reads_a_slice(value: object) -> bool:
     """Whether ``value`` is a slice seen through ops that only move elements (a strided view)."""
-    source = ir_.view_source(value)
-    return source is not None and source.name == "stablehlo.slice"  # type: ignore[attr-defined]
+    return _slice_read(value) is not None
 
 
 def _strided_last(value: object) -> bool:
     """Whether ``value`` is a slice with a step in its last dimension, seen through ops that only move elements."""
-    source = ir_.view_source(value)
-    if source is None or source.name != "stablehlo.slice":  # type: ignore[attr-defined]
+    source = _slice_read(value)
+    if source is None:
         return False
     text = str(source.attributes["strides"])  # type: ignore[attr-defined]  # array<i64: 1, 2>
     strides = re.findall(r"-?\d+", text.split(":", 1)[-1])

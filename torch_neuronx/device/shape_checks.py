@@ -112,8 +112,8 @@ _PRODUCTS = frozenset({"mm", "bmm", "addmm", "addbmm", "baddbmm", "mv", "addmv",
 
 def _bool_product(func: Any, args: Sequence[Any]) -> bool:
     """Whether ``func`` is a matrix product of a bool tensor (the CPU's check runs on zeros)."""
-    name = getattr(func, "_schema", None)
-    return (name is not None and name.name.split("::")[-1] in _PRODUCTS
+    schema = getattr(func, "_schema", None)
+    return (schema is not None and schema.name.split("::")[-1] in _PRODUCTS
             and any(isinstance(a, torch.Tensor) and a.dtype is torch.bool for a in args))
 
 
