@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(WHEELS) -e '.[test]'
+	$(BIN)/python -m torch_neuronx.device.native --optional
 	touch $(STAMP)
 
 demo: $(STAMP)

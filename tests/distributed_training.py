@@ -4,8 +4,10 @@ against the same MLP trained in one process on the CPU on the whole batch (each 
 its own shard of one seeded global batch). FSDP2 also shows its reshard freeing device memory
 between forward and backward. Each rank prints DONE at the end.
 
-Usage: ``distributed_training.py {ddp,ddp_device_ids,ddp_buckets,fsdp2} {eager,compiled,compiled_inside}``
-(``compiled_inside``: DDP of the compiled module, ``DDP(torch.compile(model))``).
+Usage: ``distributed_training.py {ddp,ddp_device_ids,ddp_buckets,ddp_unused,fsdp2} {eager,compiled,compiled_inside}``
+(``compiled_inside``: DDP of the compiled module, ``DDP(torch.compile(model))``; ``ddp_unused``: an MLP
+with a layer its forward never uses, trained by DDP with ``find_unused_parameters=True`` and then
+with ``static_graph=True``, whose reducers keep their used-parameter map in pinned host memory).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch import nn
 STEPS, BATCH, SIZES = 3, 8, (16, 32, 32, 4)
 TOLERANCE = {"rtol": 1e-5, "atol": 1e-6}
 ADAM_EPS = 1e-8
+UNUSED = False  # ddp_unused: the MLP has a layer its forward never uses
 
 
 class Block(nn.Module):
@@ -41,6 +44,8 @@ class MLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.block, self.last = Block(), nn.Linear(SIZES[2], SIZES[3])
+        if UNUSED:
+            self.unused = nn.Linear(SIZES[3], SIZES[3])  # never called: DDP must not wait for its gradient
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.last(self.block(x))
@@ -113,6 +118,20 @@ def check_compiled(how: str) -> None:
     assert torch_neuronx.observe.counter("fallback_graphs") == 0
 
 
+def ddp_unused(rank: int, size: int) -> None:
+    """DDP with ``find_unused_parameters=True``, then with ``static_graph=True``, each from the same
+    initial MLP: both match the CPU, and the unused layer keeps its initial values."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    want = reference()
+    for options in ({"find_unused_parameters": True}, {"static_graph": True}):
+        module = mlp().to("neuron")
+        initial = module.unused.weight.detach().cpu()
+        train(DistributedDataParallel(module, **options), rank, size)
+        compare(module.state_dict(), want, f"ddp {options}")
+        assert torch.equal(module.unused.weight.cpu(), initial)
+
+
 def ddp(rank: int, size: int, how: str, device_ids: bool, buckets: bool = False) -> None:
     """``buckets``: an MLP of 1.5 MB, past DDP's first bucket (1 MiB), so that Dynamo's DDPOptimizer
     compiles the graph in pieces split at the buckets (each piece's first call, made while
@@ -179,9 +198,10 @@ def fsdp2(rank: int, size: int, how: str) -> None:
 
 
 def main() -> None:
+    global SIZES, TOLERANCE, ADAM_EPS, UNUSED
     mode, how = sys.argv[1], sys.argv[2]
+    UNUSED = mode == "ddp_unused"
     if mode == "ddp_buckets":
-        global SIZES, TOLERANCE, ADAM_EPS
         SIZES = (16, 600, 600, 4)
         # 600-wide sums in another order: gradients of about 1e-8 differ in their last bits, which
         # AdamW's first steps scale to whole updates with its default eps (measured 5e-5 on one
@@ -193,6 +213,8 @@ def main() -> None:
     rank, size = dist.get_rank(), dist.get_world_size()
     if mode == "fsdp2":
         fsdp2(rank, size, how)
+    elif mode == "ddp_unused":
+        ddp_unused(rank, size)
     else:
         ddp(rank, size, how, device_ids=mode == "ddp_device_ids", buckets=mode == "ddp_buckets")
     dist.destroy_process_group()

@@ -172,3 +172,54 @@ def test_pin_memory_and_pinned_data_loaders_work_where_neuron_is_the_accelerator
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ok neuron:0" in done.stdout
+
+
+def test_factories_with_pin_memory_give_pinned_memory_through_the_native_hooks():
+    """``pin_memory=True`` factories ask the accelerator's C++ hooks for a pinned allocator, which only
+    the native hooks (``device/native.py``) provide: they raised "getPinnedMemoryAllocator". Each
+    block is pinned while it lives and given back when its last tensor dies."""
+    script = textwrap.dedent("""
+        import gc, torch
+        from torch_neuronx.device import native
+        assert native.failure() is None, native.failure()
+        before = native.pinned_bytes()
+        made = [torch.empty(10, pin_memory=True), torch.zeros(3, 4, pin_memory=True),
+                torch.tensor([1.5, 2.5], pin_memory=True), torch.ones(5, dtype=torch.int64, pin_memory=True),
+                torch.empty_like(torch.ones(7), pin_memory=True), torch.arange(6.0).pin_memory()]
+        assert all(t.is_pinned() for t in made)
+        assert not torch.ones(3).is_pinned() and not made[1][1:].clone().is_pinned()
+        assert made[1][1:].is_pinned()  # a view of pinned memory
+        assert torch.equal(made[2], torch.tensor([1.5, 2.5])) and made[3].sum().item() == 5
+        on_device = made[2].to("neuron", non_blocking=True)
+        back = torch.empty(2, pin_memory=True)
+        back.copy_(on_device * 2, non_blocking=True)
+        torch.neuron.synchronize()
+        assert torch.equal(back, torch.tensor([3.0, 5.0]))
+        during = native.pinned_bytes()
+        assert during[0] >= before[0] + 10 * 4 + 12 * 4 + 2 * 4 + 5 * 8 + 7 * 4 + 6 * 4, (before, during)
+        del made, back, on_device
+        gc.collect()
+        assert native.pinned_bytes() == before, (before, native.pinned_bytes())
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ok" in done.stdout
+
+
+def test_without_a_compiler_the_python_hooks_serve_and_pin_memory_still_works(tmp_path):
+    """No C++ compiler and no built library: the device registers with the Python hooks (a clear
+    reason from ``native.failure()``), and ``Tensor.pin_memory()`` works through ``device/pinned.py``."""
+    script = textwrap.dedent("""
+        import torch
+        from torch_neuronx.device import native
+        assert "no C++ compiler" in native.failure(), native.failure()
+        pinned = torch.arange(4.0).pin_memory()
+        assert pinned.is_pinned() and torch.equal(pinned.to("neuron").cpu(), torch.arange(4.0))
+        print("ok", torch.randn(2, device="neuron").device)
+    """)
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PATH": os.path.dirname(sys.executable)}
+    env.pop("CXX", None)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ok neuron:0" in done.stdout

@@ -32,11 +32,7 @@ def register() -> bool:
     if current == "neuron" and hasattr(torch, "neuron"):
         _registered = True  # registered by another copy of this module (e.g. a reload)
         return True
-    from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
-
-    from torch_neuronx.device.hooks import NeuronDeviceGuard, NeuronHooks
-
-    _setup_privateuseone_for_python_backend("neuron", module, NeuronHooks(), NeuronDeviceGuard())
+    native_hooks = _register_backend(module)
     _register_kernels()
     from torch_neuronx.device import (
         accelerator,
@@ -60,7 +56,8 @@ def register() -> bool:
 
     autocast.register()
     accelerator.install()
-    pinned.install()
+    if not native_hooks:  # (the native hooks pin memory themselves)
+        pinned.install()
     backward_errors.install()
     from torch_neuronx import process
 
@@ -74,6 +71,25 @@ def register() -> bool:
     _register_serialization()
     _registered = True
     return True
+
+
+def _register_backend(module: Any) -> bool:
+    """Rename PrivateUse1 ``neuron`` and register its module, hooks and device guard (the steps of
+    torch's ``_setup_privateuseone_for_python_backend``, in its order), with the native hooks
+    (``device/native.py``) where they can be built; whether they were."""
+    import torch
+
+    from torch_neuronx.device import native
+    from torch_neuronx.device.hooks import NeuronDeviceGuard, NeuronHooks
+
+    torch.utils.rename_privateuse1_backend("neuron")
+    torch.utils.generate_methods_for_privateuse1_backend()
+    torch._register_device_module("neuron", module)
+    native_hooks = native.register_hooks()
+    if not native_hooks:
+        torch._C._acc.register_python_privateuseone_hook(NeuronHooks())
+    torch._C._acc.register_python_privateuseone_device_guard(NeuronDeviceGuard())
+    return native_hooks
 
 
 def _register_serialization() -> None:
