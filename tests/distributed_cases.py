@@ -107,6 +107,18 @@ def peer_never_arrives(rank: int) -> None:
     t.cpu()
 
 
+def monitored_barrier_peer_late(rank: int) -> None:
+    """``dist.monitored_barrier``: torch's refused every backend but gloo by name. Both ranks pass
+    one (with the group's timeout and with their own); then rank 1 arrives late, and rank 0's
+    names it within the timeout."""
+    dist.monitored_barrier()
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=4), wait_all_ranks=True)
+    if rank == 1:
+        time.sleep(8)  # alive, but late for the next one
+        return
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=2), wait_all_ranks=True)
+
+
 def mismatched_shapes(rank: int) -> None:
     t = torch.ones(4 + rank, device="neuron")
     dist.all_reduce(t)

@@ -128,6 +128,7 @@ def test_a_process_that_ran_ahead_into_a_failed_collective_exits_cleanly():
     ("peer_dies", {0: "by peer"}),  # gloo: "Connection closed by peer" or "... reset by peer"
     ("peer_exits_with_an_error", {0: "all_reduce on process group '0' failed"}),
     ("peer_never_arrives", {0: "did not complete within 5 s"}),
+    ("monitored_barrier_peer_late", {0: "Ranks 1 failed to pass monitoredBarrier in 2000 ms"}),
     ("peer_dies_in_ddp_training", {0: "all_reduce on process group"}),
 ])
 def test_failures_are_errors_on_every_rank_never_hangs_or_aborts(case, expect):

@@ -9,8 +9,11 @@ torch.distributed's own gloo transport (:mod:`.algorithms`, :mod:`.work`, :mod:`
 
 from __future__ import annotations
 
+import datetime
+import functools
 import importlib
 import sys
+import warnings
 from typing import Any
 
 import torch.distributed as dist
@@ -70,4 +73,35 @@ def register() -> None:
     from torch_neuronx.distributed import staging
 
     staging.install()
+    _install_monitored_barrier()
     _registered = True
+
+
+def _install_monitored_barrier() -> None:
+    """``dist.monitored_barrier`` on neuron groups. torch's refuses every backend but gloo by name
+    ("only implemented for GLOO backend") before it asks the group, although the group's own
+    ``monitored_barrier`` is what it then calls; a neuron group's runs on its gloo transport and
+    names the ranks that did not arrive within the timeout. Other groups go to torch's, unchanged."""
+    c10d = dist.distributed_c10d
+    original = c10d.monitored_barrier
+    if getattr(original, "__neuron_original__", None) is not None:
+        return
+
+    @functools.wraps(original)
+    def monitored_barrier(group: Any = None, timeout: Any = None, wait_all_ranks: bool = False) -> Any:
+        if c10d._rank_not_in_group(group) or "neuron" not in str(dist.get_backend(group)):
+            return original(group, timeout, wait_all_ranks)
+        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
+            warnings.warn(f"Please specify timeout arg as a timedelta. Converting current value of {timeout} "
+                          "assuming it represents seconds", stacklevel=2)
+            timeout = datetime.timedelta(seconds=timeout)
+        if timeout is not None:
+            c10d._check_valid_timeout(timeout)
+        group_to_use = c10d._get_default_group() if group is None else group
+        if timeout is None:
+            return group_to_use.monitored_barrier(wait_all_ranks=wait_all_ranks)  # the group's own timeout
+        return group_to_use.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+    monitored_barrier.__neuron_original__ = original  # type: ignore[attr-defined]
+    c10d.monitored_barrier = monitored_barrier
+    dist.monitored_barrier = monitored_barrier
