@@ -30,9 +30,8 @@ def on_device_1():
 def test_neuron_without_an_index_is_the_current_device_everywhere(on_device_1):
     """``Tensor.to``, ``torch.tensor`` and ``Module.to`` resolve the index in C++ from the device
     guard, which answered 0 while the factories used the current device: the next op mixed two
-    devices. Generators, streams, memory statistics and seeding answer for the current device.
-    (``torch.accelerator.current_stream()`` is the device guard's answer, made in C without a
-    Python frame Dynamo would intercept on every compiled call: device 0's default stream.)"""
+    devices. Generators, streams, memory statistics and seeding answer for the current device
+    (``torch.accelerator.current_stream()`` too: ``tests/test_generic_streams.py``)."""
     host = torch.arange(4.0)
     made = [host.to("neuron"), host.to(torch.device("neuron")), host.to(device="neuron"),
             torch.tensor([1.0, 2.0], device="neuron"), torch.as_tensor(host, device="neuron"),

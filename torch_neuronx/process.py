@@ -19,6 +19,7 @@ import datetime
 import os
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from torch_neuronx import config
@@ -118,9 +119,21 @@ def current_device() -> int:
     return _current.device
 
 
+_device_listener: Callable[[int], None] | None = None
+
+
 def set_current_device(index: int) -> None:
     """Make ``index`` this thread's current neuron device (checked by the caller)."""
     _current.device = index
+    if _device_listener is not None:
+        _device_listener(index)
+
+
+def on_set_device(listener: Callable[[int], None]) -> None:
+    """Call ``listener(index)`` in the thread that changes its current device, on every change (the
+    native device guard's mirror of it, ``device/generic_streams.py``); one listener."""
+    global _device_listener
+    _device_listener = listener
 
 
 def device_index(device: Any = None) -> int:

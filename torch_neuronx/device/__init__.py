@@ -88,7 +88,11 @@ def _register_backend(module: Any) -> bool:
     native_hooks = native.register_hooks()
     if not native_hooks:
         torch._C._acc.register_python_privateuseone_hook(NeuronHooks())
-    torch._C._acc.register_python_privateuseone_device_guard(NeuronDeviceGuard())
+        torch._C._acc.register_python_privateuseone_device_guard(NeuronDeviceGuard())
+    else:
+        from torch_neuronx.device import generic_streams
+
+        generic_streams.install(native.library())
     return native_hooks
 
 

@@ -1,7 +1,9 @@
-"""The PrivateUse1 hooks and device guard PyTorch's C++ side asks the neuron backend for.
+"""The PrivateUse1 hooks and device guard in Python, where the native ones cannot be built.
 
 torch.accelerator, Dynamo's stream tracking and autograd's device bookkeeping
-query these once PrivateUse1 is renamed ``neuron``.
+query these once PrivateUse1 is renamed ``neuron``. The native hooks and guard
+(``device/native.py``) serve wherever a C++ compiler is found; these answer
+availability only (no pinned memory, and the generic streams are stream 0).
 """
 
 from __future__ import annotations

@@ -541,12 +541,24 @@ def current_stream(device: Any = None) -> Stream:
     return _default_stream(index)
 
 
+_stream_listener: Callable[[int, int], None] | None = None
+
+
 def set_stream(stream: Stream) -> None:
     """Make ``stream`` this thread's current stream on its device."""
     current = getattr(_local, "streams", None)
     if current is None:
         current = _local.streams = {}
     current[stream.device_index] = stream
+    if _stream_listener is not None:
+        _stream_listener(stream.device_index, stream.id)
+
+
+def on_set_stream(listener: Callable[[int, int], None]) -> None:
+    """Call ``listener(device, stream id)`` in the thread that changes its current stream of a device,
+    on every change (the native device guard's mirror, ``device/generic_streams.py``); one listener."""
+    global _stream_listener
+    _stream_listener = listener
 
 
 @contextlib.contextmanager
