@@ -124,6 +124,27 @@ def test_reversals_of_a_slice_with_a_step_in_its_last_dimension():
     assert torch.equal(grad, want)
 
 
+@pytest.mark.parametrize("shape, pad", [((2, 3, 5, 4), (1, 2, 3, 0)), ((1, 2, 3, 4, 5), (1, 1, 1, 1, 1, 1)),
+                                        ((2, 3, 7), (2, 1))])
+def test_reversals_of_slices_that_are_not_one_contiguous_run(shape, pad):
+    """Circular padding copies ``t[..., 4:5]`` (part of a wider last dimension, so not one
+    contiguous run although its step is 1) into the padded tensor through a reverse: IREE failed
+    to compile 4-d and 5-d circular padding ("LLVM Translation failed", iree-org/iree#15364), and
+    so every ``Conv2d(padding_mode="circular")``. Also a reverse of ``t[..., 1:2, :]`` and of
+    ``t[:, 0]``. Forward and backward."""
+    def fn(t):
+        padded = F.pad(t, pad, mode="circular")
+        return padded, t[..., 1:2, :].flip(-2, -1), t[:, 0].flip(-1)
+
+    t = torch.randn(shape, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    got = torch.compile(fn, backend="neuron")(t)
+    expected = fn(t)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    grad, = torch.autograd.grad(sum((g * (i + 1)).sum() for i, g in enumerate(got)), t)
+    want, = torch.autograd.grad(sum((e * (i + 1)).sum() for i, e in enumerate(expected)), t)
+    torch.testing.assert_close(grad, want)
+
+
 def test_booleans_and_unsigned_integers_converted_into_a_matmul_keep_their_values():
     """IREE sign-extended the narrow integer when it fused the conversion into a matmul.
 

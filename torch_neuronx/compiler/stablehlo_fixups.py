@@ -85,14 +85,29 @@ def _reads_a_slice(value: object) -> bool:
     return _slice_read(value) is not None
 
 
-def _strided_last(value: object) -> bool:
-    """Whether ``value`` is a slice with a step in its last dimension, seen through ops that only move elements."""
+def _i64_array(op: object, name: str) -> list[int]:
+    text = str(op.attributes[name])  # type: ignore[attr-defined]  # array<i64: 1, 2>
+    return [int(v) for v in re.findall(r"-?\d+", text.split(":", 1)[-1])]
+
+
+def _strided_read(value: object) -> bool:
+    """Whether ``value`` is a slice that is not one contiguous run of its source's elements (a step,
+    or a part of a dimension before a dimension it cuts: ``t[:, ::2]``, ``t[..., 4:5]`` of a wider
+    last dimension), seen through ops that only move elements."""
+    from torch_mlir import ir
+
     source = _slice_read(value)
     if source is None:
         return False
-    text = str(source.attributes["strides"])  # type: ignore[attr-defined]  # array<i64: 1, 2>
-    strides = re.findall(r"-?\d+", text.split(":", 1)[-1])
-    return bool(strides) and strides[-1] != "1"
+    shape = ir.RankedTensorType(source.operands[0].type).shape  # type: ignore[attr-defined]
+    result = ir.RankedTensorType(source.result.type).shape  # type: ignore[attr-defined]
+    steps = _i64_array(source, "strides")
+    cut = [d for d in range(len(shape)) if result[d] != shape[d]]
+    if not cut:
+        return False
+    last = cut[-1]  # dimensions after it are whole: the run is contiguous if this one is read in
+    # steps of 1 and every dimension before it holds one element
+    return (steps[last] != 1 and result[last] > 1) or any(result[d] != 1 for d in range(last))
 
 
 _DOT_DIMS = re.compile(r"(lhs|rhs)_(batching|contracting)_dimensions = \[([\d, ]*)\]")
@@ -120,7 +135,8 @@ def _materialize_sliced_operands(module: object) -> None:
     - fails to vectorize a gather from that strided buffer ("LLVM Translation failed for
       operation: builtin.unrealized_conversion_cast", iree-org/iree#15364):
       ``torch.gather(x[..., 0], ...)`` of an input; the same for a ``reverse`` of a slice
-      with a step in its last dimension (``t[:, ::2].flip(0)``, ``rot90``);
+      that is not one contiguous run (``t[:, ::2].flip(0)``, ``rot90``, and circular padding's
+      copies of ``t[..., 4:5]`` into a scatter);
     - computes a matrix-vector product whose vector is that strided view wrongly (its
       data-tiled ``mmt4d`` path): ``x[:, 0] @ m`` returned garbage, as did the backward of
       ``householder_product``. Products of two matrices read strided slices correctly.
@@ -129,7 +145,7 @@ def _materialize_sliced_operands(module: object) -> None:
     from torch_mlir import ir
 
     reads: list[tuple[object, int]] = [(op, 0) for op in ir_.ops_named(module, "stablehlo.gather")]
-    reads += [(op, 0) for op in ir_.ops_named(module, "stablehlo.reverse") if _strided_last(op.operands[0])]
+    reads += [(op, 0) for op in ir_.ops_named(module, "stablehlo.reverse") if _strided_read(op.operands[0])]
     for dot in ir_.ops_named(module, "stablehlo.dot_general"):
         reads += [(dot, position) for position in _vector_operands(dot)]
     with module.context, ir.Location.unknown():  # type: ignore[attr-defined]

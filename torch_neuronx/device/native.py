@@ -69,7 +69,8 @@ def _cache_directory() -> str:
             os.makedirs(candidate, exist_ok=True)
         except OSError:
             continue
-        if os.access(candidate, os.W_OK | os.X_OK):
+        # (a directory of another user's, in a shared temporary directory, could hand out their library)
+        if os.access(candidate, os.W_OK | os.X_OK) and os.stat(candidate).st_uid == os.getuid():
             return candidate
     raise NativeBuildError("no writable directory for the native hooks (tried ~/.cache and the temp directory)")
 
