@@ -232,6 +232,45 @@ def test_group_norm_of_a_narrow_input_with_float32_parameters(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_batch_and_instance_norm_of_a_narrow_input_with_float32_statistics(dtype):
+    """A bfloat16 model that keeps batch norm in float32 (and autocast's convolution before a batch
+    norm): in ``eval()`` the eager device returned float32, so the next convolution refused its
+    input ("Input type (float) and bias type (c10::BFloat16) should be the same"); instance norm
+    with float32 affine parameters ran on the CPU. The input's dtype, torch's values, no fallback;
+    eval and training (with its running statistics), 1-d to 3-d."""
+    from torch_neuronx import observe
+
+    torch.manual_seed(0)
+    fallbacks = observe.counter("eager_fallbacks")
+    for shape in ((4, 6), (2, 6, 5), (2, 6, 4, 4), (2, 6, 3, 3, 3)):
+        x = torch.randn(shape).to(dtype)
+        w, b = torch.randn(6), torch.randn(6)
+        mean, var = torch.randn(6), torch.rand(6) + 0.5
+        for training in (False, True):
+            host = [mean.clone(), var.clone()]
+            device = [t.to("neuron") for t in host]
+            want = F.batch_norm(x, *host, w, b, training)
+            got = F.batch_norm(x.to("neuron"), *device, w.to("neuron"), b.to("neuron"), training)
+            assert got.dtype == want.dtype == dtype, (shape, training, got.dtype)
+            torch.testing.assert_close(got.cpu().float(), want.float(), atol=2e-2, rtol=2e-2)
+            for g, e in zip(device, host):
+                torch.testing.assert_close(g.cpu(), e, atol=1e-3, rtol=1e-3)
+        if len(shape) > 2:
+            want = F.instance_norm(x, weight=w, bias=b)
+            got = F.instance_norm(x.to("neuron"), weight=w.to("neuron"), bias=b.to("neuron"))
+            assert got.dtype == want.dtype
+            torch.testing.assert_close(got.cpu().float(), want.float(), atol=2e-2, rtol=2e-2)
+    assert observe.counter("eager_fallbacks") == fallbacks
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 6, 3, padding=1), torch.nn.BatchNorm2d(6), torch.nn.ReLU(),
+                              torch.nn.Conv2d(6, 2, 3, padding=1)).to(dtype)
+    net[1].float()
+    net.eval()
+    image = torch.randn(2, 3, 8, 8).to(dtype)
+    torch.testing.assert_close(net.to("neuron")(image.to("neuron")).cpu().float(), net.cpu()(image).float(),
+                               atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_log_softmax_backward_of_a_narrow_input_accumulates_in_float32(dtype):
     """cross_entropy's backward: the log-softmax gradient over 20000 bfloat16 logits was 0.92 off
     (torch 0.045)."""

@@ -114,18 +114,26 @@ def native_batch_norm_inference(x: torch.Tensor, weight: torch.Tensor | None, bi
     """``native_batch_norm`` in evaluation (running statistics): ``(x - mean) * invstd * w + b`` per
     channel, and the empty saved statistics eval returns. Lowered whole, its empty results failed in
     torch-mlir ("'tensor.cast' op ... tensor<0xf32> are cast incompatible"): a BatchNorm in
-    ``eval()`` on the eager device ran on the CPU at every call. Training keeps the op."""
+    ``eval()`` on the eager device ran on the CPU at every call.
+
+    The result has the input's dtype, computed in float32 for float16/bfloat16 inputs, as torch's
+    kernel: a bfloat16 input with float32 statistics (a bfloat16 model that keeps batch norm in
+    float32) came out float32, and the next layer refused it. Training (and instance norm, which
+    has no running statistics) is torch's decomposition: torch-mlir's lowering of the op failed
+    for such mixed dtypes and it ran on the CPU."""
     if training or running_mean is None or running_var is None:
-        return NotImplemented
+        return torch._decomp.decompositions.native_batch_norm(x, weight, bias, running_mean, running_var, training,
+                                                              momentum, eps)
     shape = [1, -1] + [1] * (x.dim() - 2)
+    computed = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
     invstd = torch.rsqrt(running_var + eps)
-    out = (x - running_mean.view(shape)) * invstd.view(shape)
+    out = (computed - running_mean.view(shape)) * invstd.view(shape)
     if weight is not None:
         out = out * weight.view(shape)
     if bias is not None:
         out = out + bias.view(shape)
     empty = x.new_zeros((0,))
-    return out, empty, empty.clone()
+    return out.to(x.dtype), empty, empty.clone()
 
 
 #: This module's decompositions, merged into the compile path's table.
