@@ -454,6 +454,36 @@ def test_a_kv_cache_grown_by_one_token_each_call_compiles_once(caplog):
     assert not [m for m in messages if "for input signature" in m]  # no NEFF per length
 
 
+def test_a_causal_mask_built_from_the_cache_length_keeps_one_dynamic_neff():
+    """A decode step that builds its causal mask with ``torch.arange`` of the grown cache's length
+    (nanoGPT's and the Llama reference's pattern): the trace's ``sym_sum`` of the sizes was not
+    importable ("Unimplemented call_function: sym_sum"), and every token compiled a NEFF."""
+    torch.manual_seed(0)
+    wq, wk, wv = (torch.randn(16, 16) for _ in range(3))
+
+    def step(x, k_cache, v_cache):
+        t = x.shape[1]
+        k, v = torch.cat([k_cache, x @ wk], 1), torch.cat([v_cache, x @ wv], 1)
+        att = (x @ wq) @ k.transpose(1, 2) / 4
+        s = k.shape[1]
+        later = torch.arange(s, device=x.device)[None, :] > torch.arange(t, device=x.device)[:, None] + (s - t)
+        return att.masked_fill(later, float("-inf")).softmax(-1) @ v, k, v
+
+    compiled = torch.compile(step, backend="neuron", dynamic=True)
+    host = (torch.randn(3, 2, 16), torch.randn(3, 5, 16), torch.randn(3, 5, 16))
+    device = tuple(t.to("neuron") for t in host)
+    counts = []
+    for _ in range(6):
+        before = _compiles()
+        x = torch.randn(3, 1, 16)
+        out_host, *cache_host = step(x, *host[1:])
+        out_device, *cache_device = compiled(x.to("neuron"), *device[1:])
+        torch.testing.assert_close(out_device.cpu(), out_host, rtol=1e-4, atol=1e-5)
+        host, device = (x, *cache_host), (x, *cache_device)
+        counts.append(_compiles() - before)
+    assert counts[1:] == [0] * 5, counts
+
+
 _GPT2_GENERATE = """
 import warnings, torch, transformers
 warnings.simplefilter("ignore")

@@ -36,6 +36,7 @@ def import_raw(gm: torch.fx.GraphModule, func_name: str = "main") -> object:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch_mlir import fx as tmfx
 
+    _sums_as_additions(gm)
     try:
         # aot_autograd calls compilers under its fake mode, but tensor constants are real: the
         # importer converts bool ones (.to(uint8)), which a fake mode refuses on real tensors.
@@ -50,6 +51,32 @@ def import_raw(gm: torch.fx.GraphModule, func_name: str = "main") -> object:
             message += (f" (the graph holds the higher-order op{'s' if len(higher_order) > 1 else ''} "
                         f"{', '.join(higher_order)}, which the neuron compiler cannot import)")
         raise NeuronCompileError("import", f"torch-mlir could not import the FX graph: {message}", op=op) from exc
+
+
+def _sums_as_additions(gm: torch.fx.GraphModule) -> None:
+    """Rewrite ``torch.sym_sum([a, b, ...])`` of symbolic sizes as ``a + b + ...``: torch-mlir's
+    importer knows ``operator.add`` of sizes but not ``sym_sum`` ("Unimplemented call_function"),
+    which a dynamic trace emits for ``torch.arange(k.shape[1])`` of a key-value cache grown by one
+    token: such a decode step compiled one NEFF per token instead of one for all."""
+    import operator
+
+    changed = False
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.sym_sum or len(node.args) != 1:
+            continue
+        terms = list(node.args[0])
+        if not terms:
+            continue
+        with gm.graph.inserting_before(node):
+            total = terms[0]
+            for term in terms[1:]:
+                total = gm.graph.call_function(operator.add, (total, term))
+                total.meta.update(node.meta)
+        node.replace_all_uses_with(total)
+        gm.graph.erase_node(node)
+        changed = True
+    if changed:
+        gm.recompile()
 
 
 def _higher_order_ops(gm: torch.fx.GraphModule) -> list[str]:
