@@ -174,6 +174,13 @@ def test_pin_memory_and_pinned_data_loaders_work_where_neuron_is_the_accelerator
     assert "ok neuron:0" in done.stdout
 
 
+def _native_hooks_missing() -> str | None:
+    from torch_neuronx.device import native
+
+    return None if native.library() is not None else f"no native hooks: {native.failure()}"
+
+
+@pytest.mark.skipif(_native_hooks_missing() is not None, reason=str(_native_hooks_missing()))
 def test_factories_with_pin_memory_give_pinned_memory_through_the_native_hooks():
     """``pin_memory=True`` factories ask the accelerator's C++ hooks for a pinned allocator, which only
     the native hooks (``device/native.py``) provide: they raised "getPinnedMemoryAllocator". Each
