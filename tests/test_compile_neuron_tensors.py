@@ -558,3 +558,40 @@ def test_views_at_changing_offsets_recompile_without_failing_in_dynamos_guards()
             torch.testing.assert_close(compiled(device[i:, i:]).cpu(), _zero_diagonal_then_gram(host[i:, i:]),
                                        rtol=1e-4, atol=1e-4)
         assert torch.equal(device.cpu(), host)
+
+
+_VIEWS = {
+    "merged": lambda t, n: t.view(2, n).contiguous().view(-1),
+    "last position": lambda t, n: t.view(2, n, 1).expand(2, n, 5).contiguous()[:, -1, :],
+    "repeat_interleave": lambda t, n: t.view(2, n).contiguous().repeat_interleave(3, 0),
+    "split": lambda t, n: t.view(2, n),
+    "transposed slice": lambda t, n: t.view(2, n)[:, 1:].t(),
+}
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_views_of_other_tensors_as_inputs_under_dynamic_shapes(dynamic):
+    """A neuron tensor that is a view whose sizes its base's sizes make (``x.view(-1)`` of a
+    ``(2, n)`` tensor, ``logits[:, -1, :]``, ``repeat_interleave``'s result: every sampling loop,
+    and ``generate(num_beams=...)``) was refused by Dynamo under dynamic shapes ("we only expect to
+    bind basic symbols"), with ``dynamic=True`` and at the automatic-dynamic recompile. A view
+    written in place through the compiled function still writes its base."""
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: x * 2 + 1, backend="neuron", dynamic=dynamic)
+    for name, make in _VIEWS.items():
+        for n in (4, 6, 9):
+            host = make(torch.arange(float(2 * n)), n)
+            got = compiled(make(torch.arange(float(2 * n)).to("neuron"), n))
+            assert torch.equal(got.cpu(), host * 2 + 1), (name, n)
+
+    def bump(x):
+        x.add_(1)
+        return x.sum()
+
+    written = torch.compile(bump, backend="neuron", dynamic=dynamic)
+    for n in (4, 6, 9):
+        base = torch.arange(float(2 * n)).to("neuron").view(2, n).contiguous()
+        total = written(base.view(-1)[1:])
+        want = torch.arange(float(2 * n))
+        want[1:] += 1
+        assert torch.equal(base.cpu().view(-1), want) and total.item() == want[1:].sum().item(), n

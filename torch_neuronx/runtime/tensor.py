@@ -15,6 +15,7 @@ its dispatcher with :func:`register_dispatcher`, so neither imports the other.
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -208,6 +209,19 @@ def new_tensor(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype, n
     return NeuronTensor(data, allocation, index=index)
 
 
+def _view_from_base_metadata() -> tuple[Sequence[Any], Sequence[Any]] | None:
+    """The ``sizes`` and ``strides`` of torch's ``view_from_base`` (torch/_subclasses/meta_utils.py)
+    that is calling a view's replay, or None when it is not on the stack."""
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "view_from_base" and "sizes" in frame.f_locals:
+            return frame.f_locals["sizes"], frame.f_locals["strides"]
+        frame = frame.f_back
+    return None
+
+
 @functools.cache
 def _device(index: int) -> torch.device:
     return torch.device("neuron", index)
@@ -387,6 +401,37 @@ class NeuronTensor(torch.Tensor):
                 f"__torch_function__ subclass ({cls.__name__}) on the CPU, or observe neuron tensors with a "
                 "torch.overrides.TorchFunctionMode or a TorchDispatchMode, or wrap them in a wrapper "
                 "subclass (torch.Tensor._make_wrapper_subclass) that holds the neuron tensor") from exc
+
+    @property
+    def _view_func_unsafe(self) -> Callable[..., torch.Tensor]:
+        """How torch.compile's fake tensors rebuild this view from a fake base: ``as_strided`` with
+        the size and strides Dynamo gave the view (its symbols under dynamic shapes), this view's
+        offset, and its conjugate and negative bits, as torch rebuilds a plain tensor's views.
+
+        torch replays a tensor subclass's recorded view op instead: a neuron tensor that is
+        ``x.view(-1)`` of a ``(2, n)`` tensor (or ``logits[:, -1, :]``, ``repeat_interleave``'s
+        result) got the size ``s0*s1`` of the base's symbols, and Dynamo then refused the input
+        ("we only expect to bind basic symbols") under dynamic shapes. Only torch's fake-tensor
+        conversion (``view_from_base``) reads this attribute; autograd keeps its own view function.
+        """
+        size, stride, offset = tuple(self.shape), tuple(self.stride()), self.storage_offset()
+        conj, neg = self.is_conj(), self.is_neg()
+
+        def replay(base: torch.Tensor, symint_visitor_fn: Any = None, tensor_visitor_fn: Any = None) -> torch.Tensor:
+            # The symbolic size and strides torch's view_from_base computed for this view (what it
+            # checks the replay against); our own numbers outside it
+            outer = _view_from_base_metadata()
+            sizes, strides = outer if outer is not None else (size, stride)
+            # (the offset stays a number: a neuron tensor's offset is part of its metadata, one graph
+            # per offset, and a symbol there has no source for Dynamo's guards)
+            view = base.as_strided(sizes, strides, offset)
+            if view.is_conj() != conj:  # (a view keeps its base's bits)
+                view = view.conj()
+            if view.is_neg() != neg:
+                view = torch._neg_view(view)
+            return view
+
+        return replay
 
     def __tensor_flatten__(self) -> tuple[list[str], tuple[int, ...]]:
         """The inner tensor (the CPU view of the device memory); the device index and storage offset,
