@@ -44,6 +44,11 @@ def _inductor_cache_default() -> str:
     return f"/tmp/torchinductor_{user}/"
 
 
+def _user_cache_default() -> str:
+    """The XDG default: ``~/.cache``."""
+    return os.path.join(os.path.expanduser("~"), ".cache")
+
+
 _BACKEND = "neuron backend for torch.compile"
 _CACHE = "Persistent NEFF / HLO cache"
 _EAGER = "General (eager execution)"
@@ -321,5 +326,14 @@ register(
         "Path of the iree-compile executable. Empty (the default): the one shipped with "
         "iree-base-compiler.",
         _OURS, parse_path, default_doc="(from iree-base-compiler)", ours=True),
+    Var("CXX", "str", "",
+        "The C++ compiler that builds the backend's native PrivateUse1 hooks and device guard "
+        "(pinned host memory, torch's generic streams and events) on first use. Empty (the default): "
+        "c++, g++ or clang++ from PATH; none found, the Python hooks serve without those features.",
+        _OURS, parse_str, default_doc="(c++ from PATH)", ours=True, external_readers=("build tools",)),
+    Var("XDG_CACHE_HOME", "path", _user_cache_default,
+        "Base directory of per-user caches (the XDG convention): the native hooks are built into "
+        "<it>/torch_neuronx/native, named by a digest of their source and the torch version.",
+        _OURS, parse_path, default_doc="~/.cache", ours=True, external_readers=("other programs",)),
 )
 

@@ -30,6 +30,8 @@ import sys
 import tempfile
 import threading
 
+from torch_neuronx import config
+
 __all__ = ["NativeBuildError", "build", "failure", "library", "library_path", "pinned_bytes", "register_hooks"]
 
 _log = logging.getLogger("torch_neuronx.device")
@@ -45,7 +47,7 @@ class NativeBuildError(RuntimeError):
 
 
 def _compiler() -> str:
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+    for name in (config.get("CXX"), "c++", "g++", "clang++"):
         if name and shutil.which(name):
             return shutil.which(name) or name
     raise NativeBuildError("no C++ compiler found (set CXX, or install g++)")
@@ -62,7 +64,7 @@ def _command(compiler: str, output: str) -> list[str]:
 
 
 def _cache_directory() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    base = config.get("XDG_CACHE_HOME")
     for candidate in (os.path.join(base, "torch_neuronx", "native"),
                       os.path.join(tempfile.gettempdir(), f"torch_neuronx-native-{getpass.getuser()}")):
         try:
