@@ -231,7 +231,7 @@ def test_group_norm_of_a_narrow_input_with_float32_parameters(dtype):
             torch.testing.assert_close(g.float(), e.float(), atol=2e-2, rtol=2e-2)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.slow)])  # CI time
 def test_batch_and_instance_norm_of_a_narrow_input_with_float32_statistics(dtype):
     """A bfloat16 model that keeps batch norm in float32 (and autocast's convolution before a batch
     norm): in ``eval()`` the eager device returned float32, so the next convolution refused its
