@@ -143,3 +143,51 @@ def test_devices_and_errors_of_the_generic_api():
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ok" in done.stdout
+
+
+def test_the_two_apis_mix_both_ways():
+    """torch.neuron's calls take generic streams and events, and torch's take torch.neuron's streams
+    (a ``torch.Stream`` subclass, as ``torch.cuda.Stream`` is): ``torch.neuron.stream(torch.Stream(...))``
+    raised AttributeError and left the thread's current stream broken for every later op."""
+    x = torch.randn(192, 192, device="neuron")
+    want = _slow_chain(x.cpu())
+    generic, mine = torch.Stream(device="neuron"), torch.neuron.Stream()
+    assert isinstance(mine, torch.Stream) and mine.device_index == 0
+    with torch.neuron.stream(generic):
+        assert torch.accelerator.current_stream() == generic
+        y = _slow_chain(x)
+    mine.wait_stream(generic)
+    with mine:  # torch.neuron.Stream is a context manager, as torch.Stream is
+        z = y + 1
+    generic.wait_stream(mine)
+    event = torch.Event(device="neuron")
+    event.record(generic)
+    torch.neuron.current_stream().wait_event(event)
+    torch.testing.assert_close(z.cpu(), want + 1, rtol=1e-4, atol=1e-5)
+    z.record_stream(generic)
+    torch.neuron.set_stream(generic)
+    try:
+        assert torch.neuron.current_stream().id == generic.stream_id
+    finally:
+        torch.neuron.set_stream(torch.neuron.default_stream())
+    with pytest.raises(TypeError, match="torch.Stream of a neuron device"):
+        torch.neuron.set_stream(object())
+    assert torch.neuron.current_stream().id == 0 and (torch.ones(2, device="neuron") * 2).sum().item() == 4
+
+
+def test_backward_after_the_forwards_stream_object_is_gone():
+    """The forward ran on a ``torch.neuron.Stream`` made inside a function: autograd runs the backward
+    on that stream by its id, after the Python object was freed."""
+    import gc
+
+    def forward(w):
+        with torch.neuron.stream(torch.neuron.Stream()):
+            return (w @ w).tanh().sum()
+
+    w = torch.randn(8, 8, device="neuron", requires_grad=True)
+    loss = forward(w)
+    gc.collect()
+    loss.backward()
+    wc = w.detach().cpu().requires_grad_()
+    (wc @ wc).tanh().sum().backward()
+    torch.testing.assert_close(w.grad.cpu(), wc.grad, rtol=1e-4, atol=1e-5)

@@ -34,23 +34,15 @@ _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.
 _lock = threading.Lock()
 _events: dict[int, streams.Event] = {}  # handle -> event, while torch's event object lives
 _handles = itertools.count(1)
-_made: dict[tuple[int, int], streams.Stream] = {}  # streams torch made (getNewStream): kept, as CUDA's
+_made: dict[tuple[int, int], streams.Stream] = {}  # streams torch made or any thread made current: kept
 _library: Any = None
 _connected: Any = None  # the ctypes callback object: must outlive every call from C++
 
 
 def _stream(device: int, stream_id: int) -> streams.Stream:
     """The backend's stream ``stream_id`` of ``device``."""
-    if stream_id == 0:
-        return streams.default_stream(device)
     made = _made.get((device, stream_id))
-    if made is not None:
-        return made
-    with streams._registry_lock:
-        queue = next((q for q in streams._queues[device] if q.id == stream_id), None)
-    if queue is None:
-        raise RuntimeError(f"neuron:{device} has no stream {stream_id} (the torch.neuron.Stream was freed)")
-    return streams.Stream._wrap(queue)
+    return made if made is not None else streams.stream_of(device, stream_id)
 
 
 def _event(handle: int) -> streams.Event:
@@ -135,6 +127,10 @@ def _mirror_device(index: int) -> None:
 
 def _mirror_stream(device: int, stream_id: int) -> None:
     _library.torch_neuronx_guard_set_stream(device, stream_id)
+    if stream_id and (device, stream_id) not in _made:
+        # Kept, as torch.Stream's are: autograd runs a backward op on its forward's stream, by id,
+        # after the torch.neuron.Stream the forward ran on may have been freed.
+        _made[(device, stream_id)] = streams.current_stream(device)
 
 
 def _disconnect() -> None:
@@ -156,4 +152,5 @@ def install(library: Any) -> None:
     _mirror_device(process.current_device())
     process.on_set_device(_mirror_device)
     streams.on_set_stream(_mirror_stream)
+    streams.generic_event = lambda event: _events.get(int(event.event_id))
     atexit.register(_disconnect)

@@ -32,6 +32,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+
 from torch_neuronx import config, memory, observe, process
 from torch_neuronx.observe.events import state as _observing
 from torch_neuronx.process import checked_device_index, device_index
@@ -309,25 +311,82 @@ def _default_stream(device: int) -> Stream:
     return stream
 
 
-class Stream:
-    """An in-order queue of work on a neuron device (``torch.cuda.Stream``'s counterpart)."""
+def stream_of(device: int, stream_id: int) -> Stream:
+    """The stream ``stream_id`` of neuron device ``device`` (0: its default stream)."""
+    if stream_id == 0:
+        return _default_stream(device)
+    with _registry_lock:
+        queue = next((q for q in _queues[device] if q.id == stream_id), None)
+    if queue is None:
+        raise RuntimeError(f"neuron:{device} has no stream {stream_id} (the torch.neuron.Stream was freed)")
+    return Stream._wrap(queue)
+
+
+def as_stream(stream: Any) -> Any:
+    """``stream`` as this module's :class:`Stream`: torch's device-generic ``torch.Stream`` of a
+    neuron device is the stream of its id (``torch.Stream(device="neuron")`` and
+    ``torch.accelerator.current_stream()`` give those); anything else is refused."""
+    if isinstance(stream, Stream):
+        return stream
+    if isinstance(stream, torch.Stream) and stream.device.type == "neuron":
+        return stream_of(stream.device_index, stream.stream_id)
+    raise TypeError(f"expected a torch.neuron.Stream or a torch.Stream of a neuron device, got "
+                    f"{stream!r} ({type(stream).__name__})")
+
+
+#: The backend event behind a device-generic ``torch.Event`` (set by the native device guard,
+#: ``device/generic_streams.py``): None for an event never recorded.
+generic_event: Callable[[Any], Event | None] | None = None
+
+
+def _as_event(event: Any) -> Event:
+    """``event`` as this module's :class:`Event` (a ``torch.Event`` of a neuron device too)."""
+    if isinstance(event, Event):
+        return event
+    if isinstance(event, torch.Event) and generic_event is not None and event.device.type == "neuron":
+        return generic_event(event) or Event()  # (never recorded: nothing to wait for, as CUDA's)
+    raise TypeError(f"expected a torch.neuron.Event or a torch.Event of a neuron device, got {type(event).__name__}")
+
+
+_PRIVATE_USE1 = 20  # c10::DeviceType::PrivateUse1: a torch.Stream's device type for neuron
+
+
+class Stream(torch.Stream):
+    """An in-order queue of work on a neuron device (``torch.cuda.Stream``'s counterpart).
+
+    A ``torch.Stream`` of its device and id, as ``torch.cuda.Stream`` is: torch's device-generic
+    calls that take a stream (``torch.Stream.wait_stream``, ``torch.Event.record``) read it as one.
+    """
+
+    def __new__(cls, device: Any = None, priority: int = 0) -> Stream:
+        index = checked_device_index(device)  # as torch.cuda.Stream: a device that does not exist is an error
+        if not config.get("TORCH_NEURONX_ENABLE_STREAMS"):
+            return cls._wrap(_default_stream(index)._queue, priority)  # streams disabled: the default stream
+        with _registry_lock:
+            queue = _Queue(index, next(_next_ids[index]))
+            _queues[index].add(queue)
+        return cls._wrap(queue, priority)
 
     def __init__(self, device: Any = None, priority: int = 0) -> None:
-        index = checked_device_index(device)  # as torch.cuda.Stream: a device that does not exist is an error
-        self.priority = priority  # kept for API compatibility; all streams are equal here
-        if not config.get("TORCH_NEURONX_ENABLE_STREAMS"):
-            self._queue = _default_stream(index)._queue  # streams disabled: alias the default stream
-            return
-        with _registry_lock:
-            self._queue = _Queue(index, next(_next_ids[index]))
-            _queues[index].add(self._queue)
+        pass  # (made by __new__: torch.Stream's constructor takes no other arguments)
 
     @classmethod
-    def _wrap(cls, queue: _Queue) -> Stream:
-        stream = cls.__new__(cls)
-        stream.priority = 0
+    def _wrap(cls, queue: _Queue, priority: int = 0) -> Stream:
+        stream = torch.Stream.__new__(cls, stream_id=queue.id, device_index=queue.device, device_type=_PRIVATE_USE1)
+        stream.priority = priority  # kept for API compatibility; all streams are equal here
         stream._queue = queue
         return stream
+
+    def __enter__(self) -> Stream:
+        self._entered = (current_stream(self.device_index), process.current_device())
+        set_stream(self)
+        process.set_current_device(self.device_index)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        previous, device = self.__dict__.pop("_entered")
+        set_stream(previous)
+        process.set_current_device(device)
 
     @property
     def device_index(self) -> int:
@@ -428,11 +487,12 @@ class Stream:
 
     def wait_event(self, event: Event) -> None:
         """Make work submitted to this stream from now on wait for ``event``."""
-        event.wait(self)
+        _as_event(event).wait(self)
 
     def wait_stream(self, stream: Stream) -> None:
-        """Make work submitted to this stream from now on wait for ``stream``'s current work."""
-        self.wait_event(stream.record_event())
+        """Make work submitted to this stream from now on wait for ``stream``'s current work
+        (a ``torch.neuron.Stream``, or a ``torch.Stream`` of a neuron device)."""
+        self.wait_event(as_stream(stream).record_event())
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stream) and other._queue is self._queue
@@ -455,7 +515,7 @@ class Event:
 
     def record(self, stream: Stream | None = None) -> None:
         """Mark the current end of ``stream``'s queue (the current stream if None)."""
-        stream = stream if stream is not None else current_stream()
+        stream = as_stream(stream) if stream is not None else current_stream()
         queue = stream._queue
         self._time = None
         if self.enable_timing:
@@ -488,7 +548,7 @@ class Event:
 
     def wait(self, stream: Stream | None = None) -> None:
         """Make work submitted to ``stream`` (the current stream if None) from now on wait for this event."""
-        stream = stream if stream is not None else current_stream()
+        stream = as_stream(stream) if stream is not None else current_stream()
         queue, seq = self._queue, self._seq  # the point recorded now, even if re-recorded later
         if queue is None or queue.completed >= seq or stream._queue is queue:
             return  # already complete, or ordered by the queue itself
@@ -545,7 +605,9 @@ _stream_listener: Callable[[int, int], None] | None = None
 
 
 def set_stream(stream: Stream) -> None:
-    """Make ``stream`` this thread's current stream on its device."""
+    """Make ``stream`` this thread's current stream on its device (a ``torch.Stream`` of a neuron
+    device too)."""
+    stream = as_stream(stream)  # (checked before anything changes)
     current = getattr(_local, "streams", None)
     if current is None:
         current = _local.streams = {}
@@ -568,6 +630,7 @@ def stream(s: Stream | None) -> Iterator[Stream | None]:
     if s is None:
         yield None
         return
+    s = as_stream(s)
     previous, previous_device = current_stream(s.device_index), process.current_device()
     set_stream(s)
     process.set_current_device(s.device_index)

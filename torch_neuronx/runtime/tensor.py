@@ -373,9 +373,13 @@ class NeuronTensor(torch.Tensor):
         """Mark this tensor's memory as used by ``stream`` (a ``torch.neuron.Stream``), as
         ``Tensor.record_stream`` on CUDA: once freed, it is not handed out again until the work
         queued on ``stream`` by then has run. (Queued eager work holds the memory it uses anyway.)"""
-        if not hasattr(stream, "record_event") or not hasattr(stream, "device_index"):
-            raise TypeError("record_stream of a neuron tensor takes a torch.neuron.Stream, "
-                            f"got {type(stream).__name__}")
+        from torch_neuronx.runtime import streams
+
+        try:
+            stream = streams.as_stream(stream)
+        except TypeError:
+            raise TypeError("record_stream of a neuron tensor takes a torch.neuron.Stream or a torch.Stream of "
+                            f"a neuron device, got {type(stream).__name__}") from None
         if stream.device_index != self._index:
             raise RuntimeError(f"record_stream: the stream is on neuron:{stream.device_index}, "
                                f"the tensor on neuron:{self._index}")
