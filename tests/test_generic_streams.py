@@ -145,23 +145,21 @@ def test_devices_and_errors_of_the_generic_api():
     assert "ok" in done.stdout
 
 
-def test_the_two_apis_mix_both_ways():
-    """torch.neuron's calls take generic streams and events, and torch's take torch.neuron's streams
-    (a ``torch.Stream`` subclass, as ``torch.cuda.Stream`` is): ``torch.neuron.stream(torch.Stream(...))``
-    raised AttributeError and left the thread's current stream broken for every later op."""
+def test_torch_neuron_calls_take_generic_streams_and_events():
+    """``torch.neuron.stream(torch.Stream(...))`` raised AttributeError and left the thread's
+    current stream broken for every later op; so did ``set_stream`` and ``record_stream``."""
     x = torch.randn(192, 192, device="neuron")
     want = _slow_chain(x.cpu())
     generic, mine = torch.Stream(device="neuron"), torch.neuron.Stream()
-    assert isinstance(mine, torch.Stream) and mine.device_index == 0
     with torch.neuron.stream(generic):
         assert torch.accelerator.current_stream() == generic
         y = _slow_chain(x)
     mine.wait_stream(generic)
-    with mine:  # torch.neuron.Stream is a context manager, as torch.Stream is
-        z = y + 1
-    generic.wait_stream(mine)
     event = torch.Event(device="neuron")
-    event.record(generic)
+    with mine:  # torch.neuron.Stream is a context manager, as torch.Stream is
+        assert torch.accelerator.current_stream().stream_id == mine.id
+        z = y + 1
+        event.record()  # on the current stream: mine
     torch.neuron.current_stream().wait_event(event)
     torch.testing.assert_close(z.cpu(), want + 1, rtol=1e-4, atol=1e-5)
     z.record_stream(generic)

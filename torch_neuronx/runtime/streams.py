@@ -348,43 +348,41 @@ def _as_event(event: Any) -> Event:
     raise TypeError(f"expected a torch.neuron.Event or a torch.Event of a neuron device, got {type(event).__name__}")
 
 
-_PRIVATE_USE1 = 20  # c10::DeviceType::PrivateUse1: a torch.Stream's device type for neuron
-
-
-class Stream(torch.Stream):
+class Stream:
     """An in-order queue of work on a neuron device (``torch.cuda.Stream``'s counterpart).
 
-    A ``torch.Stream`` of its device and id, as ``torch.cuda.Stream`` is: torch's device-generic
-    calls that take a stream (``torch.Stream.wait_stream``, ``torch.Event.record``) read it as one.
+    Not a ``torch.Stream`` subclass (as ``torch.cuda.Stream`` is): Dynamo handles those itself
+    inside compiled functions (FSDP2's), and fails on this one's queue. torch.neuron's calls take
+    ``torch.Stream``s of neuron devices; torch's own calls take those, not this class.
     """
 
-    def __new__(cls, device: Any = None, priority: int = 0) -> Stream:
-        index = checked_device_index(device)  # as torch.cuda.Stream: a device that does not exist is an error
-        if not config.get("TORCH_NEURONX_ENABLE_STREAMS"):
-            return cls._wrap(_default_stream(index)._queue, priority)  # streams disabled: the default stream
-        with _registry_lock:
-            queue = _Queue(index, next(_next_ids[index]))
-            _queues[index].add(queue)
-        return cls._wrap(queue, priority)
-
     def __init__(self, device: Any = None, priority: int = 0) -> None:
-        pass  # (made by __new__: torch.Stream's constructor takes no other arguments)
+        index = checked_device_index(device)  # as torch.cuda.Stream: a device that does not exist is an error
+        self.priority = priority  # kept for API compatibility; all streams are equal here
+        if not config.get("TORCH_NEURONX_ENABLE_STREAMS"):
+            self._queue = _default_stream(index)._queue  # streams disabled: alias the default stream
+            return
+        with _registry_lock:
+            self._queue = _Queue(index, next(_next_ids[index]))
+            _queues[index].add(self._queue)
 
     @classmethod
-    def _wrap(cls, queue: _Queue, priority: int = 0) -> Stream:
-        stream = torch.Stream.__new__(cls, stream_id=queue.id, device_index=queue.device, device_type=_PRIVATE_USE1)
-        stream.priority = priority  # kept for API compatibility; all streams are equal here
+    def _wrap(cls, queue: _Queue) -> Stream:
+        stream = cls.__new__(cls)
+        stream.priority = 0
         stream._queue = queue
         return stream
 
     def __enter__(self) -> Stream:
-        self._entered = (current_stream(self.device_index), process.current_device())
+        """``with stream:`` as ``with torch.neuron.stream(stream):`` (torch.Stream's form)."""
+        entered = _local.__dict__.setdefault("entered", [])
+        entered.append((current_stream(self.device_index), process.current_device()))
         set_stream(self)
         process.set_current_device(self.device_index)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        previous, device = self.__dict__.pop("_entered")
+        previous, device = _local.entered.pop()
         set_stream(previous)
         process.set_current_device(device)
 
