@@ -89,7 +89,7 @@ _OPS: dict[int, Callable[..., Any]] = {
     1: _set_device,
     2: _set_stream,
     3: _new_stream,
-    4: _record,
+    # 4 (record) is called by _callback itself: it also reads the timing flag
     5: _block,
     6: lambda handle, *_: int(_event(handle).query()),
     7: lambda handle, *_: _event(handle).synchronize(),

@@ -375,16 +375,13 @@ class Stream:
 
     def __enter__(self) -> Stream:
         """``with stream:`` as ``with torch.neuron.stream(stream):`` (torch.Stream's form)."""
-        entered = _local.__dict__.setdefault("entered", [])
-        entered.append((current_stream(self.device_index), process.current_device()))
-        set_stream(self)
-        process.set_current_device(self.device_index)
+        block = stream(self)
+        block.__enter__()
+        _local.__dict__.setdefault("entered", []).append(block)  # (per thread: blocks nest)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        previous, device = _local.entered.pop()
-        set_stream(previous)
-        process.set_current_device(device)
+        _local.entered.pop().__exit__(None, None, None)
 
     @property
     def device_index(self) -> int:
