@@ -160,3 +160,101 @@ def test_a_changed_variable_or_a_listener_takes_the_whole_way(monkeypatch):
         nx * 2.0
         nx * 2.0
     assert seen.count("eager.op") == 2  # listeners see every op: plans step aside
+
+
+def _direct_plan(func, *args, **kwargs):
+    plan = _plan_of(func, *args, **kwargs)
+    assert plan is not None and plan.direct is not None, "a small call on an idle stream runs its kernel directly"
+    return plan
+
+
+def test_direct_runs_read_and_write_each_calls_memory():
+    """A small kernel on an idle stream runs at once, its argument lists kept by address: every call
+    must still read its own inputs and write its own outputs, whatever memory earlier calls used
+    (views at other offsets, misaligned ones, negated views, memory freed and handed out again)."""
+    base = torch.randn(40, 16)
+    nbase = base.to("neuron")
+    for offset in (0, 1, 2, 16, 3, 0, 1):  # the same shape and strides: one plan; offsets 1-3 misaligned
+        out = nbase[offset:offset + 8] + nbase[offset + 8:offset + 16]
+        torch.testing.assert_close(out.cpu(), base[offset:offset + 8] + base[offset + 8:offset + 16])
+    _direct_plan(aten.add.Tensor, nbase[:8], nbase[8:16])
+    x = torch.randn(8, 16)
+    nx = x.to("neuron")
+    for negated in (False, True, False, True):  # the same address, with and without the negation bit
+        operand = torch._neg_view(nx) if negated else nx
+        torch.testing.assert_close((operand * 2.0).cpu(), (-x if negated else x) * 2.0)
+    for k in range(6):  # freed memory handed out again: other values at the addresses of earlier calls
+        a = nx * float(k)
+        out = a + a
+        torch.testing.assert_close(out.cpu(), x * k * 2)
+        del a, out
+    _direct_plan(aten.add.Tensor, nx, nx)
+
+
+def test_direct_runs_of_other_dtypes_and_several_results():
+    i = torch.randint(-50, 50, (6, 10))
+    ni = i.to("neuron")
+    b = i > 0
+    nb = b.to("neuron")
+    h = torch.randn(6, 10).to(torch.bfloat16)
+    nh = h.to("neuron")
+    x = torch.randn(6, 10)
+    nx = x.to("neuron")
+    for _ in range(4):
+        torch.testing.assert_close((ni + ni).cpu(), i + i)
+        torch.testing.assert_close(torch.logical_and(nb, ~nb).cpu(), torch.logical_and(b, ~b))
+        torch.testing.assert_close((nh * nh).cpu(), h * h)
+        low, high = torch.aminmax(nx, dim=1)
+        expected = torch.aminmax(x, dim=1)
+        torch.testing.assert_close(low.cpu(), expected.min)
+        torch.testing.assert_close(high.cpu(), expected.max)
+    _direct_plan(aten.add.Tensor, ni, ni)
+    _direct_plan(aten.aminmax.default, nx, dim=1)
+
+
+def test_a_failing_direct_run_takes_the_whole_way(monkeypatch):
+    """A direct run that raises (an executable that refuses the call) leaves the op to its whole way
+    through the stream's work, which runs the kernel again or falls back: the values are right."""
+    x = torch.randn(5, 7)
+    nx = x.to("neuron")
+    for _ in range(3):
+        nx - nx * 0.5
+    torch.neuron.synchronize()
+    plan = _direct_plan(aten.sub.Tensor, nx, nx * 0.5)
+    calls = []
+
+    def refuse(tensors, storage):
+        calls.append(len(tensors))
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(plan, "direct", refuse)
+    out = nx - nx * 0.5
+    torch.testing.assert_close(out.cpu(), x - x * 0.5)
+    torch.neuron.synchronize()
+    assert calls == [2]
+
+
+def test_direct_runs_in_threads_on_their_own_streams():
+    import threading
+
+    errors, results = [], {}
+
+    def work(k):
+        try:
+            with torch.neuron.stream(torch.neuron.Stream()):
+                x = torch.full((4, 9), float(k)).to("neuron")
+                acc = x
+                for _ in range(50):
+                    acc = acc + x
+                results[k] = acc.cpu()
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(1, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    for k in range(1, 4):
+        torch.testing.assert_close(results[k], torch.full((4, 9), 51.0 * k))

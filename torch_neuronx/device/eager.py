@@ -263,7 +263,7 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
                    storage, func, given, inference=False)
     # A dynamic-shape kernel's plan lasts until its shape may be promoted to a kernel of its own.
     launch.record(func, given, (args, kwargs), kernel, outputs, _execute_into,
-                  0.0 if kernel.shapes is None else time.monotonic() + choice.PROMOTE_AFTER_S)
+                  0.0 if kernel.shapes is None else time.monotonic() + choice.PROMOTE_AFTER_S, runs_into=True)
     if kernel.out_spec.is_leaf():
         return outputs[0]
     return pytree.tree_unflatten(outputs, kernel.out_spec)

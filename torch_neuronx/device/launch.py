@@ -132,10 +132,11 @@ class Plan:
     """One signature's route: the kernel's inputs, the kernel, the outputs' metadata."""
 
     __slots__ = ("func", "kernel", "inputs", "float_dtype", "rounding", "outputs", "index", "leaf", "spec", "work",
-                 "expires")
+                 "expires", "direct", "tries", "out_bytes")
 
     def __init__(self, func: Any, kernel: Any, inputs: list[tuple[Any, int]], float_dtype: Any,
-                 outputs: list[Any], index: int, work: Callable[..., None], expires: float = 0.0) -> None:
+                 outputs: list[Any], index: int, work: Callable[..., None], expires: float = 0.0,
+                 runs_into: bool = False) -> None:
         self.func, self.kernel, self.work = func, kernel, work
         # A plan over an op family's dynamic-shape kernel ends (time.monotonic) when its shape may get
         # a kernel of its own (``choice.PROMOTE_AFTER_S``): the slow way then decides again. 0: never.
@@ -147,16 +148,30 @@ class Plan:
         self.index = index
         self.spec = kernel.out_spec
         self.leaf = kernel.out_spec.is_leaf()
+        # The kernel's run without per-call checks (``CompiledGraph.direct_into``), for small
+        # kernels of an idle stream: asked for at the first calls (the kernel's first run, which
+        # opens its executable, may still be queued when the plan is made).
+        self.direct: Callable[[list, list], None] | None = None
+        self.tries = 3 if runs_into and _direct_possible(kernel, outputs) else 0
+        self.out_bytes = sum(out[3] for out in outputs if len(out) > 1)
 
     def __call__(self, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
-        """Allocate the outputs and queue the kernel (as ``eager._run_compiled`` does)."""
+        """Allocate the outputs and queue the kernel (as ``eager._run_compiled`` does); a small one
+        whose stream is idle runs at once (:func:`queued.run_small`)."""
         index = self.index
         neuron, tensors = [], []
+        nbytes, ready = self.out_bytes, True
         for where, kind in self.inputs:
             value = args[where] if where.__class__ is int else kwargs[where]
             if kind is _TENSOR:
                 neuron.append(value)
-                tensors.append(value._data.detach())
+                tensors.append(value._data)
+                allocation = value._allocation
+                if allocation is not None:
+                    nbytes += allocation.nbytes
+                    writer = allocation.writer
+                    if allocation.error is not None or (writer is not None and not writer.done()):
+                        ready = False
             else:
                 tensors.append(scalars.scalar_tensor(value, self.float_dtype, self.rounding))
         stream = current_stream(index)
@@ -170,13 +185,47 @@ class Plan:
             tensor = new_tensor(*out, index, stream_id)
             results.append(tensor)
             allocations.append(tensor._allocation)
-            storage.append(tensor._data.detach())
-        kernel = self.kernel
-        queued.enqueue(index, kernel.name, neuron, allocations, self.work, kernel, tensors, storage,
-                       self.func, (args, kwargs), stream=stream, inference=False)
+            storage.append(tensor._data)
+        kernel, direct = self.kernel, self.direct
+        if direct is None and self.tries:
+            direct = self._direct()
+        if direct is None or not ready or nbytes > queued.INLINE_BYTES or not queued.run_small(
+                stream, direct, tensors, storage, (index, kernel.name, neuron, allocations, self.work,
+                                                   (kernel, tensors, storage, self.func, (args, kwargs)))):
+            # Queued: the work gets inner tensors of its own, whose metadata a later in-place view
+            # op (``transpose_``) cannot change before it runs.
+            tensors = [t.detach() for t in tensors]
+            storage = [None if t is None else t.detach() for t in storage]
+            queued.enqueue(index, kernel.name, neuron, allocations, self.work, kernel, tensors, storage,
+                           self.func, (args, kwargs), stream=stream, inference=False)
         if self.leaf:
             return results[0]
         return pytree.tree_unflatten(results, self.spec)
+
+    def _direct(self) -> Callable[[list, list], None] | None:
+        self.tries -= 1
+        make = getattr(self.kernel.compiled, "direct_into", None)
+        self.direct = direct = None if make is None else make()
+        if direct is not None:
+            self.tries = 0
+        return direct
+
+
+def _direct_possible(kernel: Any, outputs: Sequence[Any]) -> bool:
+    """Whether a plan's kernel can run without per-call checks: it writes its outputs' memory (no
+    copies), every output is a tensor, and each is contiguous (the memory the kernel writes)."""
+    if kernel.copies or not outputs:
+        return False
+    for out in outputs:
+        if len(out) == 1:
+            return False
+        size, stride = out[0], out[1]
+        expected = 1
+        for s, st in zip(reversed(size), reversed(stride)):
+            if s != 1 and st != expected:
+                return False
+            expected *= s
+    return True
 
 
 def _inputs(given: tuple[Sequence[Any], dict[str, Any]],
@@ -207,11 +256,14 @@ def _inputs(given: tuple[Sequence[Any], dict[str, Any]],
 
 
 def record(func: Any, given: tuple[Sequence[Any], dict[str, Any]], computed: tuple[Sequence[Any], dict[str, Any]],
-           kernel: Any, outputs: Sequence[Any], work: Callable[..., None], expires: float = 0.0) -> None:
+           kernel: Any, outputs: Sequence[Any], work: Callable[..., None], expires: float = 0.0,
+           runs_into: bool = False) -> None:
     """Keep the route ``eager._run_compiled`` just took as the plan of this call's signature.
 
     ``given`` are the call's arguments and keywords, ``computed`` the same after runtime scalars
-    replaced its floats, ``outputs`` the results it allocated and queued, ``work`` what it queued.
+    replaced its floats, ``outputs`` the results it allocated and queued, ``work`` what it queued;
+    ``runs_into``: ``work(kernel, tensors, storage, ...)`` runs the kernel into the outputs' memory
+    (and falls back when it cannot), so a small call may run the kernel directly instead.
     """
     if not _usable():
         return
@@ -234,7 +286,7 @@ def record(func: Any, given: tuple[Sequence[Any], dict[str, Any]], computed: tup
             specs.append((out,))
     if len(_plans) >= _LIMIT:
         _plans.clear()
-    plan = _plans[sig] = Plan(func, kernel, inputs, float_dtype, specs, index, work, expires)
+    plan = _plans[sig] = Plan(func, kernel, inputs, float_dtype, specs, index, work, expires, runs_into)
     if float_dtype is torch.float32:
         plan.rounding = scalars.rounding(func, *given)
 

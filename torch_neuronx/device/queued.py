@@ -34,10 +34,10 @@ import torch.utils._pytree as pytree
 from torch_neuronx import config
 from torch_neuronx.runtime.device import current_index as current_device
 from torch_neuronx.runtime.errors import NeuronRuntimeError
-from torch_neuronx.runtime.streams import current_stream
+from torch_neuronx.runtime.streams import current_stream, in_worker
 from torch_neuronx.runtime.tensor import NeuronTensor, PoisonedTensorError, wait_for_host
 
-__all__ = ["QueuedOpError", "PoisonedTensorError", "on_host", "enqueue", "issuing_stack", "stack_traces"]
+__all__ = ["QueuedOpError", "PoisonedTensorError", "on_host", "enqueue", "run_small", "issuing_stack", "stack_traces"]
 
 _HERE = (__file__.rsplit("/", 2)[0],)  # frames inside torch_neuronx are not the user's
 _TORCH = (torch.__file__.rsplit("/", 1)[0],)
@@ -212,3 +212,29 @@ def enqueue(index: int, name: str, inputs: Sequence[NeuronTensor], outputs: Sequ
     if pending is not None:
         for allocation in outputs:
             allocation.writer = pending
+
+
+def run_small(stream: Any, direct: Callable[[list, list], None], tensors: list[torch.Tensor],
+              storage: list[torch.Tensor], op: tuple) -> bool:
+    """A launch plan's small kernel (``device/launch.py``), run at once in the issuing thread when
+    ``stream`` is idle, as :func:`enqueue` runs one, without its per-op objects: the plan checked
+    once what enqueue checks per op, and per call that the inputs are ready and unpoisoned.
+
+    ``direct(tensors, storage)`` runs the kernel into its outputs' memory; when it fails, the op
+    goes the whole way (``op``: the index, name, inputs, allocations, work and work arguments of
+    :func:`enqueue`): its CPU fallback, or its error, kept by the stream. False when the stream is
+    busy or launches block (nothing ran: the caller enqueues).
+    """
+    queue = stream._queue
+    if queue.blocking or in_worker():
+        return False
+    return queue.run_inline(_direct, (direct, tensors, storage, op, queue))
+
+
+def _direct(direct: Callable[[list, list], None], tensors: list[torch.Tensor], storage: list[torch.Tensor],
+            op: tuple, queue: Any) -> None:
+    try:
+        direct(tensors, storage)
+    except Exception:
+        index, name, inputs, allocations, work, args = op
+        _Op(index, name, inputs, allocations, work, args, queue, None, False)()

@@ -135,6 +135,15 @@ class CompiledGraph:
             self._artifacts = None
         return True
 
+    def direct_into(self) -> Callable[[list[torch.Tensor], list[torch.Tensor]], None] | None:
+        """After a :meth:`run_into` that wrote its outputs: a function doing the same with no
+        per-call checks (``Executable.direct_into``), for a launch plan that made them once; None
+        when the graph's outputs need more (traced strides, copies) or it has no such NEFF."""
+        if self._storage_neff is None or self._storage_executable is None or self._layouts \
+                or self._artifacts is not None:
+            return None
+        return self._storage_executable.direct_into()
+
     def _pass_parameters_as_arguments(self) -> None:
         """The weights change between calls: switch to the NEFF that takes them as arguments.
 

@@ -10,6 +10,7 @@ A GPU driver's NEFFs (the ``cuda`` target) get copies in device memory instead
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import itertools
 import logging
@@ -31,6 +32,8 @@ from torch_neuronx.runtime.streams import submitted as _streams_used
 _log = logging.getLogger("torch_neuronx.runtime")
 
 _ALIGNMENT = 64  # IREE's local HAL imports host memory only at this alignment
+_KEPT_IMPORTS = 8192  # imported views a device keeps (Device.imported), dropped together when full
+_KEPT_LISTS = 64  # argument lists a plan's direct run keeps (Executable.direct_into)
 #: Bindings in a row, each serving one call, after which resident parameters count as volatile.
 VOLATILE_BINDINGS = 3
 _to_dlpack = torch._C._to_dlpack  # the builtins behind torch.utils.dlpack: no Python frame per call
@@ -143,8 +146,33 @@ class Device:
         except Exception as exc:
             raise NeuronRuntimeError(f"cannot open the {driver!r} runtime device: {exc}") from exc
         self.hal_module = rt.create_hal_module(self.instance, self.hal)
+        # Imported views of host memory by (address, shape, dtype) (:meth:`imported`).
+        self.imports: dict[tuple, object] = {}
         forks.keep_forever(self, self.instance, self.hal, self.hal_module)
         forks.state.started = forks.state.started or driver == "local-task"
+
+    def imported(self, t: torch.Tensor) -> object | None:
+        """The buffer view of plain CPU tensor ``t`` for a call, kept for later calls; None when ``t``
+        cannot be imported as it is (not dense and aligned, or a negated view: the caller imports it
+        its own way).
+
+        The view is made over an alias of ``t``'s memory that owns nothing: an import wraps memory,
+        never copies or holds it, so whatever live contiguous tensor is at that address with that
+        shape and dtype can use it, and a kept view keeps no tensor's memory allocated.
+        """
+        address = t.data_ptr()
+        key = (address, t.shape, t.dtype)
+        view = self.imports.get(key)
+        if view is not None:
+            return view
+        if type(t) is not torch.Tensor or not address or address % _ALIGNMENT or not t.is_contiguous() \
+                or t.is_neg() or t.is_conj():
+            return None
+        alias = torch.frombuffer((ctypes.c_uint8 * t.nbytes).from_address(address), dtype=t.dtype).view(t.shape)
+        if len(self.imports) >= _KEPT_IMPORTS:
+            self.imports.clear()
+        view = self.imports[key] = self.hal.from_dlpack_capsule(_to_dlpack(alias))
+        return view
 
 
 @functools.cache
@@ -364,6 +392,42 @@ class Executable:
         if _streams_used.any and not streams.in_worker():  # (a stream's own work is in order already)
             return streams.launch(self._observed_into, inputs, outputs)
         return self._observed_into(inputs, outputs)
+
+    def direct_into(self) -> Callable[[Sequence[torch.Tensor], Sequence[torch.Tensor]], None] | None:
+        """:meth:`run_into` without its per-call checks, for a caller that made them once (a launch
+        plan, ``device/launch.py``): every input is a call argument, the outputs are contiguous
+        aligned device memory, the call is made where it runs (a stream's work, or an idle stream's
+        inline run) and nothing observes launches. None for an executable that needs more: copies
+        to a GPU's memory, resident parameters, the task executor's threads."""
+        if not self._host_memory or self._context is None or self._multithreaded or self._arguments is not None:
+            return None
+        context, function, new_list, imported, view = (self._context, self._function, self._list,
+                                                       self.device.imported, self._view)
+        # Argument lists by the arguments' addresses and bits: the plan fixed everything else of
+        # each argument (shape, strides, dtype), and a list holds only views that own nothing.
+        kept: dict[tuple, object] = {}
+        data_ptr, is_neg, is_conj = torch.Tensor.data_ptr, torch.Tensor.is_neg, torch.Tensor.is_conj
+
+        def run(inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+            key = (*map(data_ptr, inputs), *map(is_neg, inputs), *map(is_conj, inputs), *map(data_ptr, outputs))
+            args = kept.get(key)
+            if args is None:
+                args, keep = new_list(len(inputs) + len(outputs)), True
+                for t in (*inputs, *outputs):
+                    imported_view = imported(t)
+                    if imported_view is None:  # (a misaligned or negated input: a copy, not kept)
+                        imported_view, keep = view(t), False
+                    args.push_ref(imported_view)
+                if keep:
+                    if len(kept) >= _KEPT_LISTS:
+                        kept.clear()
+                    kept[key] = args
+            try:
+                context.invoke(function, args, new_list(0))
+            except Exception as exc:
+                raise NeuronRuntimeError(f"executing the NEFF failed: {exc}") from exc
+
+        return run
 
     def _observed_into(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
         if not _observing.active:
