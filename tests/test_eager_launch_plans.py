@@ -191,6 +191,20 @@ def test_direct_runs_read_and_write_each_calls_memory():
     _direct_plan(aten.add.Tensor, nx, nx)
 
 
+def test_direct_runs_tell_views_of_one_address_apart():
+    """Views that start at one address with one shape (a square matrix and its transpose, a
+    reinterpreting dtype view) are different arguments: ``x.t().sum(0)`` summed ``x``'s columns
+    once ``x.sum(0)`` had run (the kept import was keyed by address, shape and dtype alone)."""
+    a = torch.randn(6, 6)
+    na = a.to("neuron")
+    for _ in range(3):
+        torch.testing.assert_close(na.sum(0).cpu(), a.sum(0))
+        torch.testing.assert_close(na.t().sum(0).cpu(), a.t().sum(0))
+        torch.testing.assert_close(na.t().contiguous().sum(1).cpu(), a.t().sum(1))
+        torch.testing.assert_close((na.view(torch.int32) + 1).cpu(), a.view(torch.int32) + 1)
+    _direct_plan(aten.sum.dim_IntList, na, [0])
+
+
 def test_direct_runs_of_other_dtypes_and_several_results():
     i = torch.randint(-50, 50, (6, 10))
     ni = i.to("neuron")

@@ -161,13 +161,14 @@ class Device:
         shape and dtype can use it, and a kept view keeps no tensor's memory allocated.
         """
         address = t.data_ptr()
+        # (checked before the lookup: a transposed view has its base's address and maybe its shape)
+        if type(t) is not torch.Tensor or not address or address % _ALIGNMENT or not t.is_contiguous() \
+                or t.is_neg() or t.is_conj():
+            return None
         key = (address, t.shape, t.dtype)
         view = self.imports.get(key)
         if view is not None:
             return view
-        if type(t) is not torch.Tensor or not address or address % _ALIGNMENT or not t.is_contiguous() \
-                or t.is_neg() or t.is_conj():
-            return None
         alias = torch.frombuffer((ctypes.c_uint8 * t.nbytes).from_address(address), dtype=t.dtype).view(t.shape)
         if len(self.imports) >= _KEPT_IMPORTS:
             self.imports.clear()
