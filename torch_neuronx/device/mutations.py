@@ -22,7 +22,8 @@ import torch.utils._pytree as pytree
 
 from torch_neuronx import observe
 from torch_neuronx.device import overlap
-from torch_neuronx.runtime.tensor import NeuronTensor, _contiguous_strides, allocate, rebind
+from torch_neuronx.runtime.allocation import _contiguous_strides, allocate
+from torch_neuronx.runtime.tensor import NeuronTensor, rebind
 
 
 def _set_wrapper_shape(t: NeuronTensor, size: Sequence[int], stride: Sequence[int], offset: int = 0) -> None:

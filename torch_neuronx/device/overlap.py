@@ -14,7 +14,7 @@ from collections.abc import Iterable
 
 import torch
 
-from torch_neuronx.runtime.tensor import _span_bytes
+from torch_neuronx.runtime.allocation import _span_bytes
 
 __all__ = ["NO_OVERLAP", "refuse_any_overlap", "refuse_internal_overlap", "refuse_partial_overlap",
            "shares_memory_within", "touches_any"]

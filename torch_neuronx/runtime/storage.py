@@ -8,7 +8,7 @@ storage holds no data and refuses ``resize_``, so :meth:`NeuronTensor.untyped_st
 <torch_neuronx.runtime.tensor.NeuronTensor.untyped_storage>` answers with the storage made
 here instead:
 
-- one object per :class:`~torch_neuronx.runtime.tensor.Allocation` (the tensor and its views
+- one object per :class:`~torch_neuronx.runtime.allocation.Allocation` (the tensor and its views
   share it: the same Python object, the same ``_cdata``), on ``neuron:N``, whose ``size()``,
   ``nbytes()`` and ``data_ptr()`` are the device memory's (a non-owning storage over the
   caching allocator's block, repointed with ``_swap_data_ptr_`` on every resize);
@@ -21,7 +21,7 @@ here instead:
 - ``torch.ops.inductor.resize_storage_bytes_(t, n)`` on a neuron tensor does the same.
 
 Queued work (``device/queued.py``) holds CPU views of the memory it reads and writes, and each
-view holds the block (:class:`~torch_neuronx.runtime.tensor.Memory`); a resize repoints in place
+view holds the block (:class:`~torch_neuronx.runtime.allocation.Memory`); a resize repoints in place
 only the neuron tensors' own inner tensors. So a block whose storage shrank to 0 goes back to
 the allocator once that work has run and let go of it, and then, when ``record_stream`` marked
 it, only after the marking streams' work (the allocator's deferred free).
@@ -41,7 +41,8 @@ from torch_neuronx import memory
 from torch_neuronx.memory.segments import PAGE_SIZE, HostSegmentSource
 from torch_neuronx.runtime import aliases, streams
 from torch_neuronx.runtime import tensor as _tensor
-from torch_neuronx.runtime.tensor import Allocation, Memory, NeuronTensor
+from torch_neuronx.runtime.allocation import Allocation, Memory, _span_bytes
+from torch_neuronx.runtime.tensor import NeuronTensor
 
 __all__ = ["allocation_of", "resize", "resize_storage_bytes", "storage_of", "view_of"]
 
@@ -83,7 +84,7 @@ def view_of(allocation: Allocation, dtype: torch.dtype, offset: int, size: Seque
     """A CPU view of ``allocation``'s memory as ``dtype`` with ``size``/``stride`` from element ``offset``
     (``set_``'s view). A view past the memory's end grows it first, keeping its bytes, as torch's
     ``set_`` grows a resizable storage (CPU's and CUDA's: it raised "out of bounds" here)."""
-    span = _tensor._span_bytes(list(size), list(stride), dtype) if all(size) else 0
+    span = _span_bytes(list(size), list(stride), dtype) if all(size) else 0
     if span and (offset * dtype.itemsize + span > allocation.nbytes or allocation.memory is None):
         resize(allocation, max(offset * dtype.itemsize + span, allocation.nbytes))
     if not span:
