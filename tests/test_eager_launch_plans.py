@@ -202,6 +202,10 @@ def test_direct_runs_tell_views_of_one_address_apart():
         torch.testing.assert_close(na.t().sum(0).cpu(), a.t().sum(0))
         torch.testing.assert_close(na.t().contiguous().sum(1).cpu(), a.t().sum(1))
         torch.testing.assert_close((na.view(torch.int32) + 1).cpu(), a.view(torch.int32) + 1)
+        freed = (na * 3).cpu()  # a contiguous 6x6 block freed, whose address a 0-d tensor may take next
+        del freed
+        one = torch.ones((), device="neuron")
+        torch.testing.assert_close((one.expand(6, 6) * 3).cpu(), torch.full((6, 6), 3.0))  # (autograd's sum backward)
     _direct_plan(aten.sum.dim_IntList, na, [0])
 
 

@@ -47,8 +47,11 @@ def _square_and_multiply(base: torch.Tensor | int, exponent: torch.Tensor, bits:
     remaining = torch.where(exponent < 0, torch.zeros_like(exponent), exponent) if signed else exponent
     result, square = torch.ones_like(exponent), base
     for position in range(bits):
-        result = torch.where(_bit(remaining, position), result * square, result)
+        # The low bit, then the exponent halved: one constant (a mask per bit, 63 distinct int64
+        # constants, made a dispatch of 64 bindings the runtime refuses above 32: int64 powers fell back).
+        result = torch.where((remaining & 1) != 0, result * square, result)
         if position + 1 < bits:
+            remaining = torch.div(remaining, 2, rounding_mode="trunc")  # (non-negative: exact)
             square = squared(square)
     if not signed:
         return result
@@ -64,12 +67,6 @@ def power(base: torch.Tensor, exponent: torch.Tensor) -> torch.Tensor:
     """``base ** exponent`` of two integer tensors of one dtype (broadcast), as torch's kernel."""
     base, exponent = torch.broadcast_tensors(base, exponent)
     return _square_and_multiply(base, exponent, _value_bits(base.dtype), lambda square: square * square)
-
-
-def _bit(values: torch.Tensor, position: int) -> torch.Tensor:
-    """Whether bit ``position`` of non-negative integers is set (a mask, not a shift: the shifts
-    are written in powers of two, :func:`two_to_the`)."""
-    return (values & (1 << position)) != 0
 
 
 def power_of_base(base: int, exponent: torch.Tensor, largest: int | None = None) -> torch.Tensor:
