@@ -406,6 +406,10 @@ def test_formatting_and_repr_read_as_torchs():
     assert repr(x) == "tensor([1.5000, 2.0000], device='neuron:0', requires_grad=True)"
     assert repr(x * 2) == "tensor([3., 4.], device='neuron:0', grad_fn=<MulBackward0>)"
     assert f"{x.detach()}" == "tensor([1.5000, 2.0000], device='neuron:0')"
+    weight = torch.nn.Linear(2, 1).to("neuron").weight  # a parameter prints as torch's do
+    assert repr(weight).startswith("Parameter containing:\ntensor([[") and repr(weight).endswith(
+        "device='neuron:0', requires_grad=True)")
+    assert repr(weight.detach()).startswith("tensor([[")
 
 
 @pytest.mark.parametrize("update", [

@@ -131,6 +131,8 @@ class NeuronTensor(torch.Tensor):
             text += f", grad_fn=<{type(self.grad_fn).__name__}>"
         elif self.requires_grad:
             text += ", requires_grad=True"
+        if isinstance(self, torch.nn.Parameter):  # (a parameter moved to neuron: a marked neuron tensor)
+            return "Parameter containing:\n" + text + ")"
         return text + ")"
 
     def __format__(self, spec: str) -> str:
