@@ -115,3 +115,25 @@ def test_ops_whose_decomposition_lays_out_otherwise_follow_torch():
             got, expected = op(image.to("neuron"), weight.to("neuron")), op(image, weight)
             assert got.stride() == expected.stride()
             torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ops_with_runtime_scalars_follow_torchs_layout(dtype):
+    """Ops whose numbers are runtime inputs (``addcmul``'s value, ``lerp``'s weight) are traced as
+    their rewrite, which laid an expanded-and-transposed result out row-major where torch's kernel
+    lays it out column-major (``r.t().view(-1)`` raised on neuron only): torch's layout now, found
+    from the op itself with numbers in place of the runtime scalars. The reference is torch's meta
+    kernel, an accelerator's layout (torch's CPU kernel differs from it for some float16 and
+    bfloat16 ops: a bfloat16 mul of these operands is column-major on the CPU, row-major on meta)."""
+    a, m = torch.randn(8).to(dtype), torch.randn(8, 8).to(dtype)
+    ops = {
+        "addcmul": lambda a, m: torch.addcmul(a.expand(8, 8), a.expand(8, 8), m.t(), value=0.5),
+        "addcdiv": lambda a, m: torch.addcdiv(a.expand(8, 8), a.expand(8, 8), m.t().abs() + 1, value=0.5),
+        "lerp": lambda a, m: torch.lerp(a.expand(8, 8), m.t(), 0.3),
+    }
+    for name, op in ops.items():
+        meta = op(torch.empty(8, dtype=dtype, device="meta"), torch.empty(8, 8, dtype=dtype, device="meta"))
+        for _ in range(2):  # the first call, and the kernel's next (its launch plan)
+            got = op(a.to("neuron"), m.to("neuron"))
+            assert got.stride() == meta.stride() == (1, 8), (name, got.stride(), meta.stride())
+            torch.testing.assert_close(got.t().reshape(-1).cpu(), op(a, m).t().reshape(-1), rtol=1e-2, atol=1e-2)

@@ -264,11 +264,39 @@ def _output_orders(func: Any, args: Sequence[Any], kwargs: dict[str, Any],
     try:
         with FakeTensorMode(allow_non_fake_inputs=False):
             fakes = pytree.tree_map(fake, (list(args), kwargs))
-            results = pytree.tree_leaves(scalars.call(func, *fakes))
+            try:  # torch's own layout for the op: its traced rewrite may lay results out otherwise
+                called, named = _numbers_for_scalars(func, *fakes)  # (addcmul of expanded and transposed)
+                results = func(*called, **named)
+            except Exception:
+                results = scalars.call(func, *fakes)
+            results = pytree.tree_leaves(results)
     except Exception:  # no meta kernel (or it disagrees with these inputs): row-major
         return None
     orders = [memory_order(r) if isinstance(r, torch.Tensor) else None for r in results]
     return orders if not missing or any(o is not None for o in orders) else None
+
+
+def _numbers_for_scalars(func: Any, args: list[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """``func``'s call with a Python number for each runtime scalar (a 0-d tensor given for a
+    ``Scalar`` argument, which torch's op does not take): the layout of its results does not
+    depend on the value."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return args, kwargs
+    args, kwargs = list(args), dict(kwargs)
+
+    def number(t: torch.Tensor) -> float | int:
+        return 1.0 if t.is_floating_point() else 1
+
+    for position, argument in enumerate(schema.arguments):
+        if not isinstance(argument.type, torch.NumberType):  # (a ``Scalar`` argument)
+            continue
+        if position < len(args) and not argument.kwarg_only:
+            if isinstance(args[position], torch.Tensor):
+                args[position] = number(args[position])
+        elif isinstance(kwargs.get(argument.name), torch.Tensor):
+            kwargs[argument.name] = number(kwargs[argument.name])
+    return args, kwargs
 
 
 def strides_in_order(shape: Sequence[int], order: Sequence[int] | None) -> list[int] | None:
