@@ -52,6 +52,25 @@ def test_optimizers_leave_the_cpus_values_without_fallbacks(optimizer, kwargs):
         torch.testing.assert_close(d, h, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("optimizer", [torch.optim.Adam, torch.optim.ASGD, torch.optim.Rprop])
+def test_optimizers_default_to_their_multi_tensor_step_as_on_cuda(optimizer):
+    """With ``foreach`` left unset, an optimizer over neuron parameters takes its multi-tensor step,
+    as over CUDA's (torch chooses it only for the tensor types it lists: the per-tensor loop issued
+    about twice the ops), and leaves the CPU's values."""
+    from torch.optim.optimizer import _default_to_fused_or_foreach
+    from torch.utils._foreach_utils import _has_foreach_support
+
+    params = [torch.zeros(3, device="neuron", requires_grad=True)]
+    assert _default_to_fused_or_foreach(params, differentiable=False) == (False, True)
+    assert _has_foreach_support(params, params[0].device)
+    host = _steps(optimizer, {}, "cpu", steps=3)
+    before = observe.counter("eager_fallbacks")
+    device = _steps(optimizer, {}, "neuron", steps=3)
+    assert observe.counter("eager_fallbacks") == before
+    for h, d in zip(host, device):
+        torch.testing.assert_close(d, h, rtol=1e-5, atol=1e-6)
+
+
 def test_a_fused_optimizers_mismatched_lists_raise_before_any_parameter_changes():
     params = [torch.randn(3, device="neuron"), torch.randn(2, device="neuron")]
     before = [p.cpu() for p in params]
