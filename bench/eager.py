@@ -241,7 +241,7 @@ def dynamic_call_cost(rounds: int) -> list[tuple[str, float, float]]:
     from torch_neuronx.device import choice
 
     # Measure the dynamic kernel itself, not the kernel a hot shape gets.
-    promote_after, choice.PROMOTE_AFTER = choice.PROMOTE_AFTER, 1 << 30
+    promote_after, choice.PROMOTE_AFTER_S = choice.PROMOTE_AFTER_S, float(1 << 30)
     cases = [("add 32x64", lambda a, b: a + b, (32, 64), (32, 64)),
              ("mm 256x256", torch.mm, (256, 256), (256, 256)),
              ("softmax 64x1024", lambda a, b: torch.softmax(a, -1), (64, 1024), (1,))]
@@ -266,7 +266,7 @@ def dynamic_call_cost(rounds: int) -> list[tuple[str, float, float]]:
                     samples.append((time.perf_counter() - start) / 50 * 1e6)
                 times[dynamic] = statistics.median(samples)
         rows.append((name, times[False], times[True]))
-    choice.PROMOTE_AFTER = promote_after
+    choice.PROMOTE_AFTER_S = promote_after
     return rows
 
 
