@@ -44,6 +44,15 @@ def _(index: torch.Tensor, size: int, negative: bool, op: str, message: str) -> 
 BOUNDS = torch.ops.neuron.index_bounds.default
 
 
+def checked(value: torch.Tensor, code: torch.Tensor, op: str, tag: str) -> torch.Tensor:
+    """``value``, with eager's check of a call made on ``code`` (integers: 0 when the call is valid,
+    another value naming the op's error, which the index-bounds pass raises on the host after the
+    call, by ``tag``): :data:`BOUNDS` for a size of 1, and ``value`` times its verdict, always 1
+    (and with it for booleans), so that the check stays in the graph."""
+    valid = (BOUNDS(code.reshape(-1), 1, False, op, tag) == 0).all()
+    return value & valid if value.dtype == torch.bool else value * valid.to(value.dtype)
+
+
 def _size(x: torch.Tensor, dim: int) -> int:
     return x.shape[dim] if x.dim() else 1
 
@@ -128,8 +137,7 @@ def repeat_interleave(repeats: torch.Tensor, output_size: int | None = None) -> 
         return repeats.new_empty((0,))
     negative = (repeats < 0).to(torch.int64).sum(0, keepdim=True).clamp(max=1)
     code = negative + 2 * (repeats.sum(0, keepdim=True) != output_size).to(torch.int64)
-    checked = BOUNDS(code, 1, False, "repeat_interleave", "repeat_interleave")
-    repeats = repeats * (checked == 0).to(repeats.dtype)  # always 1: keeps the check in the graph
+    repeats = checked(repeats, code, "repeat_interleave", "repeat_interleave")
     positions = torch.arange(output_size, dtype=repeats.dtype, device=repeats.device)
     found = torch.searchsorted(repeats.cumsum(0), positions, out_int32=repeats.dtype == torch.int32, right=True)
     return found.clamp(max=repeats.shape[0] - 1)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import torch
 
-from torch_neuronx.compiler.decompositions.indexing import BOUNDS
+from torch_neuronx.compiler.decompositions.indexing import checked
 
 aten = torch.ops.aten
 
@@ -85,15 +85,14 @@ def exponential(x: torch.Tensor, lambd: float = 1.0, *, generator=None) -> torch
 def _checked_weights(weights: torch.Tensor) -> torch.Tensor:
     """``weights`` with torch's checks on the host after the call (a negative, infinite or NaN
     weight, or a row of zeros, gave a sample where torch raises): codes, 2 for a bad element and
-    1 for a zero row (0 when valid), go through :data:`BOUNDS` for a size of 1 (the index-bounds
-    pass clamps and checks them) and are added to the weights times 0, so the check stays."""
+    1 for a zero row (0 when valid), checked as the index-bounds pass checks codes
+    (:func:`~torch_neuronx.compiler.decompositions.indexing.checked`)."""
     if weights.numel() == 0:
         return weights
     bad = (~torch.isfinite(weights) | (weights < 0)).any()
     empty = (weights.sum(-1) <= 0).any()
     codes = torch.cat([bad.to(torch.int64).reshape(1) * 2, empty.to(torch.int64).reshape(1)])
-    checked = BOUNDS(codes, 1, False, "multinomial", "multinomial")
-    return weights + (checked.to(weights.dtype) * 0).sum()
+    return checked(weights, codes, "multinomial", "multinomial")
 
 
 def multinomial(x: torch.Tensor, num_samples: int, replacement: bool = False, *, generator=None) -> torch.Tensor:

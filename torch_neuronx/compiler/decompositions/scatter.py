@@ -21,7 +21,7 @@ import torch
 
 from torch_neuronx.compiler.decompositions import indexing
 from torch_neuronx.compiler.decompositions.general import calls_itself
-from torch_neuronx.compiler.decompositions.indexing import BOUNDS
+from torch_neuronx.compiler.decompositions.indexing import BOUNDS, checked
 from torch_neuronx.compiler.decompositions.scans import scan
 
 aten = torch.ops.aten
@@ -185,8 +185,7 @@ def _checked_offsets(offsets: torch.Tensor, n: int) -> torch.Tensor:
     code = (o[:1] != 0).to(torch.int64) + 2 * (o[-1:] > n).to(torch.int64)
     if offsets.numel() > 1:
         code = code + 4 * (o[1:] < o[:-1]).any().to(torch.int64).reshape(1)
-    checked = BOUNDS(code, 1, False, "embedding_bag", "embedding_bag")
-    return offsets * (checked == 0).to(offsets.dtype)  # always 1: keeps the check in the graph
+    return checked(offsets, code, "embedding_bag", "embedding_bag")
 
 
 def embedding_bag(weight: torch.Tensor, indices: torch.Tensor, offsets: torch.Tensor,
@@ -334,7 +333,7 @@ def masked_scatter(x: torch.Tensor, mask: torch.Tensor, source: torch.Tensor) ->
     x, mask = x.expand(shape).contiguous(), mask.expand(shape).contiguous()
     if mask.numel():
         short = (mask.sum() > source.numel()).to(torch.int64).reshape(1)
-        mask = mask & (BOUNDS(short, 1, False, "masked_scatter", "masked_scatter") == 0)  # always 0: kept
+        mask = checked(mask, short, "masked_scatter", "masked_scatter")
     return aten.masked_scatter.default(x, mask, source)
 
 
@@ -364,7 +363,7 @@ def histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> t
     if min == max and x.numel():
         # The data's range, which torch requires to be finite (checked on the host after the call)
         code = x.isfinite().logical_not().any().to(torch.int64).reshape(1)
-        x = x + (BOUNDS(code, 1, False, "histc", "histc").to(x.dtype) * 0).sum()
+        x = checked(x, code, "histc", "histc")
         low, high = x.amin(), x.amax()
         same = low == high
         low, high = torch.where(same, low - 1, low), torch.where(same, high + 1, high)
@@ -413,9 +412,9 @@ def _per_selected_element(mask: torch.Tensor, values: torch.Tensor, rest: torch.
     flat = mask.reshape(-1)
     chosen = flat.sum().reshape(1)
     code = (chosen != count).to(torch.int64) * (chosen + 1)  # 0, or the count selected + 1
-    checked = BOUNDS(code, 1, False, "index_put", f"masked_index_put:{list(values.shape)}:{list(rest)}")
     rows = torch.cat([values.expand(count, *rest), values.new_zeros(1, *rest)])  # a spare row past the last
-    rank = (torch.cumsum(flat.to(torch.int64), 0) - 1).clamp(0, count) + checked  # (+ 0: keeps the check)
+    rank = checked((torch.cumsum(flat.to(torch.int64), 0) - 1).clamp(0, count), code, "index_put",
+                   f"masked_index_put:{list(values.shape)}:{list(rest)}")
     return rows.index_select(0, rank).reshape(*mask.shape, *rest)
 
 

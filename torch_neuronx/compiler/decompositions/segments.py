@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from torch_neuronx.compiler.decompositions.indexing import BOUNDS
+from torch_neuronx.compiler.decompositions.indexing import checked
 from torch_neuronx.compiler.decompositions.scatter import segment_last
 
 aten = torch.ops.aten
@@ -52,7 +52,7 @@ def _bounds(lengths: torch.Tensor | None, offsets: torch.Tensor | None,
 
 def _checked(starts: torch.Tensor, ends: torch.Tensor, size: int,
              from_lengths: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(starts, ends)`` with torch's checks made by :data:`BOUNDS` on a code. From lengths: 1
+    """``(starts, ends)`` with torch's checks made on a code (``indexing.checked``). From lengths: 1
     when one is negative, 2 when a row's do not sum to ``size``; from offsets (torch checks no
     sum there): 4 when they decrease. Bad lengths gave made-up segments where torch raises."""
     if not starts.numel():
@@ -62,9 +62,7 @@ def _checked(starts: torch.Tensor, ends: torch.Tensor, size: int,
         code = negative + 2 * (ends[:, -1] != size).any().to(torch.int64)
     else:
         code = 4 * negative
-    checked = BOUNDS(code.reshape(1), 1, False, "segment_reduce", "segment_reduce")
-    keep = (checked == 0).to(torch.int64)  # always 1: keeps the check in the graph
-    return starts * keep, ends * keep
+    return checked(starts, code, "segment_reduce", "segment_reduce"), ends
 
 
 def _run_starts(starts: torch.Tensor, ends: torch.Tensor, size: int) -> torch.Tensor:
