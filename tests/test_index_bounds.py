@@ -180,6 +180,28 @@ def test_embedding_bag_checks_its_offsets(offsets, last, message):
         torch.testing.assert_close(run(), bag(indices, o, weight))
 
 
+@pytest.mark.parametrize("values", [[0.2, 1.5, 0.3], [0.2, float("nan"), 0.3], [-0.1, 0.5, 0.5], [0.0, 1.0, 0.4]])
+def test_binary_cross_entropy_checks_its_inputs_range(values):
+    """Inputs outside [0, 1] (a NaN too) are eager's error, compiled as on the eager device (the
+    compiled loss was NaN or a value); valid ones give eager's loss and gradient."""
+    x, target = torch.tensor(values), torch.tensor([0.0, 1.0, 1.0])
+    torch._dynamo.reset()
+    compiled = torch.compile(F.binary_cross_entropy, backend="neuron", dynamic=False)
+    if not all(0.0 <= v <= 1.0 for v in values):
+        for run in (lambda: F.binary_cross_entropy(x, target), lambda: compiled(x, target),
+                    lambda: F.binary_cross_entropy(x.to("neuron"), target.to("neuron")).cpu()):
+            with pytest.raises(RuntimeError, match="all elements of input should be between 0 and 1"):
+                run()
+        return
+    leaf = x.clone().requires_grad_()
+    compiled(leaf, target).backward()
+    expected_leaf = x.clone().requires_grad_()
+    expected = F.binary_cross_entropy(expected_leaf, target)
+    expected.backward()
+    torch.testing.assert_close(compiled(x, target), expected.detach())
+    torch.testing.assert_close(leaf.grad, expected_leaf.grad)
+
+
 @pytest.mark.parametrize("name, fn, message", [
     ("index_add", lambda x, i: x.index_add(0, i, torch.ones(2, 4, dtype=torch.float64, device=x.device)),
      r"index_add_\(\): self \(Float\) and source \(Double\) must have the same scalar type"),

@@ -190,7 +190,19 @@ def nll_loss2d_forward(x: torch.Tensor, target: torch.Tensor, weight: torch.Tens
     return torch_decompositions.nll_loss2d_forward(x, target, weight, reduction, ignore_index)
 
 
+def binary_cross_entropy(x: torch.Tensor, target: torch.Tensor, weight: torch.Tensor | None = None,
+                         reduction: int = 1) -> torch.Tensor:
+    """``aten.binary_cross_entropy``: torch's decomposition, with its kernel's check that every input
+    lies in [0, 1] (a NaN fails it, as there): a compiled loss of inputs out of range gave NaN or a
+    value where eager raises."""
+    if x.numel():
+        code = ((x >= 0) & (x <= 1)).logical_not().any().to(torch.int64)
+        x = checked(x, code, "binary_cross_entropy", "binary_cross_entropy")
+    return torch_decompositions.binary_cross_entropy(x, target, weight, reduction)
+
+
 DECOMPOSITIONS = {
+    aten.binary_cross_entropy.default: binary_cross_entropy,
     aten.nll_loss_forward.default: nll_loss_forward,
     aten.nll_loss2d_forward.default: nll_loss2d_forward,
     aten.gather.default: gather_scalar,

@@ -233,6 +233,8 @@ def raise_out_of_range(check: dict[str, Any], extremes: torch.Tensor) -> None:
                                    "Expected segment_length >= 0 to be true, but got false." if high & 4 else
                                    "segment_reduce(): Expected all rows of lengths along axis to sum to "
                                    "data.size(lengths.dim()-1) when !unsafe.")
+    if check["message"] == "binary_cross_entropy":  # a code of indexing.py's range check, not an index
+        raise IndexOutOfRangeError("all elements of input should be between 0 and 1")
     if check["message"] == "histc":  # a code of scatter.py's range check, not an index
         raise IndexOutOfRangeError("torch.histc: range of the input's values is not finite (it holds inf or "
                                    "NaN; histc on neuron)")
