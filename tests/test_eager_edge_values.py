@@ -234,3 +234,25 @@ def test_equal_computes_on_the_device():
             assert torch.equal(x.to("neuron"), y.to("neuron")) == torch.equal(x, y), (x, y)
     with pytest.raises(RuntimeError, match="same device"):
         torch.equal(a.to("neuron"), a)
+
+
+@pytest.mark.parametrize("mode", [torch.enable_grad, torch.inference_mode], ids=["grad", "inference_mode"])
+def test_host_reads_compute_on_the_device_in_every_mode(mode):
+    """``torch.allclose`` ran on the CPU with a fallback warning; in inference mode ``bool(t)``
+    (``is_nonzero``, a composite that decomposes above autograd otherwise) fell back too, once per
+    token of a transformers ``generate()``. Both read their answer on the host as the CPU's."""
+    import warnings
+
+    a = torch.tensor([1.0, 0.0, float("nan")])
+    with warnings.catch_warnings(), mode():
+        warnings.simplefilter("error")
+        n = a.to("neuron")
+        for kwargs in ({}, {"equal_nan": True}, {"rtol": 0.0, "atol": 1e-6}):
+            assert torch.allclose(n, n + 1e-9, **kwargs) == torch.allclose(a, a + 1e-9, **kwargs)
+        assert torch.allclose(n[:2], torch.zeros(1, device="neuron")) is False
+        assert bool(n[0] == 1) is True and bool(n[1]) is False and bool(n.isnan().any()) is True
+        for bad in (n, n[:0]):
+            with pytest.raises(RuntimeError, match="ambiguous"):
+                bool(bad)
+        with pytest.raises(RuntimeError, match="Float did not match Double"):
+            torch.allclose(n, n.double())

@@ -226,6 +226,13 @@ def _run_compiled(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any
             observe.count("eager_data_dependent_ops")
             fell_back.op = "other"
             return _synchronized(*given, run_on_cpu, func, *given)
+        if func.has_kernel_for_dispatch_key(torch._C.DispatchKey.CompositeImplicitAutograd):
+            # A composite reaches the device only in inference mode (above autograd it decomposes):
+            # its decomposition, as outside it (``bool(t)``'s ``is_nonzero`` reads ``t.item()``,
+            # which no kernel can: it fell back to the CPU with a warning, once per generated token).
+            decomposed = func.decompose(*given[0], **given[1])
+            if decomposed is not NotImplemented:
+                return decomposed
         return fallback(func, *given, "no neuron kernel: "
                          + kernels.unimplemented_because.get(str(func), "not implemented by the neuron compiler"))
     if kwargs or any(isinstance(a, list | tuple) for a in args):

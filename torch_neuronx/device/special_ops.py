@@ -126,9 +126,16 @@ def _equal(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
     return bool(aten.eq.Tensor(a, b).all().item())
 
 
+def _allclose(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """``torch.allclose``: ``isclose`` (torch's checks and broadcasting) on the device, read once (it
+    ran on the CPU with a fallback warning: its kernel branches on the values)."""
+    return bool(aten.isclose.default(*args, **kwargs).all().item())
+
+
 #: The handler of each op that is not a computation (copies, storage changes, host reads).
 HANDLERS: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
     aten.equal.default: _equal,
+    aten.allclose.default: _allclose,
     aten._nested_tensor_from_mask_left_aligned.default: _no_nested_fast_path,
     aten._nested_tensor_from_mask.default: _no_nested_tensors,
     aten.set_.source_Storage_storage_offset: _set_storage,
