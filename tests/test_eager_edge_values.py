@@ -256,3 +256,19 @@ def test_host_reads_compute_on_the_device_in_every_mode(mode):
                 bool(bad)
         with pytest.raises(RuntimeError, match="Float did not match Double"):
             torch.allclose(n, n.double())
+
+
+def test_dtype_queries_compile_no_kernel():
+    """``result_type`` answers from dtypes: the backward of ``pow(x, 3.0)`` compiled a kernel for it,
+    one per shape of ``x`` (never a dynamic one: GPT-2's gelu_new paid it for each new length)."""
+    from torch_neuronx import metrics
+
+    before = metrics.counter("eager_ops_compiled")
+    for shape in ((3,), (2, 5), ()):
+        x = torch.ones(shape, device="neuron")
+        i = torch.ones(shape, dtype=torch.int64, device="neuron")
+        assert torch.result_type(x, 3.0) == torch.float32 and torch.result_type(i, 2.5) == torch.float32
+        assert torch.result_type(i, x.double()) == torch.result_type(torch.ones(shape, dtype=torch.int64),
+                                                                    torch.ones(shape, dtype=torch.float64))
+        assert torch.result_type(2, i) == torch.int64
+    assert metrics.counter("eager_ops_compiled") == before

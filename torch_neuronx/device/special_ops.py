@@ -132,8 +132,24 @@ def _allclose(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
     return bool(aten.isclose.default(*args, **kwargs).all().item())
 
 
+def _on_meta(func: Any) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
+    """An op that answers from its tensors' metadata alone (``result_type``: a dtype), run on meta
+    tensors: no kernel (the backward of ``pow(x, 3.0)`` compiled one per shape of ``x``)."""
+
+    def meta(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+        return value
+
+    def run(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        return func(*[meta(a) for a in args], **{k: meta(v) for k, v in kwargs.items()})
+
+    return run
+
+
 #: The handler of each op that is not a computation (copies, storage changes, host reads).
 HANDLERS: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
+    **{op: _on_meta(op) for op in (aten.result_type.Tensor, aten.result_type.Scalar, aten.result_type.Scalar_Tensor)},
     aten.equal.default: _equal,
     aten.allclose.default: _allclose,
     aten._nested_tensor_from_mask_left_aligned.default: _no_nested_fast_path,
