@@ -369,3 +369,21 @@ def test_long_rows_of_softmax_keep_kernels_per_shape():
     keys = [key for sig, key in choice._seen.items()
             if sig[0] is torch.ops.aten._softmax.default and sig[3] == (2, n + 2)]
     assert keys and all(key[0] != "dynamic" for key in keys)
+
+
+def test_cat_onto_an_empty_cache_takes_the_families_kernel():
+    """transformers' DynamicCache concatenates an empty cache onto each step's keys: a call with an
+    empty tensor keeps a kernel per shape, so every new sequence length compiled one more ``cat``.
+    Empty operands are dropped (after torch's checks, and keeping its promoted dtype)."""
+    for length in (3, 4, 5):  # the family's first shapes, and its dynamic kernel
+        torch.cat([torch.empty(2, 4, 0, 8, device="neuron"), torch.randn(2, 4, length, 8, device="neuron")], -2)
+    before = _compiles()
+    for length in (6, 9, 13, 21):
+        keys = torch.randn(2, 4, length, 8)
+        got = torch.cat([torch.empty(2, 4, 0, 8, device="neuron"), keys.to("neuron")], -2)
+        assert torch.equal(got.cpu(), keys)
+    assert _compiles() - before <= 1  # (at most the kernel a returning shape earns)
+    wide = torch.cat([torch.empty(0, 3, dtype=torch.float64, device="neuron"), torch.ones(2, 3, device="neuron")])
+    assert wide.dtype == torch.float64 and torch.equal(wide.cpu(), torch.ones(2, 3, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="Sizes of tensors must match"):
+        torch.cat([torch.empty(2, 0, 3, device="neuron"), torch.randn(2, 5, 4, device="neuron")], 1)

@@ -38,6 +38,7 @@ from torch_neuronx.compiler.options import compile_only_enabled
 from torch_neuronx.device import (
     choice,
     distributed_ops,
+    empty_operands,
     foreach,
     host_kernels,
     kernels,
@@ -458,6 +459,8 @@ def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         scalar_checks.check(func, args, kwargs)
     kind, extra = _classify(func)
     if kind == _FUNCTIONAL:
+        if func is empty_operands.CAT and (trimmed := empty_operands.trimmed_cat(args, kwargs)) is not None:
+            return empty_operands.as_torch_gives(_run_compiled(func, trimmed[0], kwargs), trimmed[1])
         return _run_compiled(func, args, kwargs)
     if kind == _IN_PLACE:
         if not isinstance(args[0], NeuronTensor):  # a host tensor written with a neuron operand
