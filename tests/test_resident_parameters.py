@@ -140,6 +140,25 @@ def test_training_step_then_eval_rebinds_updated_weights():
         torch.testing.assert_close(compiled(x), model(x))
 
 
+def test_compiled_updates_of_neuron_parameters_are_seen():
+    """Parameters on neuron updated in place by a compiled function (an optimizer step, a whole
+    train step): aot_autograd copies the update back through a detached alias, whose inner tensor
+    had a version counter of its own, so a compiled inference graph kept serving the old weights."""
+    model = _mlp().to("neuron")
+    x = torch.randn(4, 16).to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+
+    @torch.compile(backend="neuron")
+    def bump():
+        for p in model.parameters():
+            p.add_(0.25)
+
+    for _ in range(3):
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x).cpu(), model(x).cpu())
+            bump()
+
+
 def test_parameters_made_in_inference_mode_stay_correct():
     with torch.inference_mode():
         model = _mlp()

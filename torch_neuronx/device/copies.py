@@ -18,6 +18,7 @@ from torch_neuronx import observe
 from torch_neuronx.device import kernels, lazy, overlap, queued
 from torch_neuronx.device.queued import on_host
 from torch_neuronx.process import checked_device_index
+from torch_neuronx.runtime.allocation import count_writes
 from torch_neuronx.runtime.device import current_index as current_device
 from torch_neuronx.runtime.tensor import NeuronTensor, allocate, from_cpu
 
@@ -97,9 +98,7 @@ def wrote(*tensors: Any) -> None:
     an op writes through, so their version counters would never move; compiled graphs
     that keep weights resident watch those counters to see in-place updates.
     """
-    inner = [t._data for t in pytree.tree_leaves(tensors) if isinstance(t, NeuronTensor)]
-    if inner:
-        torch._C._increment_version(inner)
+    count_writes(t for t in pytree.tree_leaves(tensors) if isinstance(t, NeuronTensor))
 
 
 def copy_(args: Sequence[Any], kwargs: dict[str, Any]) -> torch.Tensor:

@@ -29,6 +29,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from torch_neuronx.device import foreach, queued
+from torch_neuronx.runtime.allocation import count_writes
 from torch_neuronx.runtime.tensor import NeuronTensor
 
 __all__ = ["handler"]
@@ -188,7 +189,7 @@ def _run(func: Any, written: tuple[int, ...], returned: int | None, fallback: Ha
     host_args, host_kwargs = pytree.tree_map(_host, (list(args), kwargs))
     queued.enqueue(index, str(func), tensors, outputs, _call, func, host_args, host_kwargs)
     if targets:  # autograd's version counters of the inner tensors (resident weights watch them)
-        torch._C._increment_version([t._data for t in targets])
+        count_writes(targets)
     return None if returned is None else (args[returned] if returned < len(args)
                                           else kwargs[func._schema.arguments[returned].name])
 

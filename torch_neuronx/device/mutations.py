@@ -22,7 +22,7 @@ import torch.utils._pytree as pytree
 
 from torch_neuronx import observe
 from torch_neuronx.device import overlap
-from torch_neuronx.runtime.allocation import _contiguous_strides, allocate
+from torch_neuronx.runtime.allocation import _contiguous_strides, allocate, count_writes
 from torch_neuronx.runtime.tensor import NeuronTensor, rebind
 
 
@@ -77,7 +77,7 @@ def resize_op(args: Sequence[Any], kwargs: dict[str, Any]) -> NeuronTensor:
     """``aten.resize_`` of a neuron tensor (contiguous: a memory format other than contiguous is
     not kept)."""
     t = resize(args[0], args[1])
-    torch._C._increment_version([t._data])
+    count_writes((t,))
     return t
 
 
@@ -127,7 +127,7 @@ def run_writing_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any], w
         upload(target._data, copy, target._index)
         back[id(copy)] = target
     if scratch or direct:
-        torch._C._increment_version([t._data for t in targets.values()])
+        count_writes(targets.values())
     return pytree.tree_map(lambda v: back.get(id(v), v) if isinstance(v, torch.Tensor) else v, out)
 
 

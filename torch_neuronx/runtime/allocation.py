@@ -9,14 +9,14 @@ allocator when the last holder is gone: its allocation, or a CPU view that queue
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
 from torch_neuronx import memory
 
-__all__ = ["Allocation", "Memory", "PoisonedTensorError", "allocate", "wait_for_host"]
+__all__ = ["Allocation", "Memory", "PoisonedTensorError", "allocate", "count_writes", "wait_for_host"]
 
 
 class Memory:
@@ -87,6 +87,28 @@ class Allocation:
         self._views = [weakref.ref(t) for t in live]
         self._prune_at = 2 * len(live) + 8
         return live
+
+
+def count_writes(tensors: Iterable[Any]) -> None:
+    """Count a write into the device memory of each neuron tensor among ``tensors``: autograd's
+    version counter of every live inner tensor over that memory moves, as the one counter torch's
+    views of a tensor share would (inner views are made below autograd, each with a counter of its
+    own). A compiled graph that keeps a parameter resident watches the parameter's inner tensor:
+    aot_autograd's copy-back of a compiled update writes through a detached alias of it, and the
+    graph kept serving the old weights."""
+    inner: dict[int, torch.Tensor] = {}
+    for t in tensors:
+        data, allocation = getattr(t, "_data", None), getattr(t, "_allocation", None)
+        if data is not None:
+            inner[id(data)] = data
+        if allocation is not None and len(allocation._views) > 1:
+            for ref in allocation._views:
+                view = ref()
+                if view is not None:
+                    inner[id(view)] = view
+    counted = [v for v in inner.values() if not v.is_inference()]
+    if counted:
+        torch._C._increment_version(counted)
 
 
 class PoisonedTensorError(RuntimeError):

@@ -3,8 +3,8 @@
 A ``neuron`` tensor is a wrapper over an inner CPU view of its device memory. Eager autograd
 saves the wrappers and checks their version counters; a compiled graph's autograd function
 (aot_autograd unwraps the wrappers) saves the inner tensors and checks theirs. Every write of the
-device bumps both counters (``device/host_kernels.wrote``), so an in-place update of a saved
-tensor is caught either way.
+device bumps both counters, the inner counters of every live view of the memory
+(``runtime/allocation.count_writes``), so an in-place update of a saved tensor is caught either way.
 
 ``torch.autograd._unsafe_preserve_version_counter`` hides a write from autograd by setting the
 wrapper's counter back (FSDP2's unshard, activation offloading, weight reloads): the inner
@@ -31,13 +31,20 @@ def _set_version_counters(tensors: Sequence[torch.Tensor], versions: Sequence[in
     """``torch._C._autograd._unsafe_set_version_counter`` that also winds back inner tensors."""
     inner: list[torch.Tensor] = []
     inner_versions: list[int] = []
+    seen: set[int] = set()
     for t, version in zip(tensors, versions, strict=False):
         data = getattr(t, "_data", None) if isinstance(t, NeuronTensor) else None
         if data is None or data.is_inference() or t.is_inference():
             continue
         moved = t._version - version
-        inner.append(data)
-        inner_versions.append(max(0, data._version - moved))
+        # every live inner view of the memory: a write counts on all of them (allocation.count_writes)
+        allocation = t._allocation
+        views = [data] if allocation is None else [data, *(ref() for ref in allocation._views)]
+        for view in views:
+            if view is not None and id(view) not in seen and not view.is_inference():
+                seen.add(id(view))
+                inner.append(view)
+                inner_versions.append(max(0, view._version - moved))
     _original(tensors, versions)
     if inner:
         _original(tuple(inner), tuple(inner_versions))
