@@ -288,6 +288,18 @@ def test_unknown_option_is_rejected():
         _run(lambda t: t + 1, torch.randn(2), options={"targt": "cpu"})
 
 
+def test_torch_compiles_modes_are_accepted_and_an_unknown_one_rejected():
+    """Every ``torch.compile`` mode compiles (alike); an unknown one is an error, as inductor's (any
+    ``mode=`` was accepted silently)."""
+    x = torch.randn(3)
+    for mode in ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"):
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(lambda t: t * 2 + 1, backend="neuron", mode=mode)(x), x * 2 + 1)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="Unrecognized mode=bogus"):
+        torch.compile(lambda t: t * 2 + 1, backend="neuron", mode="bogus")(x)
+
+
 def test_missing_compiler_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("TORCH_NEURONX_IREE_COMPILE", "/nonexistent/iree-compile")
     monkeypatch.setenv("TORCH_NEURONX_NEFF_DISABLE_CACHE", "1")

@@ -448,13 +448,21 @@ def _placing_outputs(fn: Callable, positions: list[int]) -> Callable:
     return call
 
 
+#: ``torch.compile``'s modes: accepted, and compiled alike (the NEFF is the same whichever is asked for).
+_MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
-                   options: CompileOptions | dict | None = None, **_: Any) -> Callable:
+                   options: CompileOptions | dict | None = None, mode: str | None = None, **_: Any) -> Callable:
     """The ``neuron`` backend: compile a Dynamo graph through the Neuron compile path.
 
     CPU inputs of a graph on the device are copied there on each call, or refused with
     TORCH_NEURONX_DYNAMO_DISABLE_CPU_AUTOCOPY=1 (:mod:`torch_neuronx.dynamo.autocopy`).
+    ``mode`` is one of ``torch.compile``'s, all compiled alike; another is an error, as inductor's.
     """
+    if mode not in _MODES:
+        raise ValueError(f"Unrecognized mode={mode}, should be one of: {', '.join(m for m in _MODES if m)} "
+                         "(the neuron backend compiles every mode alike)")
     if any(isinstance(x, list | tuple | dict) for x in example_inputs):
         # Graphs with bumpy inputs: compiled autograd's backward graph takes its inputs as one
         # list (aot_autograd refused it: "all flat_args must be KNOWN_TYPES"). Flattened as
