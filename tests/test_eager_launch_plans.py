@@ -6,6 +6,7 @@ reads, listeners, configuration overrides)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import torch_neuronx  # noqa: F401
@@ -162,13 +163,20 @@ def test_a_changed_variable_or_a_listener_takes_the_whole_way(monkeypatch):
     assert seen.count("eager.op") == 2  # listeners see every op: plans step aside
 
 
+@pytest.fixture
+def static_kernels(monkeypatch):
+    """Kernels of their own shape (a direct run serves a static kernel: an op family that met other
+    shapes earlier in the process runs a new one on its dynamic kernel first)."""
+    monkeypatch.setenv("TORCH_NEURONX_EAGER_DYNAMIC_SHAPES", "0")
+
+
 def _direct_plan(func, *args, **kwargs):
     plan = _plan_of(func, *args, **kwargs)
     assert plan is not None and plan.direct is not None, "a small call on an idle stream runs its kernel directly"
     return plan
 
 
-def test_direct_runs_read_and_write_each_calls_memory():
+def test_direct_runs_read_and_write_each_calls_memory(static_kernels):
     """A small kernel on an idle stream runs at once, its argument lists kept by address: every call
     must still read its own inputs and write its own outputs, whatever memory earlier calls used
     (views at other offsets, misaligned ones, negated views, memory freed and handed out again)."""
@@ -191,7 +199,7 @@ def test_direct_runs_read_and_write_each_calls_memory():
     _direct_plan(aten.add.Tensor, nx, nx)
 
 
-def test_direct_runs_tell_views_of_one_address_apart():
+def test_direct_runs_tell_views_of_one_address_apart(static_kernels):
     """Views that start at one address with one shape (a square matrix and its transpose, a
     reinterpreting dtype view) are different arguments: ``x.t().sum(0)`` summed ``x``'s columns
     once ``x.sum(0)`` had run (the kept import was keyed by address, shape and dtype alone)."""
@@ -209,7 +217,7 @@ def test_direct_runs_tell_views_of_one_address_apart():
     _direct_plan(aten.sum.dim_IntList, na, [0])
 
 
-def test_direct_runs_of_other_dtypes_and_several_results():
+def test_direct_runs_of_other_dtypes_and_several_results(static_kernels):
     i = torch.randint(-50, 50, (6, 10))
     ni = i.to("neuron")
     b = i > 0
@@ -230,7 +238,7 @@ def test_direct_runs_of_other_dtypes_and_several_results():
     _direct_plan(aten.aminmax.default, nx, dim=1)
 
 
-def test_a_failing_direct_run_takes_the_whole_way(monkeypatch):
+def test_a_failing_direct_run_takes_the_whole_way(monkeypatch, static_kernels):
     """A direct run that raises (an executable that refuses the call) leaves the op to its whole way
     through the stream's work, which runs the kernel again or falls back: the values are right."""
     x = torch.randn(5, 7)
