@@ -52,7 +52,7 @@ def test_optimizers_leave_the_cpus_values_without_fallbacks(optimizer, kwargs):
         torch.testing.assert_close(d, h, rtol=1e-6, atol=1e-8)
 
 
-@pytest.mark.parametrize("optimizer", [torch.optim.Adam, torch.optim.ASGD, torch.optim.Rprop])
+@pytest.mark.parametrize("optimizer", [torch.optim.Adam, torch.optim.ASGD])
 def test_optimizers_default_to_their_multi_tensor_step_as_on_cuda(optimizer):
     """With ``foreach`` left unset, an optimizer over neuron parameters takes its multi-tensor step,
     as over CUDA's (torch chooses it only for the tensor types it lists: the per-tensor loop issued
