@@ -10,7 +10,6 @@ A GPU driver's NEFFs (the ``cuda`` target) get copies in device memory instead
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import itertools
 import logging
@@ -21,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from torch_neuronx import config, observe
+from torch_neuronx import config, memory, observe
 from torch_neuronx.format import neff as neff_format
 from torch_neuronx.format import parameters as resident
 from torch_neuronx.observe.events import state as _observing
@@ -169,7 +168,7 @@ class Device:
         view = self.imports.get(key)
         if view is not None:
             return view
-        alias = torch.frombuffer((ctypes.c_uint8 * t.nbytes).from_address(address), dtype=t.dtype).view(t.shape)
+        alias = memory.block_view(address, t.nbytes, dtype=t.dtype).view(t.shape)  # (no owner: holds nothing)
         if len(self.imports) >= _KEPT_IMPORTS:
             self.imports.clear()
         view = self.imports[key] = self.hal.from_dlpack_capsule(_to_dlpack(alias))
