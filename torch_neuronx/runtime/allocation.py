@@ -9,7 +9,7 @@ allocator when the last holder is gone: its allocation, or a CPU view that queue
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -81,6 +81,14 @@ class Allocation:
             views[:] = [r for r in views if r() is not None]
             self._prune_at = 2 * len(views) + 8
 
+    def live_views(self) -> Iterator[torch.Tensor]:
+        """The live inner tensors tracked over this memory (a tensor may come more than once), without
+        the rebuild of the tracking list that :meth:`inner_tensors` makes."""
+        for ref in self._views:
+            view = ref()
+            if view is not None:
+                yield view
+
     def inner_tensors(self) -> list[torch.Tensor]:
         """The live inner tensors over this allocation's memory (each once)."""
         live = list({id(t): t for t in (r() for r in self._views) if t is not None}.values())
@@ -102,10 +110,7 @@ def count_writes(tensors: Iterable[Any]) -> None:
         if data is not None:
             inner[id(data)] = data
         if allocation is not None and len(allocation._views) > 1:
-            for ref in allocation._views:
-                view = ref()
-                if view is not None:
-                    inner[id(view)] = view
+            inner.update((id(view), view) for view in allocation.live_views())
     counted = [v for v in inner.values() if not v.is_inference()]
     if counted:
         torch._C._increment_version(counted)

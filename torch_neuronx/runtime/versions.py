@@ -39,9 +39,9 @@ def _set_version_counters(tensors: Sequence[torch.Tensor], versions: Sequence[in
         moved = t._version - version
         # every live inner view of the memory: a write counts on all of them (allocation.count_writes)
         allocation = t._allocation
-        views = [data] if allocation is None else [data, *(ref() for ref in allocation._views)]
+        views = [data] if allocation is None else [data, *allocation.live_views()]
         for view in views:
-            if view is not None and id(view) not in seen and not view.is_inference():
+            if id(view) not in seen and not view.is_inference():
                 seen.add(id(view))
                 inner.append(view)
                 inner_versions.append(max(0, view._version - moved))
