@@ -22,8 +22,8 @@ __all__ = ["CollectiveArgumentError", "CollectiveError", "DistributedConfigError
 
 #: Exported names and their modules, imported on first use: the process group's modules import
 #: Dynamo (their methods are hidden from it), which ``import torch`` must not pay for (about 1 s).
-_LAZY = {"CollectiveArgumentError": "validate", "CollectiveError": "work", "DistributedConfigError": "options",
-         "ProcessGroupNeuron": "process_group"}
+_LAZY = {"CollectiveArgumentError": "validate", "CollectiveError": "collective_queue",
+         "DistributedConfigError": "options", "ProcessGroupNeuron": "process_group"}
 _registered = False
 
 

@@ -23,17 +23,9 @@ import torch.distributed as dist
 from torch_neuronx import config
 from torch_neuronx.distributed import algorithms, point_to_point, validate
 from torch_neuronx.distributed.agreements import Agreements
+from torch_neuronx.distributed.collective_queue import CollectiveError, CollectiveQueue, Task
 from torch_neuronx.distributed.options import Options
-from torch_neuronx.distributed.work import (
-    CoalescedWork,
-    CollectiveError,
-    CollectiveQueue,
-    NeuronWork,
-    Task,
-    issue,
-    never_compiled,
-    ready_point,
-)
+from torch_neuronx.distributed.work import CoalescedWork, NeuronWork, issue, never_compiled, ready_point
 from torch_neuronx.runtime import streams
 from torch_neuronx.runtime.tensor import NeuronTensor
 
