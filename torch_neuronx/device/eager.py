@@ -41,6 +41,7 @@ from torch_neuronx.device import (
     empty_operands,
     foreach,
     host_kernels,
+    in_place,
     kernels,
     launch,
     long_sorts,
@@ -48,7 +49,6 @@ from torch_neuronx.device import (
     math_bits,
     mutations,
     out_variants,
-    overlap,
     placement,
     queued,
     random,
@@ -60,7 +60,6 @@ from torch_neuronx.device import (
 from torch_neuronx.device.copies import (
     empty_on_device,
     queue_copy,
-    wrote,
 )
 from torch_neuronx.device.fallback import (
     fallback,
@@ -87,16 +86,6 @@ _cpu = kernels.host_view
 def _mixed_devices(func: Any, first: int, other: int) -> RuntimeError:
     return RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                         f"neuron:{first} and neuron:{other}! (when checking arguments for {func})")
-
-
-#: In-place ops torch lets write a tensor whose elements share memory (an expanded one): every
-#: element gets the same value.
-_OVERLAP_ALLOWED = frozenset({aten.fill_.Scalar, aten.zero_.default})
-
-
-def _fill_from_first(target: torch.Tensor, values: torch.Tensor) -> None:
-    if values.numel():
-        target.fill_(values.reshape(-1)[0].item())
 
 
 _synchronized = queued.synchronized
@@ -346,7 +335,6 @@ def _declined(func: Any) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
 
 _SPECIAL_OP, _COMPOSITE_VIEW, _INPLACE_VIEW, _VIEW, _RANDOM, _IN_PLACE, _NO_FUNCTIONAL, _FUNCTIONAL, _BITS = range(9)
 _kinds: dict[Any, tuple[int, Any]] = {}
-_no_result: set[Any] = set()  # in-place ops whose schema returns nothing (``fsdp.copy_``)
 
 
 def _classify(func: Any) -> tuple[int, Any]:
@@ -383,7 +371,7 @@ def _classify(func: Any) -> tuple[int, Any]:
                 and str(func._schema.arguments[0].type) == "Tensor"
             kind = (_IN_PLACE, functional) if usable else (_NO_FUNCTIONAL, None)
             if usable and not func._schema.returns:
-                _no_result.add(func)
+                in_place.NO_RESULT.add(func)
         else:
             kind = (_FUNCTIONAL, None)
         if kind[0] in (_FUNCTIONAL, _IN_PLACE) or twin is not None:
@@ -467,7 +455,7 @@ def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
             raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two devices, "
                                f"{first_neuron((args, kwargs)).device} and {args[0].device}! (when checking "
                                f"the written-to argument 'self' of {func})")
-        return _run_in_place(func, extra, args, kwargs, args[0])
+        return in_place.run(func, extra, args, kwargs, args[0], _run_compiled)
     if kind == _VIEW:
         return _run_view(func, args, kwargs)
     if kind == _COMPOSITE_VIEW:
@@ -483,72 +471,12 @@ def _dispatch(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     return run_without_functional_form(func, args, kwargs)
 
 
-def _run_in_place(func: Any, functional: Any, args: Sequence[Any], kwargs: dict[str, Any],
-                  target: NeuronTensor) -> Any:
-    """An in-place op as its functional variant on ``args``, the result copied into ``target``.
-
-    A target whose elements share memory (an expanded or unfolded view) is written by torch's CPU
-    kernel over the device memory, as on the CPU: torch refuses some such writes and defines others
-    by its order of writes (``x.unfold(0, 2, 1)[idx] = 9.`` sets both views of an element; the copy
-    of a functional result lost one of them)."""
-    if func in _OVERLAP_ALLOWED and _fills_on_host(func, args, kwargs, target):
-        return target
-    if func not in _OVERLAP_ALLOWED and overlap.shares_memory_within(target._data):
-        warn_fallback(func, "a write into a view whose elements share memory")
-        return _synchronized(args, kwargs, _run_in_place_on_cpu, func, args, kwargs, target)
-    if torch.Tag.pointwise in func.tags or torch.Tag.pointwise in functional.tags:  # (copysign_ has no tag)
-        overlap.refuse_partial_overlap(target, (*args[1:], *kwargs.values()))
-    elif func.overloadpacket in overlap.NO_OVERLAP:
-        overlap.refuse_any_overlap(target, pytree.tree_leaves((list(args[1:]), kwargs)))
-    result = _run_compiled(functional, args, kwargs)
-    if isinstance(result, NeuronTensor) and result._index == target._index:
-        _check_in_place(target, result)
-        if func in _OVERLAP_ALLOWED and torch._debug_has_internal_overlap(target._data) == 1:
-            # Every element gets one value, which a copy into shared memory would refuse.
-            queued.enqueue(target._index, str(func), [result, target], [target._allocation], _fill_from_first,
-                           target._data.detach(), result._data.detach())
-            wrote(target)
-        else:
-            queue_copy(target, result, str(func))
-    else:
-        on_host(target._index, [target], _write_back, target, result)
-    return None if func in _no_result else target
-
-
-def _fills_on_host(func: Any, args: Sequence[Any], kwargs: dict[str, Any], target: NeuronTensor) -> bool:
-    """``zero_()`` or ``fill_(number)``: queued as torch's CPU fill over the target's memory, written
-    in place (a kernel would compute the values into new memory and copy them: twice the
-    target's memory at the peak, for ``torch.zeros``/``ones``/``full`` too). False for other forms."""
-    value = 0 if func is aten.zero_.default else args[1] if len(args) == 2 else None
-    if kwargs or type(value) not in (int, float, bool, complex) or target.is_conj() or target.is_neg():
-        return False
-    queued.enqueue(target._index, str(func), [target], [target._allocation], _fill, target._data.detach(), value)
-    wrote(target)
-    return True
-
-
-def _fill(target: torch.Tensor, value: Any) -> None:
-    target.fill_(value)
-
-
-def _run_in_place_on_cpu(func: Any, args: Sequence[Any], kwargs: dict[str, Any], target: NeuronTensor) -> Any:
-    """An in-place op by torch's CPU kernel on the host views of its neuron tensors (the device
-    memory itself: a view sharing memory keeps its layout), as a synchronization."""
-    def host(value: Any) -> Any:
-        return _cpu(value) if isinstance(value, NeuronTensor) else value
-
-    with math_bits.host_dispatch():
-        func(*pytree.tree_map(host, tuple(args)), **pytree.tree_map(host, kwargs))
-    wrote(target)
-    return None if func in _no_result else target
-
-
 def _run_resolving_bits(func: Any, kind: int, extra: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """An op torch hands conjugate or negative views (:mod:`.math_bits`) on their values in plain
     memory; what it writes (an in-place op's target, an ``out=``) is written through the view."""
     reading, reading_kwargs = math_bits.resolved(args, kwargs, _resolved_copy, keep=frozenset(("out",)))
     if kind == _IN_PLACE:
-        return _run_in_place(func, extra, reading, reading_kwargs, args[0])
+        return in_place.run(func, extra, reading, reading_kwargs, args[0], _run_compiled)
     if kind == _FUNCTIONAL:
         return _run_compiled(func, reading, reading_kwargs)
     return extra(reading, reading_kwargs)
@@ -570,30 +498,7 @@ def _run_aliased_out(func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> 
     """An ``out=`` op whose ``out`` shares memory with an input: torch's CPU kernel over the device
     memory decides, as on the CPU (:mod:`.out_variants`)."""
     warn_fallback(func, "an out= tensor sharing memory with an input")
-    return _synchronized(args, kwargs, _run_in_place_on_cpu, func, args, kwargs, kwargs["out"])
-
-
-@functools.cache
-def _scalar_type(dtype: torch.dtype) -> str:
-    """The dtype's name in torch's error messages (``Float``, ``Long``, ``BFloat16``)."""
-    return torch.empty(0, dtype=dtype).type().removeprefix("torch.").removesuffix("Tensor")
-
-
-def _check_in_place(target: NeuronTensor, result: NeuronTensor) -> None:
-    """Raise, as torch does when the op is called, when an in-place op's result cannot be written
-    back into its target: another shape (the target does not broadcast to it), or a dtype the
-    target's cannot hold (a float result into an integer tensor)."""
-    if result.shape != target.shape:
-        raise RuntimeError(f"output with shape {list(target.shape)} doesn't match the broadcast shape "
-                           f"{list(result.shape)}")
-    if result.dtype != target.dtype and not torch.can_cast(result.dtype, target.dtype):
-        raise RuntimeError(f"result type {_scalar_type(result.dtype)} can't be cast to the desired output type "
-                           f"{_scalar_type(target.dtype)}")
-
-
-def _write_back(target: NeuronTensor, result: Any) -> None:
-    _cpu(target).copy_(_cpu(result))
-    wrote(target)
+    return _synchronized(args, kwargs, in_place.by_cpu_kernel, func, args, kwargs, kwargs["out"])
 
 
 def _draw(func: Any, args: Sequence[Any], kwargs: dict[str, Any], in_place: bool) -> Any:
