@@ -659,7 +659,8 @@ def sync_batch_norm(rank: int) -> None:
 def reinit_after_destroy(rank: int) -> None:
     """destroy_process_group, then init_process_group again, three times (a new group each time):
     the second or third init hung past the group's timeout in the transports' connection setup,
-    most runs (torchrun's store kept the previous groups' addresses under the same names)."""
+    most runs (torchrun's store kept the previous groups' addresses under the same names); and
+    destroy_process_group lets the collectives this rank queued run first."""
     for i in range(3):
         dist.destroy_process_group()
         dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=20))
@@ -671,6 +672,23 @@ def reinit_after_destroy(rank: int) -> None:
         want = float(size * sum(r + i for r in range(size)))
         if t.tolist() != [want] * 3:
             raise RuntimeError(f"incarnation {i}: {t.tolist()}, not {want}")
+    # A script's usual end: every rank all-reduces a metric only rank 0 reads, then destroys the
+    # group. The others' collectives, queued on their streams, ran after their destroy had closed
+    # the transport: rank 0's failed ("rank 1 left the group", connection reset), 1 trial in 3.
+    failures = []
+    for i in range(8):
+        dist.destroy_process_group()
+        dist.init_process_group("neuron", timeout=datetime.timedelta(seconds=20))
+        metric = torch.full((4,), float(rank + 1), device="neuron")
+        try:
+            for _ in range(3):
+                dist.all_reduce(metric)
+            if rank == 0 and metric.tolist() != [float(size ** 2 * sum(range(1, size + 1)))] * 4:
+                failures.append(f"trial {i}: the metric is {metric.tolist()}")
+        except Exception as exc:  # noqa: BLE001 - every trial's outcome is reported
+            failures.append(f"trial {i}: {type(exc).__name__}: {exc}")
+    if failures:
+        raise RuntimeError("; ".join(failures))
 
 
 def device_id_bound(rank: int) -> None:

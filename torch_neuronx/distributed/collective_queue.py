@@ -17,6 +17,7 @@ import collections
 import datetime
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -308,6 +309,7 @@ class CollectiveQueue:
         self._lock = threading.Lock()
         self._in_fifo = 0  # tasks put in the FIFO and not yet handled
         self._direct: tuple[Task, streams.Stream] | None = None  # the last task run on a stream's worker
+        self._outstanding: collections.deque[Task] = collections.deque()  # admitted, perhaps not ended
 
     @property
     def name(self) -> str:
@@ -324,6 +326,10 @@ class CollectiveQueue:
         with self._lock:
             self._issued += 1
             task.order = self._issued
+            outstanding = self._outstanding
+            while outstanding and outstanding[0].done.is_set():
+                outstanding.popleft()
+            outstanding.append(task)
         if self._broken is not None:
             task.fail(self._unusable(task))
             return False
@@ -331,6 +337,18 @@ class CollectiveQueue:
         if check is not None and check.ahead:  # its data may be in flight when the verdict fails
             check.on_failure(lambda failed: self._break(failed, task))
         return True
+
+    def finish_issued(self, timeout_s: float) -> list[Task]:
+        """Wait until every collective issued so far ended (``destroy_process_group``: the peers
+        join them, so a rank that tore its transport down first failed theirs), for at most
+        ``timeout_s`` seconds in all; the collectives that had not ended then. Receives are not
+        waited for: no peer needs them to end, and one nothing was sent for ends with the group."""
+        with self._lock:
+            tasks = [task for task in self._outstanding if task.kind != "recv"]
+        deadline = time.monotonic() + timeout_s
+        for task in tasks:
+            task.done.wait(max(0.0, deadline - time.monotonic()))
+        return [task for task in tasks if not task.done.is_set()]
 
     def direct(self, task: Task, stream: streams.Stream) -> bool:
         """Whether ``task`` may run on ``stream``'s worker (then the caller queues :func:`run_direct`
@@ -433,3 +451,4 @@ class CollectiveQueue:
         self._pending.reset_after_fork()
         self._receiving = {}
         self._in_fifo, self._direct = 0, None
+        self._outstanding = collections.deque()

@@ -204,8 +204,15 @@ class ProcessGroupNeuron(dist.ProcessGroup):
         return CoalescedWork(works)
 
     def shutdown(self) -> None:
-        """``destroy_process_group``: the agreement connections say goodbye and their threads end,
-        and the transports close, so that a later ``init_process_group`` starts afresh."""
+        """``destroy_process_group``: the collectives this rank issued end first (queued ones run:
+        the peers wait for them, as gloo's own group drains its queue when destroyed), then the
+        agreement connections say goodbye and their threads end, and the transports close, so
+        that a later ``init_process_group`` starts afresh."""
+        unfinished = self._queue.finish_issued(self._timeout_s)
+        if unfinished:
+            _log.warning("destroy_process_group: %d collective(s) issued on this rank had not completed "
+                         "after %g s (the first: %s); the peers' fail too", len(unfinished), self._timeout_s,
+                         unfinished[0].describe())
         self._agreements.close()
         for group in (self._transport, self._agreements._transport):
             try:
