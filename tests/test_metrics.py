@@ -139,6 +139,32 @@ def test_enabled_metrics_count_every_eager_op_and_launch(enabled):
     assert moves["transfer.device_to_host"]["bytes"] == 16 * 16 * 4
 
 
+def test_enabled_metrics_keep_one_sample_per_compile_stage(enabled):
+    """A stage (trace, lowering, compile, cache lookup) is timed whether anything listens or not;
+    enabled metrics added its span's duration again (CompilationTimeSeconds exceeded the
+    process's wall time)."""
+    stages: dict[str, int] = {}
+
+    def count(event: observe.Event) -> None:
+        if event.kind == "span" and event.sampled:
+            stages[event.name] = stages.get(event.name, 0) + 1
+
+    metrics.clear_metrics()
+    observe.subscribe(count)
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(8, 13), torch.nn.Tanh())
+        x = torch.randn(3, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(torch.compile(model, backend="neuron")(x), model(x))
+        a = torch.randn(5, 13, device="neuron")
+        (a.tanh() * 3).cpu()
+    finally:
+        observe.unsubscribe(count)
+    assert stages, "no stage ran"
+    for name, runs in stages.items():
+        assert metrics.get_metric_data(name).total_samples == runs, name
+
+
 def test_every_host_device_copy_is_a_transfer_row(enabled):
     """``x.to("neuron")`` and ``cpu.copy_(neuron)`` (a copy dispatched with a host tensor as one
     side) were not recorded: the transfers table had no host-to-device row at all."""

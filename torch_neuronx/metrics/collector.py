@@ -110,7 +110,7 @@ class Collector:
             self._on_memory(event)
 
     def _on_span(self, event: observe.Event) -> None:
-        if event.fields.get("error") is None:
+        if event.fields.get("error") is None and not event.sampled:  # (a stage's sample is kept already)
             samples.add_sample(event.name, event.duration_ns)
             if event.value:
                 samples.add_sample(event.name + ".bytes", event.value)

@@ -38,6 +38,8 @@ class Event:
     ``duration_ns`` is a span's length (0 otherwise); ``value`` a count's amount or an
     event's size (bytes, for transfers and allocations); ``fields`` what else the
     reporter knew (graph name, device, stream, ...). ``thread`` is the reporting thread's id.
+    ``sampled``: a span whose duration was already kept as a sample of its name (a :func:`stage`,
+    timed whether anything listens or not), which a listener must not add again.
     """
 
     name: str
@@ -47,6 +49,7 @@ class Event:
     value: int = 0
     thread: int = 0
     fields: dict[str, Any] = dataclasses.field(default_factory=dict)
+    sampled: bool = False
 
 
 Listener = Callable[[Event], None]
@@ -167,7 +170,8 @@ class _Span:
             return
         if exc is not None:
             self.fields["error"] = f"{type(exc).__name__}: {exc}"
-        _deliver(Event(self.name, "span", self.start, duration, self.value, threading.get_ident(), self.fields))
+        _deliver(Event(self.name, "span", self.start, duration, self.value, threading.get_ident(), self.fields,
+                       self.stage))
 
 
 _NO_SPAN = contextlib.nullcontext()
