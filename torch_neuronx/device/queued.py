@@ -33,7 +33,7 @@ import torch.utils._pytree as pytree
 
 from torch_neuronx import config
 from torch_neuronx.runtime.device import current_index as current_device
-from torch_neuronx.runtime.errors import NeuronRuntimeError
+from torch_neuronx.runtime.errors import InputFailedError, NeuronRuntimeError
 from torch_neuronx.runtime.streams import current_stream, in_worker
 from torch_neuronx.runtime.tensor import NeuronTensor, PoisonedTensorError, wait_for_host
 
@@ -125,8 +125,21 @@ def _check_inputs(inputs: Sequence[NeuronTensor], writers: tuple, name: str) -> 
         if allocation is None:
             continue
         if allocation.error is not None:
-            raise QueuedOpError(f"{name} did not run: an input's producing op failed "
-                                f"({allocation.error})") from allocation.error
+            raise _input_failed(name, allocation.error)
+
+
+class _InputFailed(QueuedOpError, InputFailedError):
+    """A queued op that did not run: an input's producing op failed (raised by the op's host
+    reads, ``synchronize()``, as any queued op's error)."""
+
+
+def _input_failed(name: str, error: BaseException) -> _InputFailed:
+    """The error of op ``name``, which did not run since an input's producer failed with ``error``:
+    it names the first failure of the chain (not every op between, each nesting the one before)."""
+    root = error.root if isinstance(error, InputFailedError) else error
+    failed = _InputFailed(f"{name} did not run: an input's producing op failed ({root})", root)
+    failed.__cause__ = root
+    return failed
 
 
 def synchronized(args: Sequence[Any], kwargs: dict[str, Any], fn: Callable[..., Any], *extra: Any) -> Any:

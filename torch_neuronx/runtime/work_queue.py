@@ -19,7 +19,7 @@ from typing import Any
 
 from torch_neuronx import config, observe
 from torch_neuronx.observe.events import state as _observing
-from torch_neuronx.runtime.errors import NeuronRuntimeError
+from torch_neuronx.runtime.errors import InputFailedError, NeuronRuntimeError
 
 __all__ = ["NO_KWARGS", "Pending", "StreamError", "WorkQueue", "in_worker", "local", "submitted"]
 
@@ -242,7 +242,10 @@ class WorkQueue:
                 return
             if self._error is None:
                 self._error = exc
-        _log.error("work submitted to neuron:%d stream %d raised %r", self.device, self.id, exc)
+        if isinstance(exc, InputFailedError):  # its root failure was logged where it happened
+            _log.debug("work submitted to neuron:%d stream %d raised %r", self.device, self.id, exc)
+        else:
+            _log.error("work submitted to neuron:%d stream %d raised %r", self.device, self.id, exc)
 
     def record_error(self, error: BaseException) -> None:
         """Make ``error`` the one the next synchronization raises (unless an earlier one is
