@@ -200,6 +200,67 @@ def test_out_variants_of_the_outs_shape_are_queued_without_a_fallback():
         torch.mul(nb, nb, out=torch.empty(4, 5, dtype=torch.int64, device="neuron"))
 
 
+@pytest.mark.parametrize("name", ["mul", "gt", "cumsum", "sort", "sort_of_its_shape", "max", "topk", "cummax"])
+def test_empty_outs_and_several_outs_are_queued_as_torch_fills_them(name):
+    """``out=torch.empty(0)`` (resized, as torch resizes it) and ops with several ``out=`` tensors
+    (``sort(out=(values, indices))``, ``max(dim, out=...)``) ran on the CPU with a fallback warning."""
+    from torch_neuronx import observe
+
+    torch.manual_seed(0)
+    a = torch.randn(4, 5)
+    n = a.to("neuron")
+
+    def empty(*shape, dtype=torch.float32):
+        return torch.empty(*shape, dtype=dtype, device="neuron")
+
+    long = torch.long
+    calls = {
+        "mul": (lambda x, o: torch.mul(x, x, out=o[0]), [empty(0)]),
+        "gt": (lambda x, o: torch.gt(x, 0.1, out=o[0]), [empty(0, dtype=torch.bool)]),
+        "cumsum": (lambda x, o: torch.cumsum(x, 1, out=o[0]), [empty(0)]),
+        "sort": (lambda x, o: torch.sort(x, 1, out=tuple(o)), [empty(0), empty(0, dtype=long)]),
+        "sort_of_its_shape": (lambda x, o: torch.sort(x, 0, descending=True, out=tuple(o)),
+                              [empty(4, 5), empty(4, 5, dtype=long)]),
+        "max": (lambda x, o: torch.max(x, 1, out=tuple(o)), [empty(0), empty(0, dtype=long)]),
+        "topk": (lambda x, o: torch.topk(x, 2, out=tuple(o)), [empty(0), empty(0, dtype=long)]),
+        "cummax": (lambda x, o: torch.cummax(x, 1, out=tuple(o)), [empty(0), empty(0, dtype=long)]),
+    }
+    call, outs = calls[name]
+    expected = [torch.empty(0, dtype=o.dtype) for o in outs]
+    call(a, expected)
+    before = observe.counter("eager_fallbacks")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        returned = call(n, outs)
+    assert observe.counter("eager_fallbacks") == before
+    for got in (returned if isinstance(returned, tuple) else (returned,)):
+        assert any(got is o for o in outs)
+    for out, want in zip(outs, expected):
+        assert out.shape == want.shape
+        torch.testing.assert_close(out.cpu(), want)
+
+
+
+def test_compiled_out_variants_resize_an_empty_out():
+    """Compiled, an emptied ``out`` failed in Dynamo's fake-tensor run ("expand ... 5 -> 0"): the
+    traced op resized a host copy of the graph's own ``torch.empty(0, device=...)``."""
+    def mul(x):
+        out = torch.empty(0, device=x.device)
+        torch.mul(x, x, out=out)
+        return out
+
+    def sort(x):
+        values, indices = torch.empty(0, device=x.device), torch.empty(0, dtype=torch.long, device=x.device)
+        torch.sort(x, 1, out=(values, indices))
+        return values, indices
+
+    a = torch.randn(4, 5)
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(mul, backend="neuron")(a.to("neuron")).cpu(), a * a)
+    values, indices = torch.compile(sort, backend="neuron")(a.to("neuron"))
+    torch.testing.assert_close((values.cpu(), indices.cpu()), tuple(torch.sort(a, 1)))
+
+
 @pytest.mark.parametrize("make", [
     lambda d: torch.arange(7, device=d),
     lambda d: torch.arange(2, 11, 3, device=d, dtype=torch.float32),

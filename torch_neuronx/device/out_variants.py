@@ -4,10 +4,12 @@ queued copy into ``out``.
 ``torch.mul(a, b, out=c)`` (``aten.mul.out``; DDP divides gradients this way) has a functional
 twin, ``aten.mul.Tensor``, taking the same arguments without ``out``. The twin runs as every
 eager op does (compiled, queued, from its launch plan), and its result is copied into ``out`` on
-the stream, so no host synchronization happens. Only the plain case is taken: one ``out``
-tensor (written, returned), on the inputs' device, of the result's shape, and of a dtype the
-result can be cast to; anything else (``out`` of another shape, which torch would resize; an
-op with several outputs; no twin) keeps the CPU route over scratch copies (``mutations.py``).
+the stream, so no host synchronization happens. Only the plain case is taken: ``out=``
+tensors (each written and returned: ``out``, or ``values, indices`` of ``sort``) on the inputs'
+device, of their result's shape or empty (``out=torch.empty(0)``, resized as torch resizes it),
+and of a dtype the result can be cast to; anything else (a non-empty ``out`` of another shape,
+which torch resizes with a warning; no twin) keeps the CPU route over scratch copies
+(``mutations.py``).
 
 An ``out`` sharing memory with an input of an op that is not pointwise is written by torch's
 CPU kernel over the device memory (``aliased``): torch refuses some of these calls
@@ -37,25 +39,37 @@ def _signature(schema: Any) -> list[tuple[str, str]]:
     return [(a.name, str(a.type)) for a in schema.arguments]
 
 
+def _written(schema: Any) -> list[Any]:
+    return [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+
+
+@functools.cache
+def out_names(func: Any) -> tuple[str, ...]:
+    """The names of ``func``'s ``out=`` arguments (``out``; ``values, indices`` for ``sort.values``)."""
+    return tuple(a.name for a in _written(func._schema))
+
+
 @functools.cache
 def functional_twin(func: Any) -> Any | None:
-    """The functional overload whose arguments are ``func``'s without its single ``out``; None
-    when ``func`` is not such an ``out=`` variant."""
+    """The functional overload whose arguments are ``func``'s without its ``out=`` tensors (keyword-only,
+    each returned: ``out``, or ``values, indices``); None when ``func`` is not such a variant."""
     schema = func._schema
-    written = [a for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
-    if len(written) != 1 or written[0].name != "out" or len(schema.returns) != 1:
+    written = _written(schema)
+    if not written or len(schema.returns) != len(written) or not all(a.kwarg_only for a in written) \
+            or (len(written) == 1 and written[0].name != "out") or str(written[0].type) != "Tensor":
         return None
     namespace, name = schema.name.split("::")
     if namespace != "aten":  # (a library's ``mylib::sigmoid(out=)`` is its own op)
         return None
-    wanted = [s for s in _signature(schema) if s[0] != "out"]
+    names = {a.name for a in written}
+    wanted = [s for s in _signature(schema) if s[0] not in names]
     packet = getattr(aten, name, None)
     if packet is None:
         return None
     for name in packet.overloads():
         overload = getattr(packet, name)
         twin = overload._schema
-        if twin.is_mutable or len(twin.returns) != 1:
+        if twin.is_mutable or len(twin.returns) != len(written):
             continue
         if _signature(twin) == wanted:
             return overload
@@ -79,21 +93,31 @@ def run(func: Any, twin: Any, args: Sequence[Any], kwargs: dict[str, Any],
         copy: Callable[[NeuronTensor, NeuronTensor, str], None],
         fallback: Callable[[Any, Sequence[Any], dict[str, Any]], Any],
         aliased: Callable[[Any, Sequence[Any], dict[str, Any]], Any]) -> Any:
-    """``func`` (an ``out=`` variant) as ``twin`` into a new tensor, copied into ``out`` on the stream;
-    ``fallback`` runs it otherwise (see the module docstring)."""
-    out = kwargs.get("out")
-    rest = {k: v for k, v in kwargs.items() if k != "out"}
-    _check_out_device(func, pytree.tree_leaves((list(args), rest)), out)
-    if not isinstance(out, NeuronTensor) or out._allocation is None:
+    """``func`` (an ``out=`` variant) as ``twin`` into new tensors, copied into its ``out=`` tensors on
+    the stream; ``fallback`` runs it otherwise (see the module docstring)."""
+    names = out_names(func)
+    outs = [kwargs.get(name) for name in names]
+    rest = {k: v for k, v in kwargs.items() if k not in names}
+    inputs = pytree.tree_leaves((list(args), rest))
+    _check_out_device(func, inputs, outs)
+    if not all(isinstance(out, NeuronTensor) and out._allocation is not None for out in outs):
         return fallback(func, args, kwargs)
-    if torch.Tag.pointwise in twin.tags:  # torch's TensorIterator checks (``torch.neg(x[:4], out=x[2:])``)
-        overlap.refuse_internal_overlap(out)
-        overlap.refuse_partial_overlap(out, (*args, *rest.values()))
-    elif overlap.touches_any(out, pytree.tree_leaves((list(args), rest))):
+    if len(outs) > 1 and any(overlap.touches_any(out, outs[i + 1:]) for i, out in enumerate(outs)):
+        return fallback(func, args, kwargs)  # outputs sharing memory: torch's kernel decides
+    if len(outs) == 1 and torch.Tag.pointwise in twin.tags:  # torch's TensorIterator checks
+        overlap.refuse_internal_overlap(outs[0])  # (``torch.neg(x[:4], out=x[2:])``)
+        overlap.refuse_partial_overlap(outs[0], (*args, *rest.values()))
+    elif any(overlap.touches_any(out, inputs) for out in outs):
         return aliased(func, args, kwargs)
     result = functional(twin, args, rest)
-    if not isinstance(result, NeuronTensor) or result._index != out._index or result.shape != out.shape \
-            or not torch.can_cast(result.dtype, out.dtype):
-        return fallback(func, args, kwargs)
-    copy(out, result, str(func))
-    return out
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    for out, value in zip(outs, results):
+        cast = value.dtype == out.dtype if len(outs) > 1 else torch.can_cast(value.dtype, out.dtype)
+        if not isinstance(value, NeuronTensor) or value._index != out._index or not cast \
+                or (value.shape != out.shape and out.numel() != 0):  # torch resizes with a warning: its rules
+            return fallback(func, args, kwargs)
+    for out, value in zip(outs, results):
+        if value.shape != out.shape:
+            out.resize_(value.shape)  # the ``out=torch.empty(0)`` idiom: resized silently, as by torch
+        copy(out, value, str(func))
+    return outs[0] if len(outs) == 1 else tuple(outs)

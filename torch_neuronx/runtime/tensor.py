@@ -500,6 +500,8 @@ def _write_back_plain(func: Any, args: Sequence[Any], kwargs: dict[str, Any], in
             continue
         if (isinstance(original, torch.Tensor) and not isinstance(original, NeuronTensor)
                 and original.device.type == "neuron" and written is not original):
+            if original.shape != written.shape:  # an ``out=`` the op resized (``torch.empty(0)``)
+                original.resize_(written.shape)
             original.copy_(written)
 
 
