@@ -22,6 +22,13 @@ def scalar_dims(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
             x.cumsum(dim=0), x.softmax(dim=0), x.max(dim=0).values, x.sort(dim=0).values, torch.fmax(x, x))
 
 
+def scalar_indexing(x: torch.Tensor, i: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Indexing ops of 0-d tensors (torch-mlir refused scatter's and index_select's ranks)."""
+    return (x.scatter(0, i, s), x.scatter(-1, i, 2.5), x.scatter_add(0, i, s), torch.index_select(x, 0, i),
+            x.scatter_reduce(0, i, s, "amax"), torch.gather(x, 0, i), x.index_add(0, i.reshape(1), s),
+            torch.take(x, i))
+
+
 def zero_size(x: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
     empty_index = torch.zeros(0, dtype=torch.long)
     return (x.sum(), x.sum(dim=0), x.mean(dim=0), x.prod(dim=0), x.t() @ x, x @ torch.ones(3, 0),
@@ -32,12 +39,26 @@ def zero_size(x: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, ...]:
 @pytest.mark.parametrize("fn, inputs", [
     (scalar_dims, (torch.tensor(-3.5),)),
     (zero_size, (torch.randn(0, 3), torch.randn(2, 3))),
-], ids=["scalar-dims", "zero-size"])
+    (scalar_indexing, (torch.tensor(3.0), torch.tensor(0), torch.tensor(9.0))),
+], ids=["scalar-dims", "zero-size", "scalar-indexing"])
 def test_degenerate_shapes_compile_to_eagers_values(fn, inputs):
     got = torch.compile(fn, backend="neuron")(*inputs)
     expected = fn(*inputs)
     for g, e in zip(got, expected, strict=True):
         torch.testing.assert_close(g, e, equal_nan=True)
+
+
+def test_indexing_ops_of_0d_tensors_run_on_the_device_without_a_fallback():
+    """On the eager device they fell back to the CPU (the lowering refused the ranks)."""
+    from torch_neuronx import observe
+
+    inputs = (torch.tensor(3.0), torch.tensor(0), torch.tensor(9.0))
+    before = observe.counter("eager_fallbacks")
+    got = scalar_indexing(*(t.to("neuron") for t in inputs))
+    for g, e in zip(got, scalar_indexing(*inputs), strict=True):
+        assert g.shape == e.shape
+        torch.testing.assert_close(g.cpu(), e)
+    assert observe.counter("eager_fallbacks") == before
 
 
 def _raw_zero_size_gather() -> str:

@@ -152,8 +152,12 @@ def gather_scalar(x: torch.Tensor, dim: int, index: torch.Tensor, sparse_grad: b
 
 def index_select_scalar(x: torch.Tensor, dim: int, index: torch.Tensor) -> torch.Tensor:
     """``aten.index_select`` with a 0-d index: a one-element index (the dimension stays, of size 1,
-    as torch's; torch-mlir's lowering failed: "'stablehlo.convert' op requires the same shape")."""
-    if index.dim() or not x.dim():
+    as torch's; torch-mlir's lowering failed: "'stablehlo.convert' op requires the same shape");
+    of a 0-d tensor: its one element in 1-d, the result of the index's shape (torch-mlir refused
+    the rank)."""
+    if not x.dim():
+        return x.reshape(1).index_select(0, index.reshape(-1)).reshape(index.shape)
+    if index.dim():
         return NotImplemented
     return x.index_select(dim, index.reshape(1))
 

@@ -451,7 +451,25 @@ def index_put(x: torch.Tensor, indices: list, values: torch.Tensor, accumulate: 
 
 
 #: This module's decompositions, merged into the compile path's table.
+def _one_element(op: torch._ops.OpOverload, name: str) -> Callable:
+    """``op`` (``scatter``, ``scatter_add``) of a 0-d tensor as the op of its one
+    element in 1-d (torch-mlir requires its operands' ranks to match and be at least 1: "`index`,
+    `input` and `src` param should have the same rank"); other calls are not decomposed."""
+    def decomposition(x: torch.Tensor, dim: int, index: torch.Tensor, *rest: object) -> object:
+        if x.dim() != 0:
+            return NotImplemented
+        flat = [r.reshape(-1) if isinstance(r, torch.Tensor) else r for r in rest]
+        out = op(x.reshape(1), 0 if dim in (0, -1) else dim, index.reshape(-1), *flat)
+        return out.reshape(())
+
+    decomposition.__name__ = name
+    return calls_itself(decomposition)
+
+
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
+    aten.scatter.src: _one_element(aten.scatter.src, "scatter_src_0d"),
+    aten.scatter.value: _one_element(aten.scatter.value, "scatter_value_0d"),
+    aten.scatter_add.default: _one_element(aten.scatter_add.default, "scatter_add_0d"),
     aten.scatter_reduce.two: scatter_reduce,
     aten.scatter.reduce: scatter_legacy_reduce,
     aten.scatter.value_reduce: scatter_legacy_reduce,
