@@ -166,12 +166,14 @@ def watch_reshard(layer: nn.Module, freed: list[int]) -> None:
 
 
 def fsdp2(rank: int, size: int, how: str) -> None:
-    """Eager: each Linear its own ``fully_shard`` unit. Compiled: the block of the first two one unit
-    (the usual recipe: its backward failed "modified by an inplace operation"), the last its own."""
+    """Eager: each Linear its own ``fully_shard`` unit, of a model built on the CPU (``fully_shard``
+    moves it to the mesh's device: "incompatible tensor type" before). Compiled: the block of the
+    first two one unit (the usual recipe: its backward failed "modified by an inplace operation"),
+    the last its own."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    model = mlp().to("neuron")
+    model = mlp() if how == "eager" else mlp().to("neuron")
     mesh = init_device_mesh("neuron", (size,))
     units = [model.block, model.last] if how == "compiled" else [model.block.first, model.block.hidden, model.last]
     for unit in units:

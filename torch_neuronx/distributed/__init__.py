@@ -70,9 +70,10 @@ def register() -> None:
         return
     if "NEURON" not in dist.Backend._plugins:
         dist.Backend.register_backend("neuron", _create, devices=["neuron"])
-    from torch_neuronx.distributed import staging
+    from torch_neuronx.distributed import fsdp_init, staging
 
     staging.install()
+    fsdp_init.install()
     _install_monitored_barrier()
     _registered = True
 

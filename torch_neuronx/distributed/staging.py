@@ -6,17 +6,14 @@ each attribute: a neuron tensor's holds its device memory (``_allocation``, with
 neuron tensor is staged as its host copy, with the attributes the program set on it.
 
 The stager's module costs 0.17 s to import, which ``import torch_neuronx`` must not pay: it is
-patched when a program imports it (:class:`_AfterImport`).
+patched when a program imports it (:mod:`.after_import`).
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
-import importlib.util
-import sys
-from collections.abc import Sequence
 from typing import Any
+
+from torch_neuronx.distributed import after_import
 
 _MODULE = "torch.distributed.checkpoint._state_dict_stager"
 
@@ -48,31 +45,6 @@ def _staging_neuron_tensors(module: Any) -> None:
     stager._offload_tensor = offload_tensor
 
 
-class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Runs :func:`_staging_neuron_tensors` once the stager's module is loaded, whenever that is."""
-
-    def find_spec(self, name: str, path: Sequence[str] | None, target: Any = None) -> Any:
-        if name != _MODULE:
-            return None
-        sys.meta_path.remove(self)  # the real finders find it; this one only waits for it
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return None
-        self._loader = spec.loader
-        spec.loader = self
-        return spec
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self._loader.exec_module(module)
-        _staging_neuron_tensors(module)
-
-
 def install() -> None:
     """Patch the stager now if it is loaded, else when it is (idempotent)."""
-    if _MODULE in sys.modules:
-        _staging_neuron_tensors(sys.modules[_MODULE])
-    elif not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
+    after_import.when_imported(_MODULE, _staging_neuron_tensors)
