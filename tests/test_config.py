@@ -71,6 +71,8 @@ def test_malformed_value_warns_once_and_uses_default(monkeypatch, caplog):
     # a huge timeout broke every compile ("OverflowError: timestamp out of range")
     ("TORCH_NEURONX_LOWERING_TIMEOUT", "99999999999", 1200, "at most 1000000 seconds"),
     ("TORCH_NEURONX_NEFF_CACHE_LOCK_TIMEOUT", "1" + "0" * 30, 1200, "at most 1000000 seconds"),
+    # 0 was taken: every lowering "took longer than 0 s" (eager ops on the CPU, compiles failed)
+    ("TORCH_NEURONX_LOWERING_TIMEOUT", "0", 1200, "expected a positive number of seconds"),
 ])
 def test_huge_values_warn_and_take_the_default(name, raw, default, says, monkeypatch, caplog):
     monkeypatch.setenv(name, raw)

@@ -77,6 +77,15 @@ def parse_seconds(raw: str) -> int:
     return value
 
 
+def parse_positive_seconds(raw: str) -> int:
+    """Parse a time limit in whole seconds: a positive integer of at most :data:`_MAX_SECONDS` (0
+    would stop every run at once)."""
+    value = parse_seconds(raw)
+    if value == 0:
+        raise ConfigValueError("expected a positive number of seconds (0 would stop every run at once)")
+    return value
+
+
 _MAX_DEVICES = 128  # torch.device's index is an int8: neuron:0 to neuron:127
 
 

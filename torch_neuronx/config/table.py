@@ -20,6 +20,7 @@ from torch_neuronx.config.parsers import (
     parse_non_negative_int,
     parse_only_one_enables,
     parse_path,
+    parse_positive_seconds,
     parse_seconds,
     parse_str,
     parse_strict_01,
@@ -303,8 +304,8 @@ register(
         _OURS, parse_bool, ours=True),
     Var("TORCH_NEURONX_LOWERING_TIMEOUT", "int", 1200,
         "Seconds one graph's lowering may take in the worker process before it is stopped and the "
-        "graph fails with a NeuronCompileError of stage lowering.",
-        _OURS, parse_seconds, ours=True),
+        "graph fails with a NeuronCompileError of stage lowering. A positive number.",
+        _OURS, parse_positive_seconds, ours=True),
     Var("TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES", "bool", True,
         "When 1 (the default), a torch.compile inference graph whose dimensions Dynamo marks dynamic "
         "(a second batch size, mark_dynamic, dynamic=True) is traced once with those sizes symbolic "
