@@ -120,7 +120,7 @@ register(
     _s("pipeline.lower", "Lowering one graph to StableHLO (through the HLO cache).", _COMPILE),
     _s("pipeline.neff", "Getting one NEFF: cache key, cache lookup, the compiler on a miss.", _COMPILE),
     _s("compiler.compile", "One run of the compiler on a NEFF cache miss.", _COMPILE),
-    _c("kernel_traces", "User kernels traced.", _COMPILE),
+    _c("kernel_traces", "Kernels traced: eager ops' kernels and @torch_neuronx.kernel functions.", _COMPILE),
     _e("graph.compiled", "A graph compiled for torch.compile: its row of the graph_stats table (fields: "
        "graph_id, graph_name, model_name, has_collectives, graph_node_count, timestamp, stage times).",
        _COMPILE, "row"),
@@ -181,5 +181,6 @@ for _kind, _title in CACHE_KINDS.items():
 register(
     _s("cache.get", "A cache lookup (fields: cache, tier that answered).", _CACHE),
     _s("cache.put", "Writing a cache entry atomically.", _CACHE),
-    _s("cache.lock_wait", "Waiting on another process's lock for the same entry.", _CACHE),
+    _s("cache.lock_wait", "Taking an entry's compile lock on a miss: short unless another process "
+       "holds it (those waits also count in <cache>.lock_waits).", _CACHE),
 )
