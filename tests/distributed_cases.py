@@ -720,6 +720,15 @@ def device_id_bound(rank: int) -> None:
     dist.all_reduce(z, group=mesh.get_group())
     if z.tolist() != [float(size)] * 2:
         raise RuntimeError(f"all_reduce over a bound DeviceMesh gave {z.tolist()}")
+    # A compiled function of a DTensor that returns a DTensor: the mesh passes through the graph
+    # (an opaque input aot_autograd returns to rebuild the output), which the backend refused.
+    from torch.distributed.tensor import Shard, distribute_tensor
+    whole = torch.arange(24.0).reshape(6, 4)
+    sharded = distribute_tensor(whole, mesh, [Shard(0)])
+    with torch.no_grad():
+        doubled = torch.compile(lambda a: (a * 2).sum(1), backend="neuron")(sharded)
+    if not torch.equal(doubled.full_tensor().cpu(), (whole * 2).sum(1)):
+        raise RuntimeError(f"a compiled DTensor function gave {doubled.full_tensor().cpu()}")
 
 
 def coalescing_and_futures(rank: int) -> None:

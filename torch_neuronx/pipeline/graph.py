@@ -26,7 +26,7 @@ from torch_neuronx.compiler.targets import STORAGE_DIALECTS, driver_available, i
 from torch_neuronx.pipeline import shapes
 from torch_neuronx.pipeline.artifacts import GraphArtifacts
 from torch_neuronx.pipeline.neffs import NeffRequest, get_neff
-from torch_neuronx.pipeline.plan import Plan, build_plan
+from torch_neuronx.pipeline.plan import Plan, build_plan, is_object
 from torch_neuronx.runtime import random as runtime_random
 from torch_neuronx.runtime.errors import NeffLoadError, NeuronRuntimeError
 from torch_neuronx.runtime.executable import Executable
@@ -79,8 +79,9 @@ class CompiledGraph:
         # No complex conversion, no constant outputs: results go back exactly as the NEFF returns them.
         self._plain = not (self._complex_inputs or self._complex_outputs or copy_inputs or random_inputs
                            or checks or self._layouts) and all(slot is None for slot in template)
-        # Whether some outputs are inputs themselves (see _strip_outputs).
-        self._returns_inputs = any(slot is not None and slot[0] == "input" for slot in template)
+        # Whether some outputs are inputs themselves (see _strip_outputs); opaque ones among them.
+        self._returns_inputs = any(slot is not None and slot[0] in ("input", "object") for slot in template)
+        self._returns_objects = any(slot is not None and slot[0] == "object" for slot in template)
 
     def _load(self) -> Executable:
         if self._loaded is not None:
@@ -212,11 +213,12 @@ class CompiledGraph:
             results[i] = torch.view_as_complex(results[i])
         return self._relayout(results)
 
-    def _restore(self, results: list[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[Any]:
+    def _restore(self, results: list[torch.Tensor], inputs: Sequence[torch.Tensor],
+                 objects: Sequence[Any] = ()) -> list[Any]:
         """The graph's outputs: the NEFF's ``results`` in their slots, constants and inputs in theirs."""
         it = iter(results)
-        return [next(it) if slot is None else inputs[slot[1]] if slot[0] == "input" else slot[1]
-                for slot in self._template]
+        return [next(it) if slot is None else inputs[slot[1]] if slot[0] == "input"
+                else objects[slot[1]] if slot[0] == "object" else slot[1] for slot in self._template]
 
     @classmethod
     def hide_from_dynamo(cls) -> None:
@@ -237,11 +239,12 @@ class CompiledGraph:
     # every ``import torch`` (the device's autoload) would import Dynamo (about 1 s).
     def __call__(self, args: list[Any]) -> list[Any]:
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        objects = [a for a in args if is_object(a)] if self._returns_objects else ()
         args.clear()  # boxed convention: let inputs die as early as possible
         if compile_only_enabled():
             # Outputs live where the inputs do: meta inputs (shapes only) give meta outputs.
             return self._restore(self._zeros(tensors[0].device if tensors else torch.device("cpu"), tensors),
-                                 tensors)
+                                 tensors, objects)
         executable = self._executable
         if executable is not None and self._plain:  # the hot path: nothing to convert or record
             return executable(tensors)
@@ -262,7 +265,7 @@ class CompiledGraph:
             results = host_checks.run_checks(self._checks, results)
         if self._artifacts is not None:
             self._plain = False  # keep dumping tensors on every call
-        return self._restore(results, inputs)
+        return self._restore(results, inputs, objects)
 
 
 def _with_resident_parameters(plan: Plan) -> tuple[str, list[int]]:

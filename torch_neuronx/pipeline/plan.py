@@ -32,7 +32,8 @@ class Plan:
     graph_name: str
     raw: str
     stablehlo: str
-    # Per output: None (a compiled tensor), ["constant", value] or ["input", i] (see strip_outputs).
+    # Per output: None (a compiled tensor), ["constant", value], ["input", i] or ["object", i]
+    # (see strip_outputs).
     template: list[Any]
     outputs: list[dict[str, Any]]  # {"shape", "dtype"} of each compiled output
     inputs: list[dict[str, Any]]
@@ -69,7 +70,9 @@ def strip_outputs(gm: torch.fx.GraphModule, inputs_as_outputs: bool) -> list[Any
     returns, ``("constant", value)`` for a non-tensor (``None`` gradients, constants:
     backward graphs return ``None`` for inputs that need no gradient, and torch-mlir
     cannot import a ``None`` result), and with ``inputs_as_outputs``,
-    ``("input", i)`` for an output that is the graph's ``i``-th tensor input itself.
+    ``("input", i)`` for an output that is the graph's ``i``-th tensor input itself, and
+    ``("object", i)`` for one that is its ``i``-th opaque input (:func:`is_object`: a DTensor
+    output's device mesh, which aot_autograd passes through the graph to rebuild it).
 
     aot_autograd's forward graphs return the inputs saved for backward (the step's
     input, the weights); backward graphs can pass a gradient straight through.
@@ -77,9 +80,10 @@ def strip_outputs(gm: torch.fx.GraphModule, inputs_as_outputs: bool) -> list[Any
     hand back the input's own buffer, which then had to be copied (see
     ``runtime/executable.py:_unaliased``) on every call.
     """
-    tensor_inputs = (n for n in gm.graph.nodes if n.op == "placeholder"
-                     and isinstance(n.meta.get("val"), torch.Tensor))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    tensor_inputs = (n for n in placeholders if isinstance(n.meta.get("val"), torch.Tensor))
     position = {n: i for i, n in enumerate(tensor_inputs)} if inputs_as_outputs else {}
+    objects = {n: i for i, n in enumerate(n for n in placeholders if is_object(n.meta.get("val")))}
     output = next(n for n in gm.graph.nodes if n.op == "output")
     values = output.args[0]
     values = list(values) if isinstance(values, list | tuple) else [values]
@@ -87,6 +91,8 @@ def strip_outputs(gm: torch.fx.GraphModule, inputs_as_outputs: bool) -> list[Any
     for value in values:
         if isinstance(value, torch.fx.Node) and value in position:
             template.append(("input", position[value]))
+        elif isinstance(value, torch.fx.Node) and value in objects:
+            template.append(("object", objects[value]))
         elif isinstance(value, torch.fx.Node):
             template.append(None)
             kept.append(value)
@@ -96,6 +102,13 @@ def strip_outputs(gm: torch.fx.GraphModule, inputs_as_outputs: bool) -> list[Any
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return template
+
+
+def is_object(val: Any) -> bool:
+    """Whether a graph input's example value is an opaque object (a script object: not a tensor,
+    a number or a symbolic size), which a graph can only pass through."""
+    return val is not None and not isinstance(val, torch.Tensor | int | float | bool | torch.SymInt
+                                              | torch.SymFloat | torch.SymBool)
 
 
 def _data_dependent_shape(gm: torch.fx.GraphModule) -> torch.fx.Node | None:
