@@ -595,3 +595,31 @@ def test_views_of_other_tensors_as_inputs_under_dynamic_shapes(dynamic):
         want = torch.arange(float(2 * n))
         want[1:] += 1
         assert torch.equal(base.cpu().view(-1), want) and total.item() == want[1:].sum().item(), n
+
+
+@pytest.mark.parametrize("optimizer", ["Adam", "SGD"])
+def test_a_compiled_optimizer_step_over_gradients_that_view_one_buffer(optimizer):
+    """DDP's ``gradient_as_bucket_view=True`` layout: every gradient a view of one flat buffer. The
+    views' sizes reached the importer as SymInts specialized to numbers, imported as ``?``: the
+    compiled step failed (SGD in torch-mlir on ``aten.alias`` of ``[?,?]``, Adam in IREE on a
+    dynamic broadcast). It matches the eager step."""
+    results = []
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3)).to("neuron")
+        opt = (torch.optim.Adam(model.parameters(), lr=1e-2) if optimizer == "Adam"
+               else torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+        flat, offset = torch.zeros(sum(p.numel() for p in model.parameters()), device="neuron"), 0
+        for p in model.parameters():
+            p.grad = flat[offset:offset + p.numel()].view_as(p)
+            offset += p.numel()
+        step = torch.compile(opt.step, backend="neuron") if compiled else opt.step
+        batches = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            model(torch.randn(4, 6, generator=batches).to("neuron")).sum().backward()
+            step()
+            opt.zero_grad(set_to_none=False)
+        results.append([p.detach().cpu() for p in model.parameters()])
+    for eager, got in zip(*results):
+        torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-6)

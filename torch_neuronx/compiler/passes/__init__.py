@@ -30,7 +30,7 @@ from torch_neuronx.compiler.passes.output_layouts import outputs_in_memory_order
 from torch_neuronx.compiler.passes.pointwise_views import pointwise_views_unviewed
 from torch_neuronx.compiler.passes.random_inputs import random_ops_to_inputs
 from torch_neuronx.compiler.passes.scalar_batches import scalar_ops_batched
-from torch_neuronx.compiler.passes.scalar_inputs import inline_scalar_inputs
+from torch_neuronx.compiler.passes.scalar_inputs import constant_sizes_as_ints, inline_scalar_inputs
 from torch_neuronx.compiler.passes.scalar_operands import scalar_operands_to_tensors
 from torch_neuronx.compiler.passes.squeeze_dims import squeeze_dims_to_view
 from torch_neuronx.compiler.passes.zero_divisors import zero_divisors_checked
@@ -51,6 +51,7 @@ PIPELINE: list[Pass] = [
     float8_conversions_saturated,
     constant_fold,
     inline_scalar_inputs,
+    constant_sizes_as_ints,  # after inlining: sizes the shape environment made constants
     scalar_operands_to_tensors,  # after inlining: inlined inputs can be such numbers
     squeeze_dims_to_view,
     empty_slices_to_full,
