@@ -134,6 +134,12 @@ def mismatched_reduce_op(rank: int) -> None:
     out.cpu()
 
 
+def mismatched_root(rank: int) -> None:
+    """Each rank broadcasting from itself: the error showed bare rows ("rank 0: [4, 0, 0, 0], rank 1:
+    [4, 1, 0, 0]"), leaving the user to guess that the second value is the root."""
+    dist.broadcast(torch.ones(4, device="neuron"), src=rank)
+
+
 def mismatched_coalesced_op(rank: int) -> None:
     """all_reduce_coalesced with SUM on one rank and MAX on the other: summed one tensor and
     max'ed the other, silently."""

@@ -98,6 +98,8 @@ _SURVIVABLE = {
     "mismatched_barrier": {0: "disagree on the collective called", 1: "disagree on the collective called"},
     "bad_reduce_scatter": {0: "input of 8 elements for 2 outputs of 3", 1: "input of 8 elements"},
     "mismatched_reduce_op": {0: "roots or reduce ops", 1: "roots or reduce ops"},
+    "mismatched_root": {0: "differ at value 2); a broadcast row holds each tensor's element count, then the root",
+                        1: "then the root rank (src)"},
     "mismatched_coalesced_op": {0: "roots or reduce ops", 1: "roots or reduce ops"},
     "mismatched_coalesced_dtype": {0: "dtypes, roots", 1: "dtypes, roots"},
     "non_contiguous_send": {0: "non-contiguous tensor", 1: "non-contiguous tensor"},

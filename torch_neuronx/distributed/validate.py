@@ -191,6 +191,18 @@ AHEAD = 12
 _DTYPE_CODES: dict[torch.dtype | None, int] = {}
 
 
+#: What the first values of a collective's row are (:func:`_per_rank`'s legend of a disagreement).
+_ROW_LAYOUTS = {
+    "all_reduce": "each tensor's element count, then the reduce op's code",
+    "reduce": "each tensor's element count, then the root rank and the reduce op's code",
+    "broadcast": "each tensor's element count, then the root rank (src)",
+    "gather": "the input's element count, then the root rank (dst)",
+    "scatter": "the output's element count, then the root rank (src)",
+    "all_gather": "the element counts of its tensors",
+    "reduce_scatter": "each output's element count, then the reduce op's code",
+}
+
+
 def dtype_code(dtype: torch.dtype | None) -> int:
     """``dtype`` as a number every rank computes alike (-1: none)."""
     code = _DTYPE_CODES.get(dtype)
@@ -238,5 +250,10 @@ def _per_rank(rows: torch.Tensor, column: int, what: str) -> str:
         names = [(_KINDS[v] if v < len(_KINDS) else "another") for v in rows[:, 0].tolist()]
         return ", ".join(f"rank {r}: {n}" for r, n in enumerate(names))
     if column == 2:  # the first sizes they hold
-        return ", ".join(f"rank {r}: {[v for v in rows[r, 8:12].tolist()]}" for r in range(rows.shape[0]))
+        shown = [rows[r, 8:12].tolist() for r in range(rows.shape[0])]
+        differ = next((i for i in range(4) if len({row[i] for row in shown}) > 1), None)
+        where = "" if differ is None else f" (they differ at value {differ + 1})"
+        kind = _KINDS[int(rows[0, 0])] if int(rows[0, 0]) < len(_KINDS) else None
+        return (", ".join(f"rank {r}: {row}" for r, row in enumerate(shown)) + where
+                + (f"; a {kind} row holds {_ROW_LAYOUTS[kind]}" if kind in _ROW_LAYOUTS else ""))
     return "different on " + ", ".join(f"rank {r}" for r in range(rows.shape[0]))
