@@ -240,3 +240,26 @@ def test_fftfreq_and_rfftfreq_compile_to_atens_values():
     x = torch.tensor(2.0)
     for got, expected in zip(_compiled(frequencies)(x), frequencies(x), strict=True):
         assert torch.equal(got, expected), (got, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_tables_built_in_the_graph_equal_the_literal_ones(dtype, monkeypatch):
+    """A table past LITERAL_ELEMENTS is gathered in the graph from its n values (as a literal, a
+    4096-point transform's table ran the process out of memory while compiling): the very values
+    of the literal table, for every builder and normalization; and compiled, torch's results."""
+    complex_dtype = torch.complex64 if dtype == torch.float32 else C128
+    z, x = _c(2, 12, dtype=complex_dtype), _r(2, 12, dtype=dtype)
+    half = _c(2, 7, dtype=complex_dtype)
+    cases = [(spectral.fft_c2c, (z, [1], 1, True)), (spectral.fft_c2c, (z, [1], 2, False)),
+             (spectral.fft_r2c, (x, [1], 0, True)), (spectral.fft_r2c, (x, [1], 1, False)),
+             (spectral.fft_c2r, (half, [1], 2, 12)), (spectral.fft_c2r, (half, [1], 0, 13))]
+    literal = [fn(*args) for fn, args in cases]
+    monkeypatch.setattr(spectral, "LITERAL_ELEMENTS", 16)
+    for (fn, args), want in zip(cases, literal):
+        assert torch.equal(fn(*args), want), fn.__name__
+
+    def transforms(x, z):
+        return fft.fft(z), fft.rfft(x, norm="ortho"), fft.irfft(z[:, :7])
+
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-10
+    _assert_close(_compiled(transforms)(x, z), transforms(x, z), rtol=tolerance, atol=tolerance)

@@ -65,22 +65,49 @@ def _cos_sin(n_in: int, n_out: int, n: int) -> tuple[torch.Tensor, torch.Tensor]
     return torch.cos(angle), torch.sin(angle)
 
 
+def _scaled_by_m(n: int, cos_scale: float, sin_scale: float) -> torch.Tensor:
+    """``(2, n)`` float64: ``cos_scale·cos`` and ``sin_scale·sin`` of ``2π m / n`` for ``m < n``
+    (the values :func:`_cos_sin`'s tables take, each rounded once)."""
+    m = torch.arange(n, dtype=torch.int64)
+    m = torch.where(2 * m > n, m - n, m)
+    angle = m.to(torch.float64) * (2 * math.pi / n)
+    return torch.stack([torch.cos(angle) * cos_scale, torch.sin(angle) * sin_scale])
+
+
+def _c2c_assemble(cos: torch.Tensor, sin: torch.Tensor, n: int, forward: bool, scale: float) -> torch.Tensor:
+    from_re = torch.stack([cos, -sin], -1)  # (n, n, 2): real input → (re, im) output
+    from_im = torch.stack([sin, cos], -1)  # imaginary input → (re, im) output
+    return torch.stack([from_re, from_im], 1).reshape(2 * n, 2 * n)
+
+
 def _c2c_matrix(n: int, forward: bool, scale: float) -> torch.Tensor:
     """The real ``(2n, 2n)`` matrix of an ``n``-point complex DFT on interleaved (re, im) pairs.
 
     Forward: ``(xr + i xi)(C - i S) = (xr C + xi S) + i (xi C - xr S)``; inverse flips ``S``.
     """
     cos, sin = _cos_sin(n, n, n)
-    cos, sin = cos * scale, sin * (scale if forward else -scale)
-    from_re = torch.stack([cos, -sin], -1)  # (n, n, 2): real input → (re, im) output
-    from_im = torch.stack([sin, cos], -1)  # imaginary input → (re, im) output
-    return torch.stack([from_re, from_im], 1).reshape(2 * n, 2 * n)
+    return _c2c_assemble(cos * scale, sin * (scale if forward else -scale), n, forward, scale)
+
+
+def _r2c_assemble(cos: torch.Tensor, sin: torch.Tensor, n: int, n_out: int, scale: float) -> torch.Tensor:
+    return torch.stack([cos, sin], -1).reshape(n, 2 * n_out)
 
 
 def _r2c_matrix(n: int, n_out: int, scale: float) -> torch.Tensor:
     """The real ``(n, 2 n_out)`` matrix of a forward DFT of a real ``n``-point signal, first ``n_out`` bins."""
     cos, sin = _cos_sin(n, n_out, n)
-    return torch.stack([cos * scale, sin * -scale], -1).reshape(n, 2 * n_out)
+    return _r2c_assemble(cos * scale, sin * -scale, n, n_out, scale)
+
+
+def _c2r_weights(m: int, n: int, device: Any = None) -> torch.Tensor:
+    """``w_k`` of :func:`_c2r_matrix` as an ``(m, 1)`` column of 0, 1 and 2."""
+    k = torch.arange(m, dtype=torch.int64, device=device).unsqueeze(1)
+    return torch.where((k == 0) | (2 * k == n), 1, torch.where(2 * k < n, 2, 0))
+
+
+def _c2r_assemble(cos: torch.Tensor, sin: torch.Tensor, m: int, n: int, scale: float) -> torch.Tensor:
+    weight = _c2r_weights(m, n, cos.device).to(cos.dtype)  # (0, 1 and 2: exact in any dtype)
+    return torch.stack([cos * weight, -sin * weight], 1).reshape(2 * m, n)
 
 
 def _c2r_matrix(m: int, n: int, scale: float) -> torch.Tensor:
@@ -91,15 +118,55 @@ def _c2r_matrix(m: int, n: int, scale: float) -> torch.Tensor:
     ``sin θ = 0``, so they are ignored as by pocketfft and cuFFT), ``0`` past Nyquist.
     """
     cos, sin = _cos_sin(m, n, n)
-    k = torch.arange(m, dtype=torch.int64).unsqueeze(1)
-    weight = torch.where((k == 0) | (2 * k == n), 1.0, torch.where(2 * k < n, 2.0, 0.0)).to(torch.float64) * scale
-    return torch.stack([cos * weight, -sin * weight], 1).reshape(2 * m, n)
+    return _c2r_assemble(cos * scale, sin * scale, m, n, scale)
+
+
+# Per table builder: its shape, and for :func:`_gathered` its sizes and scaled values by ``m``.
+_SHAPES: dict[Callable[..., torch.Tensor], Callable[..., tuple[int, int]]] = {
+    _c2c_matrix: lambda n, forward, scale: (2 * n, 2 * n),
+    _r2c_matrix: lambda n, n_out, scale: (n, 2 * n_out),
+    _c2r_matrix: lambda m, n, scale: (2 * m, n),
+}
+_TABLES = {
+    _c2c_matrix: lambda n, forward, scale: (n, n, n, lambda: _scaled_by_m(n, scale, scale if forward else -scale)),
+    _r2c_matrix: lambda n, n_out, scale: (n, n_out, n, lambda: _scaled_by_m(n, scale, -scale)),
+    _c2r_matrix: lambda m, n, scale: (m, n, n, lambda: _scaled_by_m(n, scale, scale)),
+}
+_ASSEMBLE = {_c2c_matrix: _c2c_assemble, _r2c_matrix: _r2c_assemble, _c2r_matrix: _c2r_assemble}
 
 
 def _constant(build: Callable[..., torch.Tensor], *args: Any, like: torch.Tensor) -> torch.Tensor:
     """The table ``build(*args)``, computed now in float64 by torch, as a constant of the traced
-    graph in ``like``'s dtype (see :mod:`.literals`): IREE compiles no dispatch for it."""
+    graph in ``like``'s dtype (see :mod:`.literals`): IREE compiles no dispatch for it.
+
+    A table of more than :data:`LITERAL_ELEMENTS` elements is built in the graph instead
+    (:func:`_gathered`): as a literal, a 4096-point transform's 256 MB table went through the
+    importer, the lowering and the compiler as text, and the process ran out of memory (a
+    2048-point one peaked at 8.4 GB). Built in the graph, it costs a gather of its elements per
+    call (a 2048-point complex transform of 4 rows: 130 ms against torch's 0.05), but a
+    4096-point one compiles in 7 s within 4 GB."""
+    shape = _SHAPES[build](*args)
+    if shape[0] * shape[1] > LITERAL_ELEMENTS:
+        return _gathered(build, *args, like=like)
     return literal(lambda: build(*args).to(like.dtype), like.device)
+
+
+#: The most elements a DFT table enters the graph with as a literal (16 MiB of float32: a
+#: 1024-point complex transform's, which compiled in 7 s at a 2.5 GB peak).
+LITERAL_ELEMENTS = 1 << 22
+
+
+def _gathered(build: Callable[..., torch.Tensor], *args: Any, like: torch.Tensor) -> torch.Tensor:
+    """The table ``build(*args)`` built in the graph with the very values of the literal: its
+    cosines and sines take ``n`` values, ``cos``/``sin`` of ``2π m / n`` (in float64, scaled,
+    cast once: a literal of ``O(n)``), gathered at ``(j k) mod n`` (exact integer arithmetic in
+    the graph); IREE evaluates the constant expression once, not per call."""
+    n_in, n_out, n, tables = _TABLES[build](*args)
+    values = literal(lambda: tables().to(like.dtype), like.device)  # (2, n): scaled cos, sin by m
+    j = torch.arange(n_in, device=like.device).unsqueeze(1)
+    k = torch.arange(n_out, device=like.device).unsqueeze(0)
+    m = torch.remainder(j * k, n)
+    return _ASSEMBLE[build](values[0][m], values[1][m], *args)
 
 
 def _apply_pairs(z: torch.Tensor, dim: int, matrix: torch.Tensor) -> torch.Tensor:
