@@ -255,6 +255,29 @@ def test_masked_assignment_of_values_per_selected_element():
     _check(lambda t: fn(t.detach()) * 0 + fn(t), leaf)
 
 
+def test_masked_assignment_over_later_dims():
+    """``x[:, mask] = v``, ``x[:, mask] += 1``, ``x[..., mask] = x[..., mask] * 10``: a mask after
+    full dims failed to lower (on the literal of a scalar value; "cannot be broadcast to indexing
+    result of shape [2, 0]" for values per selected element)."""
+    torch.manual_seed(0)
+    columns = torch.tensor([True, False, True, True, False, False])
+    rows = torch.tensor([False, True, True, False])
+    plane = torch.rand(4, 6) > 0.5
+
+    def fn(x, m, r, p):
+        y = x.clone()
+        y[:, r] = 0.0
+        y[:, r] += 1
+        y[..., m] = y[..., m] * 10
+        y[:, :, m] = torch.arange(2.0).reshape(2, 1, 1)  # one value per leading row, broadcast
+        y[:, p] = y[:, p].flip(0)  # a 2-d mask over dims 1 and 2, one value per selected element
+        return y
+
+    x = torch.randn(2, 4, 6)
+    torch.testing.assert_close(torch.compile(fn, backend="neuron")(x, columns, rows, plane),
+                               fn(x, columns, rows, plane))
+
+
 def test_masked_assignment_of_another_count_of_values_raises_as_eager():
     def fn(x, values):
         y = x.clone()

@@ -376,7 +376,8 @@ def histc(x: torch.Tensor, bins: int = 100, min: float = 0, max: float = 0) -> t
 
 
 def index_put_mask(x: torch.Tensor, indices: list, values: torch.Tensor, accumulate: bool = False) -> torch.Tensor:
-    """``aten.index_put`` with one boolean mask over the leading dims (``x[mask] = v``) as a ``where``.
+    """``aten.index_put`` with one boolean mask over the leading dims (``x[mask] = v``; after full
+    dims, ``x[:, mask] = v``, through :func:`_index_put_mask_after`) as a ``where``.
 
     torch-mlir cannot lower a boolean index. When ``v`` is the same for every selected
     element (a scalar, or a row broadcast over the selection), the write is
@@ -385,6 +386,8 @@ def index_put_mask(x: torch.Tensor, indices: list, values: torch.Tensor, accumul
     as the mask selects, a count Dynamo took from this call) are picked by each selected
     element's rank among the selected ones, with torch's check that the counts agree.
     """
+    if len(indices) > 1 and all(i is None for i in indices[:-1]):  # ``x[:, mask] = v``
+        return _index_put_mask_after(x, len(indices) - 1, indices[-1], values, accumulate)
     if len(indices) != 1 or indices[0] is None or indices[0].dtype not in (torch.bool, torch.uint8):
         return NotImplemented
     mask = indices[0].bool()
@@ -401,6 +404,24 @@ def index_put_mask(x: torch.Tensor, indices: list, values: torch.Tensor, accumul
     if accumulate:
         return x + torch.where(selected, row, torch.zeros((), dtype=x.dtype, device=x.device))
     return torch.where(selected, row, x)
+
+
+def _index_put_mask_after(x: torch.Tensor, lead: int, mask: torch.Tensor | None, values: torch.Tensor,
+                          accumulate: bool) -> torch.Tensor:
+    """``x[:, ..., mask] = values`` (``lead`` full dims before the mask) as a mask over the leading
+    dims of ``x`` with those ``lead`` dims moved last (the values' too, broadcast as torch does)."""
+    if mask is None or mask.dtype not in (torch.bool, torch.uint8) or lead + mask.dim() > x.dim():
+        return NotImplemented
+    rest = x.dim() - lead - mask.dim()
+    full = lead + 1 + rest  # the indexing result's dims: the lead ones, the selected, the rest
+    if values.dim() > full:
+        return NotImplemented
+    v = values.reshape(*([1] * (full - values.dim())), *values.shape)
+    moved = index_put_mask(x.movedim(tuple(range(lead)), tuple(range(x.dim() - lead, x.dim()))), [mask],
+                           v.movedim(tuple(range(lead)), tuple(range(full - lead, full))), accumulate)
+    if moved is NotImplemented:
+        return moved
+    return moved.movedim(tuple(range(x.dim() - lead, x.dim())), tuple(range(lead)))
 
 
 def _per_selected_element(mask: torch.Tensor, values: torch.Tensor, rest: torch.Size) -> torch.Tensor:
@@ -450,7 +471,6 @@ def index_put(x: torch.Tensor, indices: list, values: torch.Tensor, accumulate: 
     return result
 
 
-#: This module's decompositions, merged into the compile path's table.
 def _one_element(op: torch._ops.OpOverload, name: str) -> Callable:
     """``op`` (``scatter``, ``scatter_add``) of a 0-d tensor as the op of its one
     element in 1-d (torch-mlir requires its operands' ranks to match and be at least 1: "`index`,
@@ -466,6 +486,7 @@ def _one_element(op: torch._ops.OpOverload, name: str) -> Callable:
     return calls_itself(decomposition)
 
 
+#: This module's decompositions, merged into the compile path's table.
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
     aten.scatter.src: _one_element(aten.scatter.src, "scatter_src_0d"),
     aten.scatter.value: _one_element(aten.scatter.value, "scatter_value_0d"),
