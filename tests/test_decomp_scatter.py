@@ -352,3 +352,26 @@ def test_index_put_with_separated_index_tensors(pattern, accumulate):
     _check(put, x.clone().requires_grad_(), values.clone().requires_grad_())
     row = torch.randn(shape[-1])  # one row broadcast over the selection
     torch.testing.assert_close(put(x.to("neuron"), row.to("neuron")).cpu(), put(x, row))
+
+
+def test_index_fill_of_transposed_and_permuted_tensors():
+    """torch's reference index_fill keeps a non-contiguous input's layout through prims.copy_strided,
+    which torch-mlir could not lower: compiled it failed, on the eager device it ran on the CPU."""
+    from torch_neuronx import observe
+
+    transposed = torch.arange(12.0).view(3, 4).t()
+    permuted = torch.arange(24.0).view(2, 3, 4).permute(2, 0, 1)
+    index = torch.tensor([0, -1])
+
+    def fill(a, i):
+        return a.index_fill(1, i, 3.0)
+
+    for a in (transposed, permuted):
+        want = fill(a, index)
+        got = torch.compile(fill, backend="neuron")(a, index)
+        torch.testing.assert_close(got, want)
+        assert got.stride() == want.stride()
+        before = observe.counter("eager_fallbacks")
+        on_device = fill(a.to("neuron"), index.to("neuron"))
+        assert observe.counter("eager_fallbacks") == before
+        torch.testing.assert_close(on_device.cpu(), want)

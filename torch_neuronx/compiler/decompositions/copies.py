@@ -94,7 +94,17 @@ def view_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return assembled if dtype == wide else assembled.view(dtype)
 
 
+def copy_strided(a: torch.Tensor, stride: list[int]) -> torch.Tensor:
+    """``prims.copy_strided`` (torch's reference ``index_fill`` of a non-contiguous tensor keeps its
+    layout this way; torch-mlir has no lowering): ``a``'s values laid out in ``stride``'s order of
+    dimensions (a permuted contiguous copy, which the lowering knows, not ``empty_strided``)."""
+    order = sorted(range(a.dim()), key=lambda d: -stride[d])  # outermost first
+    inverse = sorted(range(a.dim()), key=order.__getitem__)
+    return a.permute(order).clone(memory_format=torch.contiguous_format).permute(inverse)
+
+
 DECOMPOSITIONS = {
+    torch.ops.prims.copy_strided.default: copy_strided,
     aten.view.dtype: view_dtype,
     aten.as_strided_scatter.default: as_strided_scatter,
     aten.unfold.default: unfold,
