@@ -169,6 +169,28 @@ def test_memory_stats_answers_torchneuron_nested_and_torch_cuda_flat_keys():
     assert after["allocated_bytes"]["peak"] == after["allocated_bytes.all.peak"] == torch.neuron.memory_allocated()
 
 
+def test_a_memory_fraction_caps_what_the_allocator_reserves():
+    """``torch.neuron.set_per_process_memory_fraction`` (torch.cuda's, which it lacked): a request
+    past the share is an OutOfMemoryError that says so; freed memory serves the next one."""
+    neuron = torch.neuron
+    total = neuron.mem_get_info()[1]
+    assert neuron.get_per_process_memory_fraction() == 1.0
+    neuron.set_per_process_memory_fraction(64 * 2**20 / total)
+    try:
+        assert abs(neuron.get_per_process_memory_fraction() * total - 64 * 2**20) < 2
+        held = torch.empty(40 * 2**20 // 4, device="neuron")
+        with pytest.raises(torch.OutOfMemoryError, match="set_per_process_memory_fraction"):
+            torch.empty(40 * 2**20 // 4, device="neuron")
+        del held
+        torch.empty(40 * 2**20 // 4, device="neuron").fill_(1.0).cpu()
+        for bad in (1.5, -0.1, "half", True):
+            with pytest.raises(ValueError, match="Invalid fraction value"):
+                neuron.set_per_process_memory_fraction(bad)
+    finally:
+        neuron.set_per_process_memory_fraction(1.0)
+        neuron.empty_cache()
+
+
 def test_stream_functions_order_work_on_the_current_stream():
     import threading
 

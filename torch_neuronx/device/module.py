@@ -59,6 +59,21 @@ memory_summary = _on_a_visible_device(_memory.memory_summary)
 reset_accumulated_memory_stats = _on_a_visible_device(_memory.reset_accumulated_memory_stats)
 reset_peak_memory_stats = _on_a_visible_device(_memory.reset_peak_memory_stats)
 empty_cache = _on_a_visible_device(_memory.empty_cache)
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """Cap what the caching allocator of ``device`` may reserve at ``fraction`` of its capacity."""
+    if device is not None:
+        process.checked_device_index(device)
+    _memory.set_per_process_memory_fraction(fraction, device)
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    """The share of ``device``'s capacity its caching allocator may reserve (1.0 unless capped)."""
+    if device is not None:
+        process.checked_device_index(device)
+    return _memory.get_per_process_memory_fraction(device)
+
 current_stream = _on_a_visible_device(_streams.current_stream)
 default_stream = _on_a_visible_device(_streams.default_stream)
 synchronize = _on_a_visible_device(_streams.synchronize)

@@ -206,6 +206,23 @@ def reset_accumulated_memory_stats(device: Any = None) -> None:
         allocator.stats.reset_accumulated()
 
 
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """Let the caching allocator of ``device`` reserve at most ``fraction`` (0 to 1) of its capacity,
+    as ``torch.cuda.set_per_process_memory_fraction``: a request past it frees the cached segments
+    and then raises ``OutOfMemoryError``."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 <= fraction <= 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    source = device_allocator(device).source
+    source.limit = int(fraction * source.capacity)
+
+
+def get_per_process_memory_fraction(device: Any = None) -> float:
+    """The fraction of ``device``'s capacity its caching allocator may reserve (1.0 unless set)."""
+    source = device_allocator(device).source
+    limit = getattr(source, "limit", None)
+    return 1.0 if limit is None else limit / source.capacity
+
+
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     """``(free, total)`` bytes of ``device``: capacity minus what the allocator reserved, and capacity."""
     return device_allocator(device).mem_get_info()

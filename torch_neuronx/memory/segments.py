@@ -123,6 +123,7 @@ class HostSegmentSource:
 
     def __init__(self, capacity: int | None = None, pinned: bool | None = None) -> None:
         self.capacity = capacity if capacity else host_memory_bytes()
+        self.limit: int | None = None  # set_per_process_memory_fraction's share of the capacity
         self.mapped = 0  # bytes currently handed out
         self.pinned = bool(config.get(PINNED_MALLOC)) if pinned is None else pinned
         self.pinned_bytes = 0  # bytes of segments currently page-locked
@@ -134,7 +135,7 @@ class HostSegmentSource:
     def allocate(self, nbytes: int) -> int | None:
         """Map ``nbytes`` of host memory; None when it would exceed the capacity or mmap fails."""
         with self._lock:
-            if nbytes <= 0 or self.mapped + nbytes > self.capacity:
+            if nbytes <= 0 or self.mapped + nbytes > (self.capacity if self.limit is None else self.limit):
                 return None
             address = self._mmap(None, nbytes, mmap.PROT_READ | mmap.PROT_WRITE, _MAP_FLAGS, -1, 0)
             if address is None or address == _MAP_FAILED:

@@ -286,7 +286,8 @@ def segment_record(device: int, address: int, total_size: int, stream: int, is_s
 
 
 def oom_message(*, device: int, rounded: int, requested: int, segment_size: int, capacity: int,
-                reserved: int, allocated: int, largest_free: int, free_cached: int) -> str:
+                reserved: int, allocated: int, largest_free: int, free_cached: int,
+                limit: int | None = None) -> str:
     """The message of ``OutOfMemoryError``, modelled on PyTorch's CUDA one.
 
     ``fragmentation`` is the share of cached free memory outside the largest
@@ -308,4 +309,6 @@ def oom_message(*, device: int, rounded: int, requested: int, segment_size: int,
         "reduce fragmentation (for example kRoundupPower2Divisions=8, or "
         "kMaxSplitSizeBytes=536870912,kMaxNonSplitRoundingBytes=67108864), and free tensors you no "
         "longer need. The capacity comes from TORCH_NEURONX_DEVICE_MEMORY_BYTES (0 means the host's RAM)."
+        + ("" if limit is None else f" This process may reserve {size(limit)} of it "
+           f"(torch.neuron.set_per_process_memory_fraction({limit / capacity:.3g})).")
     )
