@@ -103,6 +103,40 @@ def test_compiled_graphs_keep_their_inputs_device_and_refuse_a_mix(on_device_1):
         f(a, b.to("neuron:0"))
 
 
+def test_compiled_launches_of_device_1_inputs_run_and_report_on_device_1():
+    """With neuron:0 current, a compiled forward (training) or inference graph of neuron:1 inputs
+    launched on neuron:0's stream, and the profiler put it on neuron:0's track."""
+    from torch_neuronx import observe
+
+    launches: list[tuple[str, int]] = []
+
+    def record(event: observe.Event) -> None:
+        if event.name == "runtime.launch":
+            launches.append((event.fields.get("graph", ""), event.fields.get("device")))
+
+    with config.override(TORCH_NEURONX_VISIBLE_DEVICES=(0, 1)):
+        assert torch.neuron.current_device() == 0
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(_ONE)
+        compiled = torch.compile(model, backend="neuron")
+        x = torch.randn(4, 8, device=_ONE)
+        compiled(x).sum().backward()  # compiled before listening
+        with torch.no_grad():
+            compiled(x)
+        torch.neuron.synchronize(1)
+        observe.subscribe(record)
+        try:
+            compiled(x).sum().backward()
+            with torch.no_grad():
+                compiled(x).cpu()
+            torch.neuron.synchronize(1)
+        finally:
+            observe.unsubscribe(record)
+    graphs = {graph for graph, _ in launches}
+    assert any("forward" in g for g in graphs) and any("inference" in g for g in graphs), launches
+    assert {device for _, device in launches} == {1}, launches
+
+
 def test_out_tensors_on_another_device_are_refused(on_device_1):
     x = torch.randn(4, device="neuron:0")
     for out in (torch.empty(4, device="neuron:1"), torch.empty(4)):

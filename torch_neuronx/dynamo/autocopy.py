@@ -210,3 +210,17 @@ def call_device(args: Sequence[Any]) -> int:
                                    "inputs of a graph compiled with backend='neuron')")
             index = a._index
     return index if index >= 0 else process.current_device()
+
+
+def run_on(index: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with ``neuron:index`` the current device (a compiled graph's call, on its
+    inputs' device: its launch ran on the current device's stream, and the profiler put a graph of
+    ``neuron:1`` inputs on ``neuron:0``'s track)."""
+    previous = process.current_device()
+    if previous == index:
+        return fn(*args)
+    process.set_current_device(index)
+    try:
+        return fn(*args)
+    finally:
+        process.set_current_device(previous)

@@ -210,7 +210,7 @@ def _aot_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     if _fakified_first_call():
         return _neuron_fakes_first(wrapped, _device_outputs(gm), autocopy.call_device(example_inputs))
     if not plain:
-        return wrapped
+        return _on_call_device(wrapped) if on_device else wrapped
     compiled, plan = plain[0]
     if on_device:
         return _on_device(compiled.call_unboxed, _device_outputs(gm))
@@ -251,7 +251,7 @@ def _on_inner_tensors(fn: Callable, outputs: list[int]) -> Callable:
     def call(*args: Any) -> list[Any]:
         index = autocopy.call_device(args)
         neuron = [a for a in args if isinstance(a, NeuronTensor)]
-        results = list(streams.launch(fn, *_inner(args)))
+        results = list(autocopy.run_on(index, streams.launch, fn, *_inner(args)))
         for i in outputs:
             result = results[i]
             if isinstance(result, torch.Tensor) and not isinstance(result, NeuronTensor):
@@ -260,6 +260,16 @@ def _on_inner_tensors(fn: Callable, outputs: list[int]) -> Callable:
                 results[i] = alias(result, source) if source is not None else from_cpu(
                     result, stride=result.stride(), index=index, upload=False)
         return results
+
+    return call
+
+
+def _on_call_device(fn: Callable) -> Callable:
+    """aot_autograd's callable, called with its neuron inputs' device current (it hands the graph
+    the inner tensors, which say nothing of their device)."""
+    @functools.wraps(fn)
+    def call(*args: Any) -> Any:
+        return autocopy.run_on(autocopy.call_device(args), fn, *args)
 
     return call
 
@@ -298,7 +308,7 @@ def _on_device(fn: Callable, outputs: list[int]) -> Callable:
 
     def call(*args: Any) -> list[Any]:
         index = autocopy.call_device(args)
-        results = fn(*[a._data if type(a) is NeuronTensor else a for a in args])
+        results = autocopy.run_on(index, fn, *[a._data if type(a) is NeuronTensor else a for a in args])
         for i in outputs:
             results[i] = from_cpu(results[i], stride=results[i].stride(), index=index, upload=False)
         return results
@@ -435,7 +445,7 @@ def _placing_outputs(fn: Callable, positions: list[int]) -> Callable:
 
     def call(*args: Any) -> Any:
         index = autocopy.call_device(args)
-        results = list(fn(*args))
+        results = list(autocopy.run_on(index, fn, *args))
         for i in positions:
             result = results[i]
             if type(result) is torch.Tensor:
