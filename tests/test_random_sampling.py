@@ -363,3 +363,21 @@ def test_distributions_validate_their_arguments_on_the_device():
         categorical = torch.distributions.Categorical(logits=torch.randn(3, 5).to("neuron"))
         draws = categorical.sample((64,))
     assert draws.shape == (64, 3) and 0 <= int(draws.min().cpu()) and int(draws.max().cpu()) < 5
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_rrelu_on_the_device_returns_a_device_tensor(training):
+    """``aten.rrelu_with_noise`` draws on the host and writes its noise argument: its output came back
+    as a host tensor (the next neuron layer refused it; double backward hit an autograd assert)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.RReLU(), torch.nn.Linear(8, 2)).to("neuron")
+    model.train(training)
+    x = torch.randn(3, 8, device="neuron", requires_grad=True)
+    y = F.rrelu(x, training=training)
+    assert y.device == x.device
+    out = model(x)
+    assert out.device == x.device
+    out.sum().backward()
+    assert x.grad.device == x.device
+    if not training:
+        torch.testing.assert_close(y.detach().cpu(), F.rrelu(x.detach().cpu(), training=False))

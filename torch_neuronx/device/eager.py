@@ -509,7 +509,10 @@ def _draw(func: Any, args: Sequence[Any], kwargs: dict[str, Any], in_place: bool
     if in_place:
         def draw_on_cpu(*cpu_args: Any, **cpu_kwargs: Any) -> Any:
             return random.draw(func, cpu_args, cpu_kwargs, first.device)
-        return mutations.run_writing_on_cpu(draw_on_cpu, args, kwargs, written(func, args, kwargs))
+        # (its other results, rrelu_with_noise's output beside the noise it writes, placed on the
+        # device: they came back as host tensors)
+        drawn = mutations.run_writing_on_cpu(draw_on_cpu, args, kwargs, written(func, args, kwargs))
+        return pytree.tree_map(on_device(first._index), drawn)
     out = random.draw(func, pytree.tree_map(_cpu, args), pytree.tree_map(_cpu, kwargs), first.device)
     return pytree.tree_map(on_device(first._index), out)
 
