@@ -241,3 +241,26 @@ def test_float32_tanh_saturates_where_torchs_does():
     assert torch.equal(got.abs() == 1, expected.abs() == 1) and torch.equal(got.signbit(), expected.signbit())
     for dtype in (torch.float16, torch.bfloat16):
         torch.testing.assert_close(torch.tanh(x.to(dtype).to("neuron")).cpu(), torch.tanh(x.to(dtype)), equal_nan=True)
+
+
+def test_float64_tanh_gelu_and_its_backward_compile_and_run_on_the_device():
+    """float64 ``gelu(approximate="tanh")`` linked libm's float64 tanh, which IREE lacks ("undefined
+    symbol: tanh"): compiled it failed, on the eager device it ran on the CPU. Through torch's
+    reference and our tanh now."""
+    from torch_neuronx import observe
+
+    x = torch.linspace(-6, 6, 97, dtype=torch.float64)
+
+    def gelu(t):
+        return torch.nn.functional.gelu(t, approximate="tanh")
+
+    leaf, ref_leaf = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got = torch.compile(gelu, backend="neuron")(leaf)
+    want = gelu(ref_leaf)
+    torch.testing.assert_close(got, want, rtol=1e-13, atol=1e-15)
+    got.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(leaf.grad, ref_leaf.grad, rtol=1e-12, atol=1e-14)
+    before = observe.counter("eager_fallbacks")
+    torch.testing.assert_close(gelu(x.to("neuron")).cpu(), want.detach(), rtol=1e-13, atol=1e-15)
+    assert observe.counter("eager_fallbacks") == before

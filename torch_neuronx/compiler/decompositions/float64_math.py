@@ -389,8 +389,30 @@ def acos(x: torch.Tensor) -> torch.Tensor:
     return _atan2(_sqrt_one_minus_square(x), x)
 
 
+def gelu(x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """``aten.gelu`` with ``approximate="tanh"`` of a float64 tensor as torch's reference computes
+    it, through our ``tanh`` (lowered whole, it linked libm's float64 tanh, which IREE lacks:
+    "undefined symbol: tanh"); other calls are not decomposed."""
+    if x.dtype != torch.float64 or approximate != "tanh":
+        return NotImplemented
+    from torch._refs.nn.functional import gelu as reference
+
+    return reference(x, approximate="tanh")
+
+
+def gelu_backward(grad: torch.Tensor, x: torch.Tensor, approximate: str = "none") -> torch.Tensor:
+    """``aten.gelu_backward`` of :func:`gelu`'s calls, as torch's decomposition computes it."""
+    if x.dtype != torch.float64 or approximate != "tanh":
+        return NotImplemented
+    from torch._decomp.decompositions import gelu_backward as reference
+
+    return reference(grad, x, approximate="tanh")
+
+
 #: This module's decompositions, merged into the compile path's table (after general's atan2).
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
+    aten.gelu.default: gelu,
+    aten.gelu_backward.default: gelu_backward,
     aten.sin.default: sin,
     aten.cos.default: cos,
     aten.tan.default: tan,
