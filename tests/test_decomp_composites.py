@@ -193,3 +193,23 @@ def test_shifts_by_the_width_or_more_match_torchs_kernel(dtype):
                 expected = fn(number, shifts)
                 assert torch.equal(fn(number, shifts.to("neuron")).cpu(), expected)
                 assert torch.equal(torch.compile(fn, backend="neuron", dynamic=False)(number, shifts), expected)
+
+
+@pytest.mark.parametrize("shrink", ["hardshrink", "softshrink"])
+def test_shrink_backwards_run_on_the_device_and_compile(shrink):
+    """hardshrink's and softshrink's backwards had no lowering: the eager device ran them on the
+    CPU (a warning per call site)."""
+    from torch_neuronx import observe
+
+    fn = getattr(torch.nn.functional, shrink)
+    x = torch.tensor([-2.0, -0.5, -0.3, 0.0, 0.3, 0.5, 0.7, 3.0])
+    reference = x.clone().requires_grad_()
+    want = torch.autograd.grad(fn(reference, 0.5).mul(torch.arange(8.0)).sum(), [reference])[0]
+    before = observe.counter("eager_fallbacks")
+    leaf = x.to("neuron").requires_grad_()
+    fn(leaf, 0.5).mul(torch.arange(8.0, device="neuron")).sum().backward()
+    assert observe.counter("eager_fallbacks") == before
+    torch.testing.assert_close(leaf.grad.cpu(), want)
+    compiled_leaf = x.clone().requires_grad_()
+    torch.compile(lambda t: fn(t, 0.5).mul(torch.arange(8.0)).sum(), backend="neuron")(compiled_leaf).backward()
+    torch.testing.assert_close(compiled_leaf.grad, want)

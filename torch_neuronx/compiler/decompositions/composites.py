@@ -146,7 +146,15 @@ def nan_to_num(x, nan=None, posinf=None, neginf=None):
     return torch._refs.nan_to_num(x, nan, posinf, neginf)
 
 
+def shrink_backward(grad: torch.Tensor, x: torch.Tensor, lambd: float = 0.5) -> torch.Tensor:
+    """``aten.hardshrink_backward`` and ``aten.softshrink_backward`` (no lowering: the eager device
+    ran them on the CPU): the gradient where ``x`` lies outside ``[-lambd, lambd]``, as torch's kernel."""
+    return torch.where((x >= -lambd) & (x <= lambd), torch.zeros((), dtype=grad.dtype, device=grad.device), grad)
+
+
 DECOMPOSITIONS: dict[torch._ops.OpOverload, Callable] = {
+    aten.hardshrink_backward.default: shrink_backward,
+    aten.softshrink_backward.default: shrink_backward,
     aten.native_batch_norm.default: native_batch_norm_inference,
     aten.nan_to_num.default: nan_to_num,
     aten.angle.default: angle,
