@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from compare import forward_backward
@@ -61,3 +62,19 @@ def test_uint8_images_resize_compiled_and_eager_within_one_of_torch():
             for got in (compiled, eager):
                 assert got.dtype == torch.uint8 and got.shape == expected.shape
                 assert (got.int() - expected.int()).abs().max() <= 1, (mode, size)
+
+
+@pytest.mark.parametrize("shape, mode", [((1, 2, 3, 4, 5), "trilinear"), ((2, 3, 7), "linear")])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_linear_and_trilinear_resizing_run_on_the_device(shape, mode, align_corners):
+    """The eager device traced ``upsample_trilinear3d`` and ``upsample_linear1d`` whole, which
+    torch-mlir does not lower: they ran on the CPU. By scale and by size."""
+    from torch_neuronx import observe
+
+    x = torch.randn(*shape)
+    before = observe.counter("eager_fallbacks")
+    for kwargs in ({"scale_factor": 2}, {"size": tuple(s + 3 for s in shape[2:])}):
+        got = F.interpolate(x.to("neuron"), mode=mode, align_corners=align_corners, **kwargs)
+        want = F.interpolate(x, mode=mode, align_corners=align_corners, **kwargs)
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-6)
+    assert observe.counter("eager_fallbacks") == before

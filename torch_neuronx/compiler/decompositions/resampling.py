@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+from torch._decomp import get_decompositions
 
 from torch_neuronx.compiler.decompositions.literals import literal
 
@@ -121,4 +122,7 @@ DECOMPOSITIONS: dict = {
     aten._upsample_bicubic2d_aa.vec: _resize_vec(_RESIZE_BICUBIC),
     aten._upsample_bilinear2d_aa_backward.default: _resize_backward(_BILINEAR),
     aten._upsample_bicubic2d_aa_backward.default: _resize_backward(_BICUBIC),
+    # 1-d and 3-d linear resizing as torch decomposes them (gathers and lerps): the eager device
+    # traced the ops whole, which torch-mlir does not lower, and ran them on the CPU.
+    **get_decompositions([aten.upsample_linear1d.default, aten.upsample_trilinear3d.default]),
 }
