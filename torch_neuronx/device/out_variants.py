@@ -107,8 +107,8 @@ def run(func: Any, twin: Any, args: Sequence[Any], kwargs: dict[str, Any],
     if len(outs) == 1 and torch.Tag.pointwise in twin.tags:  # torch's TensorIterator checks
         overlap.refuse_internal_overlap(outs[0])  # (``torch.neg(x[:4], out=x[2:])``)
         overlap.refuse_partial_overlap(outs[0], (*args, *rest.values()))
-    elif any(overlap.touches_any(out, inputs) for out in outs):
-        return aliased(func, args, kwargs)
+    elif any(overlap.touches_any(out, inputs) for out in outs):  # torch's kernel decides
+        return aliased(func, args, kwargs) if len(outs) == 1 else fallback(func, args, kwargs)
     result = functional(twin, args, rest)
     results = result if isinstance(result, (tuple, list)) else (result,)
     for out, value in zip(outs, results):
