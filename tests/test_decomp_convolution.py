@@ -118,3 +118,26 @@ def test_eager_convolutions_of_one_output_row_run_on_neuron():
             warnings.simplefilter("error")
             got = layers[name].to("neuron")(x.to("neuron"))
         torch.testing.assert_close(got.cpu(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_a_forward_convolution_with_an_output_padding_runs_on_the_device():
+    """The double backward of ``conv_transpose2d(stride=2, output_padding=1)`` calls a forward
+    convolution with that output padding, which torch ignores and torch-mlir refused: the eager
+    device ran it on the CPU."""
+    from torch_neuronx import observe
+
+    def double_backward(device):
+        torch.manual_seed(0)
+        x = torch.randn(1, 2, 3, 3).to(device).requires_grad_()
+        w = torch.randn(2, 3, 3, 3).to(device).requires_grad_()
+        y = torch.nn.functional.conv_transpose2d(x, w, stride=2, output_padding=1)
+        gx, gw = torch.autograd.grad((y * y).sum(), (x, w), create_graph=True)
+        (gx.pow(2).sum() + gw.pow(2).sum()).backward()
+        return x.grad.cpu(), w.grad.cpu()
+
+    want = double_backward("cpu")
+    before = observe.counter("eager_fallbacks")
+    got = double_backward("neuron")
+    assert observe.counter("eager_fallbacks") == before
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)

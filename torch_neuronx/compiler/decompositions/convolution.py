@@ -68,10 +68,16 @@ def _shape_env(x: torch.Tensor) -> object | None:
 def convolution(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, stride: Sequence[int],
                 padding: Sequence[int], dilation: Sequence[int], transposed: bool,
                 output_padding: Sequence[int], groups: int):
-    """``aten.convolution``: ours for transposed ones with differing output paddings; with symbolic
+    """``aten.convolution``: ours for transposed ones with differing output paddings; a forward one's
+    output padding (which torch ignores) dropped; with symbolic
     sizes, torch's without the guards its fake kernel adds while choosing a CPU backend (``batch <
     16``: a dynamic-shape trace of any convolutional model was refused, one NEFF per batch size)."""
     stride, padding, dilation, output_padding = _per_dim(weight.dim() - 2, stride, padding, dilation, output_padding)
+    if not transposed and any(output_padding):
+        # torch ignores a forward convolution's output padding (a transposed one's double backward
+        # passes it along); torch-mlir refused the op
+        return aten.convolution.default(x, weight, bias, list(stride), list(padding), list(dilation), False,
+                                        [0] * len(output_padding), groups)
     if not transposed or len(set(output_padding)) <= 1:
         env = _shape_env(x)
         if env is None:
