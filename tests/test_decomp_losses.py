@@ -132,3 +132,21 @@ def test_a_class_index_out_of_range_raises_torchs_error(mode):
             loss(logits.to("neuron"), target.to("neuron")).cpu()
     ignored = torch.tensor([1, -100, 2])
     torch.testing.assert_close(loss(x.to("neuron"), ignored.to("neuron")).cpu(), F.cross_entropy(x, ignored))
+
+
+def test_ctc_loss_of_device_tensors_takes_lengths_on_the_host():
+    """CUDA's ctc_loss takes its lengths as host tensors; on neuron they were refused ("Expected all
+    tensors to be on the same device ... neuron:0 and cpu"): a tensor subclass took torch's tensor
+    route, whose ``loss / target_lengths`` mixed the devices."""
+    torch.manual_seed(0)
+    log_probs = torch.randn(6, 2, 5).log_softmax(2)
+    targets, input_lengths, target_lengths = torch.tensor([[1, 2], [3, 3]]), torch.tensor([6, 5]), torch.tensor([2, 2])
+    reference = log_probs.clone().requires_grad_()
+    want = F.ctc_loss(reference, targets, input_lengths, target_lengths)
+    want.backward()
+    for lengths in ((input_lengths, target_lengths), (input_lengths.to("neuron"), target_lengths.to("neuron"))):
+        leaf = log_probs.to("neuron").requires_grad_()
+        got = F.ctc_loss(leaf, targets.to("neuron"), *lengths)
+        got.backward()
+        torch.testing.assert_close(got.cpu(), want.detach())
+        torch.testing.assert_close(leaf.grad.cpu(), reference.grad)

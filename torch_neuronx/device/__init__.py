@@ -150,6 +150,7 @@ def _register_kernels() -> None:
     _library.impl("empty_strided", torch._disable_dynamo(empty_strided), "PrivateUse1")
     _library.impl("_copy_from", torch._disable_dynamo(copy_from), "PrivateUse1")
     _library.impl("one_hot", torch._disable_dynamo(_one_hot), "AutogradPrivateUse1")
+    _library.impl("ctc_loss.Tensor", torch._disable_dynamo(_ctc_loss_host_lengths), "AutogradPrivateUse1")
     recurrent.register(_library)
     _library.impl("_local_scalar_dense", torch._disable_dynamo(_local_scalar_dense), "PrivateUse1")
     _library.impl("scalar_tensor", torch._disable_dynamo(_scalar_tensor), "PrivateUse1")
@@ -207,6 +208,24 @@ def _local_scalar_dense(x):
     from torch_neuronx.device import eager
 
     return eager.dispatch(torch.ops.aten._local_scalar_dense.default, (x,), {})
+
+
+def _ctc_loss_host_lengths(log_probs, targets, input_lengths, target_lengths, blank=0, reduction=1,
+                           zero_infinity=False):
+    """``F.ctc_loss`` of neuron tensors with lengths given as host tensors, which CUDA takes (its
+    kernels read lengths on the host): as lists, the form torch's plain-tensor route passes them in
+    (a tensor subclass takes the tensor route, whose ``loss / target_lengths`` mixed the devices)."""
+    import torch
+
+    from torch_neuronx.runtime.tensor import NeuronTensor
+
+    lengths = (input_lengths, target_lengths)
+    if type(log_probs) is NeuronTensor and type(log_probs._data) is torch.Tensor \
+            and all(type(t) is torch.Tensor and t.device.type == "cpu" for t in lengths):  # (not traced)
+        return torch.ops.aten.ctc_loss.IntList(log_probs, targets, input_lengths.tolist(), target_lengths.tolist(),
+                                               blank, reduction, zero_infinity)
+    return torch.ops.aten.ctc_loss.Tensor.decompose(log_probs, targets, input_lengths, target_lengths, blank,
+                                                    reduction, zero_infinity)
 
 
 def _one_hot(x, num_classes=-1):
