@@ -137,7 +137,9 @@ def mismatched_reduce_op(rank: int) -> None:
 def mismatched_root(rank: int) -> None:
     """Each rank broadcasting from itself: the error showed bare rows ("rank 0: [4, 0, 0, 0], rank 1:
     [4, 1, 0, 0]"), leaving the user to guess that the second value is the root."""
-    dist.broadcast(torch.ones(4, device="neuron"), src=rank)
+    t = torch.ones(4, device="neuron")
+    dist.broadcast(t, src=rank)
+    t.cpu()
 
 
 def mismatched_coalesced_op(rank: int) -> None:
