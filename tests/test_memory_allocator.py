@@ -22,6 +22,7 @@ class FakeSource:
 
     def __init__(self, capacity: int = 64 * GB) -> None:
         self.capacity = capacity
+        self.limit = None  # (SegmentSource: no memory fraction set)
         self.mapped = 0
         self.segments: dict[int, int] = {}
         self._next = 1 << 44

@@ -219,8 +219,7 @@ def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None
 def get_per_process_memory_fraction(device: Any = None) -> float:
     """The fraction of ``device``'s capacity its caching allocator may reserve (1.0 unless set)."""
     source = device_allocator(device).source
-    limit = getattr(source, "limit", None)
-    return 1.0 if limit is None else limit / source.capacity
+    return 1.0 if source.limit is None else source.limit / source.capacity
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:

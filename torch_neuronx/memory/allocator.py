@@ -533,7 +533,7 @@ class CachingAllocator:
                           for keys in pool.values() for key in keys)
         return _stats.oom_message(
             device=self.device, rounded=rounded, requested=requested, segment_size=seg_size,
-            capacity=self.source.capacity, limit=getattr(self.source, "limit", None),
+            capacity=self.source.capacity, limit=self.source.limit,
             reserved=self.stats.all.reserved_bytes.current,
             allocated=self.stats.all.allocated_bytes.current, largest_free=self.largest_free_block(),
             free_cached=free_cached)

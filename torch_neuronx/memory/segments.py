@@ -44,6 +44,7 @@ class SegmentSource(Protocol):
     """What the caching allocator needs from a device's memory."""
 
     capacity: int  # bytes the device can hold in segments at once
+    limit: int | None  # the share of it this process may map (set_per_process_memory_fraction)
 
     def allocate(self, nbytes: int) -> int | None:
         """Map a segment of ``nbytes``; its address, or None when the device is full."""

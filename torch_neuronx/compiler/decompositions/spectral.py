@@ -160,7 +160,8 @@ def _gathered(build: Callable[..., torch.Tensor], *args: Any, like: torch.Tensor
     """The table ``build(*args)`` built in the graph with the very values of the literal: its
     cosines and sines take ``n`` values, ``cos``/``sin`` of ``2π m / n`` (in float64, scaled,
     cast once: a literal of ``O(n)``), gathered at ``(j k) mod n`` (exact integer arithmetic in
-    the graph); IREE evaluates the constant expression once, not per call."""
+    the graph). IREE 3.13 does not hoist this out of the call: the gather runs on every call (the
+    cost :func:`_constant` states)."""
     n_in, n_out, n, tables = _TABLES[build](*args)
     values = literal(lambda: tables().to(like.dtype), like.device)  # (2, n): scaled cos, sin by m
     j = torch.arange(n_in, device=like.device).unsqueeze(1)
