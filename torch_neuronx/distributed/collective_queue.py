@@ -31,6 +31,7 @@ from torch_neuronx.runtime import streams
 _log = logging.getLogger("torch_neuronx.distributed")
 _IDLE_EXIT_S = 30.0
 _finishing = threading.Lock()  # a task ends once, whichever thread ends it
+_OUTSTANDING_PRUNE = 256  # tasks kept for finish_issued before the ended ones behind a running one go
 
 
 class CollectiveError(RuntimeError):
@@ -326,10 +327,14 @@ class CollectiveQueue:
         with self._lock:
             self._issued += 1
             task.order = self._issued
-            outstanding = self._outstanding
-            while outstanding and outstanding[0].done.is_set():
-                outstanding.popleft()
-            outstanding.append(task)
+            if task.kind != "recv":  # (what finish_issued waits for; a receive may wait for ever)
+                outstanding = self._outstanding
+                while outstanding and outstanding[0].done.is_set():
+                    outstanding.popleft()
+                if len(outstanding) > _OUTSTANDING_PRUNE:  # an older one still running: drop the ended
+                    self._outstanding = outstanding = collections.deque(
+                        t for t in outstanding if not t.done.is_set())
+                outstanding.append(task)
         if self._broken is not None:
             task.fail(self._unusable(task))
             return False
@@ -344,7 +349,7 @@ class CollectiveQueue:
         ``timeout_s`` seconds in all; the collectives that had not ended then. Receives are not
         waited for: no peer needs them to end, and one nothing was sent for ends with the group."""
         with self._lock:
-            tasks = [task for task in self._outstanding if task.kind != "recv"]
+            tasks = list(self._outstanding)
         deadline = time.monotonic() + timeout_s
         for task in tasks:
             task.done.wait(max(0.0, deadline - time.monotonic()))
