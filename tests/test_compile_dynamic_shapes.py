@@ -288,7 +288,7 @@ def test_a_gpt2_called_with_a_new_batch_and_length_survives_its_dynamic_graph(tm
     pytest.importorskip("transformers")
     env = dict(os.environ, TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES="1")
     run = subprocess.run([sys.executable, "-c", _GPT2_NEW_BATCH_AND_LENGTH], env=env, capture_output=True,
-                         text=True, timeout=600, cwd=tmp_path)
+                         text=True, timeout=280, cwd=tmp_path)
     assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-3000:]}"
     assert "matched" in run.stdout
 
@@ -524,7 +524,7 @@ def test_generate_with_a_kv_cache_stops_compiling_after_the_first_tokens(tmp_pat
     env = dict(os.environ, TORCH_NEURONX_DYNAMO_DYNAMIC_SHAPES="1", TORCH_NEURONX_LOG_LEVEL="2")
     script = _GPT2_GENERATE.replace("DEVICE", repr(device)).replace("MODEL", _MODELS[model])
     run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
-                         text=True, timeout=600, cwd=tmp_path)
+                         text=True, timeout=280, cwd=tmp_path)
     assert run.returncode == 0, f"exit {run.returncode}: {run.stderr[-3000:]}"
     assert "matched" in run.stdout
     assert run.stderr.count("one NEFF serves every size") == 1, run.stderr[-3000:]

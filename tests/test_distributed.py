@@ -50,6 +50,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow  # four ranks on two cores: CI's slow step
+@pytest.mark.timeout(480)  # past its nodes' own 400 s
 def test_every_collective_on_two_nodes_of_two_processes():
     """Four ranks as two hosts would run them: two torchrun invocations (``--nnodes=2 --node_rank``)
     meeting at one rendezvous on 127.0.0.1 (README: the same command on real hosts)."""
