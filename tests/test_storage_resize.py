@@ -225,6 +225,33 @@ def test_set_onto_a_neuron_storage_and_resize_as_work_as_on_cuda():
         torch.zeros(3).set_(x.untyped_storage())
 
 
+@pytest.mark.parametrize("case", ["empty_to_channels_last", "channels_last_to_contiguous", "same_size_restride",
+                                  "resize_as_channels_last", "resize_as_preserve", "resize_as_keeps_strides"])
+def test_resize_takes_its_memory_format_as_torch_does(case):
+    """``resize_(..., memory_format=torch.channels_last)`` (and ``resize_as_``'s) was ignored: the
+    tensor stayed contiguous, its storage held the values in another order than the CPU's, and an
+    NHWC ``view`` raised where the CPU's works."""
+    cl = torch.channels_last
+
+    def run(device: str) -> torch.Tensor:
+        x = torch.zeros(2, 3, 4, 5, device=device)
+        t = {"empty_to_channels_last": lambda: torch.empty(0, device=device).resize_(2, 3, 4, 5, memory_format=cl),
+             "channels_last_to_contiguous": lambda: x.contiguous(memory_format=cl).resize_(
+                 2, 3, 4, 5, memory_format=torch.contiguous_format),
+             "same_size_restride": lambda: x.resize_(2, 3, 4, 5, memory_format=cl),
+             "resize_as_channels_last": lambda: torch.zeros(3, device=device).resize_as_(x, memory_format=cl),
+             "resize_as_preserve": lambda: torch.zeros(7, device=device).resize_as_(
+                 x.contiguous(memory_format=cl), memory_format=torch.preserve_format),
+             "resize_as_keeps_strides": lambda: x.transpose(0, 1).resize_as_(x.transpose(0, 1))}[case]()
+        t.copy_(torch.arange(float(t.numel())).view(t.shape))
+        flat = torch.empty(0, device=device).set_(t.untyped_storage(), 0, (t.numel(),), (1,))
+        return t.stride(), flat.cpu()
+
+    (cpu_stride, cpu_memory), (stride, memory) = run("cpu"), run("neuron")
+    assert stride == cpu_stride
+    assert torch.equal(memory, cpu_memory)
+
+
 def test_a_compiled_inference_graph_reads_a_parameters_values_written_after_a_resize():
     """New memory may sit at the old address and an ``out=`` copy into it moves no version counter:
     an inference graph must still read the new values."""

@@ -43,23 +43,35 @@ def _set_wrapper_shape(t: NeuronTensor, size: Sequence[int], stride: Sequence[in
             torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
 
 
-def resize(t: NeuronTensor, size: Sequence[int]) -> NeuronTensor:
-    """``t.resize_(size)`` on the device, as torch resizes: ``t`` becomes the contiguous tensor of
-    ``size`` at its storage offset in the same memory, which grows first when too small (the
-    storage's resize: every tensor over it follows, as views of a CUDA storage do). Views of
+def _format_strides(size: list[int], memory_format: torch.memory_format | None) -> list[int]:
+    """The strides ``torch.empty(size, memory_format=...)`` has (contiguous for None)."""
+    if memory_format is None or memory_format == torch.contiguous_format:
+        return _contiguous_strides(size)
+    if memory_format == torch.preserve_format:  # (torch's own error for resize_)
+        raise RuntimeError("Unsupported memory format Preserve")
+    return list(torch.empty(size, device="meta", memory_format=memory_format).stride())
+
+
+def resize(t: NeuronTensor, size: Sequence[int], memory_format: torch.memory_format | None = None) -> NeuronTensor:
+    """``t.resize_(size, memory_format=...)`` on the device, as torch resizes: ``t`` becomes the
+    tensor of ``size`` in ``memory_format`` (contiguous when None; an unchanged size without one
+    keeps its strides) at its storage offset in the same memory, which grows first when too small
+    (the storage's resize: every tensor over it follows, as views of a CUDA storage do). Views of
     ``t`` keep seeing its writes. The caller synchronizes first (growing copies on the host)."""
     size = [int(s) for s in size]
-    if list(t.shape) == size:
+    stride = _format_strides(size, memory_format)
+    if list(t.shape) == size and (memory_format is None or list(t.stride()) == stride):
         return t
     allocation = t._allocation
-    stride = _contiguous_strides(size)
     if allocation is None:  # a tensor without device memory of its own: new memory
         data, allocation = allocate(size, None, t.dtype, t._index)
         keep = min(data.numel(), t._data.numel())
         if keep:
             data.view(-1)[:keep].copy_(t._data.reshape(-1)[:keep])
+        if list(data.stride()) != stride:
+            data = data.as_strided(size, stride)
         rebind(t, data, allocation)
-        _set_wrapper_shape(t, size, data.stride())
+        _set_wrapper_shape(t, size, stride)
         return t
     from torch_neuronx.runtime import storage
 
@@ -73,18 +85,31 @@ def resize(t: NeuronTensor, size: Sequence[int]) -> NeuronTensor:
     return t
 
 
+def _suggested_format(t: torch.Tensor) -> torch.memory_format:
+    """The memory format ``t``'s strides follow (torch's ``suggest_memory_format``, C++ only)."""
+    for dim, memory_format in ((4, torch.channels_last), (5, torch.channels_last_3d)):
+        if t.dim() == dim and not t.is_contiguous() and t.is_contiguous(memory_format=memory_format):
+            return memory_format
+    return torch.contiguous_format
+
+
 def resize_op(args: Sequence[Any], kwargs: dict[str, Any]) -> NeuronTensor:
-    """``aten.resize_`` of a neuron tensor (contiguous: a memory format other than contiguous is
-    not kept)."""
-    t = resize(args[0], args[1])
+    """``aten.resize_`` of a neuron tensor, in its ``memory_format`` (contiguous by default)."""
+    memory_format = args[2] if len(args) > 2 else kwargs.get("memory_format")
+    t = resize(args[0], args[1], memory_format)
     count_writes((t,))
     return t
 
 
 def resize_as_op(args: Sequence[Any], kwargs: dict[str, Any]) -> NeuronTensor:
-    """``aten.resize_as_``: ``resize_`` to the template's shape (torch's kernel resized the wrapper's
-    storage, which holds no data: "Trying to resize storage that is not resizable")."""
-    return resize_op((args[0], list(args[1].shape)), {})
+    """``aten.resize_as_``: ``resize_`` to the template's shape, then (with a ``memory_format``;
+    ``preserve_format``: the template's) restrided to that format, as torch's kernel does (which
+    resized the wrapper's storage, holding no data: "Trying to resize storage that is not resizable")."""
+    t, template = args[0], args[1]
+    memory_format = args[2] if len(args) > 2 else kwargs.get("memory_format")
+    if memory_format == torch.preserve_format:
+        memory_format = _suggested_format(template)
+    return resize_op((t, list(template.shape)), {"memory_format": memory_format})
 
 
 def upload(target: torch.Tensor, values: torch.Tensor, index: int) -> None:
