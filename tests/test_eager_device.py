@@ -410,6 +410,13 @@ def test_formatting_and_repr_read_as_torchs():
     assert repr(weight).startswith("Parameter containing:\ntensor([[") and repr(weight).endswith(
         "device='neuron:0', requires_grad=True)")
     assert repr(weight.detach()).startswith("tensor([[")
+    # the device where torch puts it for an accelerator: before size= and dtype=
+    assert repr(torch.ones(2, dtype=torch.float16, device="neuron")) == \
+        "tensor([1., 1.], device='neuron:0', dtype=torch.float16)"
+    assert repr(torch.tensor(2.5, dtype=torch.float64, device="neuron")) == \
+        "tensor(2.5000, device='neuron:0', dtype=torch.float64)"
+    assert repr(torch.empty(0, 3, dtype=torch.int32, device="neuron")) == \
+        "tensor([], device='neuron:0', size=(0, 3), dtype=torch.int32)"
 
 
 @pytest.mark.parametrize("update", [

@@ -222,6 +222,22 @@ def test_deepcopy_follows_torchs_parameter_and_tensor_rules():
         assert not hasattr(p2, "tag") and p2.requires_grad  # (torch drops a parameter's attributes here)
 
 
+def test_copy_copy_shares_memory_as_torchs_shallow_copy_does():
+    """``copy.copy`` of a neuron tensor or parameter made an independent copy (pickled through the
+    host), where torch's shares the storage: a write through either reaches both."""
+    for device in ("cpu", "neuron"):
+        t = torch.arange(4.0, device=device)
+        t.tag = "kept"
+        c = copy.copy(t)
+        c[0] = 9.0
+        p = torch.nn.Parameter(torch.arange(3.0, device=device))
+        q = copy.copy(p)
+        with torch.no_grad():
+            q[1] = 7.0
+        assert t.cpu().tolist() == [9.0, 1.0, 2.0, 3.0] and c.tag == "kept" and c.is_leaf, device
+        assert p.cpu().tolist() == [0.0, 7.0, 2.0] and isinstance(q, torch.nn.Parameter) and q.requires_grad
+
+
 @pytest.mark.parametrize("how", ["pickle", "torch.save", "torch.save legacy"])
 def test_python_attributes_of_tensors_and_parameters_survive_saving(how):
     """``p.tensor_model_parallel = True`` (Megatron's marks, sharding and weight-decay tags) was

@@ -168,6 +168,19 @@ def register_for_processes() -> None:
     ForkingPickler.register(NeuronTensor, reduce_for_processes)
 
 
+def shallow_copy(t: NeuronTensor) -> torch.Tensor:
+    """``copy.copy(t)``: a new leaf over ``t``'s memory with its ``requires_grad`` and Python
+    attributes (a parameter's copy a parameter), as torch's rebuild over the same storage gives."""
+    new = t.detach()
+    if getattr(t, "_is_param", False):
+        new = torch.nn.Parameter(new, t.requires_grad)
+    elif t.requires_grad:
+        new.requires_grad_()
+    for name, value in program_attributes(t).items():
+        setattr(new, name, value)
+    return new
+
+
 def deepcopy(t: NeuronTensor, memo: dict[int, Any]) -> torch.Tensor:
     """``copy.deepcopy(t)``: a new neuron tensor holding a device copy of ``t``'s values."""
     if id(t) in memo:

@@ -96,6 +96,13 @@ def _device(index: int) -> torch.device:
     return torch.device("neuron", index)
 
 
+def _with_device(text: str, dim: int, device: torch.device) -> str:
+    """The host tensor's repr (less its closing parenthesis) with ``device=`` where torch puts it
+    for any accelerator: right after the values, before ``size=`` and ``dtype=``."""
+    end = text.rindex("]") + 1 if dim else (text.find(", ") % (len(text) + 1))
+    return f"{text[:end]}, device='{device}'{text[end:]}"
+
+
 class NeuronTensor(torch.Tensor):
     """A tensor on the ``neuron`` device (see the module docstring)."""
 
@@ -126,7 +133,7 @@ class NeuronTensor(torch.Tensor):
             return (f"tensor(<storage resized to 0 bytes>, size={tuple(self.shape)}, dtype={self.dtype}, "
                     f"device='{self.device}')")
         _host_read(self)
-        text = f"{self._data!r}"[:-1] + f", device='{self.device}'"
+        text = _with_device(f"{self._data!r}"[:-1], self._data.dim(), self.device)
         if self.grad_fn is not None:  # autograd's part of the text, as torch prints it for any device
             text += f", grad_fn=<{type(self.grad_fn).__name__}>"
         elif self.requires_grad:
@@ -185,6 +192,13 @@ class NeuronTensor(torch.Tensor):
         if not args:  # (torch's ignores the device then)
             return torch.empty(0, dtype=kwargs.get("dtype", self.dtype), device=kwargs["device"])
         return super().new(*args, **kwargs)
+
+    def __copy__(self) -> torch.Tensor:
+        """``copy.copy``: a new leaf over the same memory (writes through either show in both), as
+        torch's rebuild of a CPU or CUDA tensor's storage gives; a parameter stays a parameter."""
+        from torch_neuronx.runtime import serialization
+
+        return serialization.shallow_copy(self)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
         """A device copy of the values (:mod:`.serialization`)."""
