@@ -174,6 +174,16 @@ def test_pin_memory_and_pinned_data_loaders_work_where_neuron_is_the_accelerator
     assert "ok neuron:0" in done.stdout
 
 
+def test_pinning_a_neuron_tensor_is_refused_as_cuda_refuses_its_own():
+    """``n.pin_memory()`` ran on the CPU with a fallback warning and returned ``n`` unpinned."""
+    import torch
+
+    n = torch.arange(3.0, device="neuron")
+    with pytest.raises(RuntimeError, match=r"cannot pin 'torch.neuron.FloatTensor' only dense CPU tensors"):
+        n.pin_memory()
+    assert not n.is_pinned()
+
+
 def _native_hooks_missing() -> str | None:
     from torch_neuronx.device import native
 

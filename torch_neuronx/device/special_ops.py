@@ -148,6 +148,12 @@ def _on_meta(func: Any) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
 
 
 #: The handler of each op that is not a computation (copies, storage changes, host reads).
+def _pin_memory(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+    """``pin_memory()`` of a neuron tensor: refused as CUDA refuses its own tensors' (it ran on the
+    CPU with a fallback warning and returned the neuron tensor unpinned)."""
+    raise RuntimeError(f"cannot pin '{args[0].type()}' only dense CPU tensors can be pinned")
+
+
 HANDLERS: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
     **{op: _on_meta(op) for op in (aten.result_type.Tensor, aten.result_type.Scalar, aten.result_type.Scalar_Tensor)},
     aten.equal.default: _equal,
@@ -174,6 +180,7 @@ HANDLERS: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
     # ``item`` decomposes into ``_local_scalar_dense`` above autograd; code running below it
     # (a higher-order op's rule, a custom autograd Function's forward) reaches it as is.
     aten.item.default: host_op(local_scalar_dense),
+    aten._pin_memory.default: _pin_memory,
     aten.resize_.default: host_op(mutations.resize_op),
     aten.resize_as_.default: host_op(mutations.resize_as_op),
 }
