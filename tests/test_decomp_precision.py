@@ -205,6 +205,52 @@ def test_narrow_arithmetic_with_a_scalar_uses_the_scalars_own_value(dtype):
         torch.testing.assert_close(c, w, rtol=0, atol=0, equal_nan=True, msg=f"compiled result {index}")
 
 
+def _foreach_with_scalars(xs, ys):
+    return (torch._foreach_mul(xs, 0.9), torch._foreach_div(xs, 0.3), torch._foreach_add(xs, 1e-3),
+            torch._foreach_sub(xs, ys, alpha=0.3), torch._foreach_add(xs, ys, alpha=0.7),
+            torch._foreach_mul(xs, [0.9, 1.1]), torch._foreach_pow(xs, 0.9))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_narrow_foreach_ops_with_scalars_use_the_scalars_own_value(dtype):
+    """Out-of-place ``_foreach_mul(xs, 0.9)`` (and div, add, pow, and the ``alpha`` of a list's
+    add/sub) rounded the number to the tensors' type first: 0.8984375, a third of bfloat16
+    products one ulp off torch's, and foreach optimizers over narrow parameters drifting."""
+    torch.manual_seed(0)
+    # (sizes the CPU's vectorized loops cover whole: its scalar tail rounds alpha * y first)
+    xs = [(torch.rand(2048) + 0.1).to(dtype), (torch.rand(64) + 0.1).to(dtype)]
+    ys = [(torch.randn(2048) * 0.1).to(dtype), (torch.randn(64) * 0.1).to(dtype)]
+    want = _foreach_with_scalars(xs, ys)
+    eager = _foreach_with_scalars([x.to("neuron") for x in xs], [y.to("neuron") for y in ys])
+    compiled = torch.compile(_foreach_with_scalars, backend="neuron")(xs, ys)
+    for index, (w, e, c) in enumerate(zip(want, eager, compiled)):
+        for wt, et, ct in zip(w, e, c):
+            torch.testing.assert_close(et.cpu(), wt, rtol=0, atol=0, msg=f"eager result {index}")
+            torch.testing.assert_close(ct, wt, rtol=0, atol=0, msg=f"compiled result {index}")
+
+
+def _comparisons(x):
+    return (x == 0.1, x != 0.3, x < 1.01, x <= 3.14159, x > 1e-3, x >= 0.1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_narrow_tensors_compare_with_the_number_rounded_to_their_type(dtype):
+    """``torch.tensor(0.1, dtype=torch.bfloat16) == 0.1`` is True in torch (the number is rounded
+    to bfloat16 first); it was False for 0-d tensors on the eager device and for 0-d and
+    one-element tensors compiled (IREE folded the rounding away)."""
+    values = torch.tensor([0.1, 0.3, 1.01, 3.14159, 1e-3, 0.05]).to(dtype)
+    for shape in [(), (1,), (1, 1), (6,)]:
+        for v in (values if shape != (6,) else [values]):
+            x = v.reshape(shape) if shape != (6,) else v
+            want = _comparisons(x)
+            eager = _comparisons(x.to("neuron"))
+            torch._dynamo.reset()
+            compiled = torch.compile(_comparisons, backend="neuron")(x.to("neuron"))
+            for index, (w, e, c) in enumerate(zip(want, eager, compiled)):
+                assert torch.equal(e.cpu(), w), (shape, float(v.reshape(-1)[0]), index, "eager")
+                assert torch.equal(c.cpu(), w), (shape, float(v.reshape(-1)[0]), index, "compiled")
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_group_norm_of_a_narrow_input_with_float32_parameters(dtype):
     """What autocast gives a GroupNorm (a UNet's, a diffusion model's): a narrow input with float32

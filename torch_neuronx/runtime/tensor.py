@@ -99,7 +99,9 @@ def _device(index: int) -> torch.device:
 def _with_device(text: str, dim: int, device: torch.device) -> str:
     """The host tensor's repr (less its closing parenthesis) with ``device=`` where torch puts it
     for any accelerator: right after the values, before ``size=`` and ``dtype=``."""
-    end = text.rindex("]") + 1 if dim else (text.find(", ") % (len(text) + 1))
+    end = text.rfind("]") + 1 if dim else 0  # (a tensor without values in its text: none)
+    if not end:
+        end = text.find(", ") % (len(text) + 1)
     return f"{text[:end]}, device='{device}'{text[end:]}"
 
 

@@ -35,19 +35,35 @@ def _unary(op: torch._ops.OpOverload) -> Callable:
     return each
 
 
+#: Ops that take a Python number as it is (the per-tensor op's own scalar form): torch computes
+#: ``x * 0.9`` of a bfloat16 ``x`` with 0.9 unrounded, in float32, and rounds the product once.
+#: A number made a 0-d tensor of ``x``'s type first is 0.8984375 (a third of the products off).
+_NUMBER_OPERAND = {aten.add.Tensor: aten.add.Tensor, aten.sub.Tensor: aten.sub.Tensor,
+                   aten.mul.Tensor: aten.mul.Tensor, aten.div.Tensor: aten.div.Tensor,
+                   aten.pow.Tensor_Tensor: aten.pow.Tensor_Scalar}
+_WITH_ALPHA = (aten.add.Tensor, aten.sub.Tensor)
+
+
 def _binary(op: torch._ops.OpOverload, pairwise: bool) -> Callable:
     def each(tensors: list[torch.Tensor], others: Any, **kwargs: Any) -> list[torch.Tensor]:
         alpha = kwargs.get("alpha", 1)
         items = others if pairwise else [others] * len(tensors)
-        results = []
-        for t, other in zip(tensors, items, strict=True):
-            other = promoted_scalar(other, t)
-            if alpha != 1:
-                other = other * alpha
-            results.append(op(t, other))
-        return results
+        return [_one(op, t, other, alpha) for t, other in zip(tensors, items, strict=True)]
 
     return each
+
+
+def _one(op: torch._ops.OpOverload, t: torch.Tensor, other: Any, alpha: Any) -> torch.Tensor:
+    """``op(t, other)`` as the per-tensor call torch's foreach kernel stands for (``alpha`` scales
+    ``other`` inside the op, rounded once, as ``torch.add(t, other, alpha=...)`` does)."""
+    if not isinstance(other, torch.Tensor) and op in _NUMBER_OPERAND:
+        return _NUMBER_OPERAND[op](t, other)
+    other = promoted_scalar(other, t)
+    if alpha != 1:
+        if op in _WITH_ALPHA:
+            return op(t, other, alpha=alpha)
+        other = other * alpha
+    return op(t, other)
 
 
 def _pow_scalar_and_tensor(scalar: Any, exponents: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -15,6 +15,7 @@ import torch
 
 from torch_neuronx.compiler.passes.bool_constants import bool_constants_to_int8
 from torch_neuronx.compiler.passes.collapse_views import views_merging_symbols_to_flatten
+from torch_neuronx.compiler.passes.comparison_scalars import comparison_scalars_rounded
 from torch_neuronx.compiler.passes.complex_to_real import complex_to_real
 from torch_neuronx.compiler.passes.cond_branches import cond_to_select
 from torch_neuronx.compiler.passes.constant_fold import constant_fold
@@ -53,6 +54,7 @@ PIPELINE: list[Pass] = [
     inline_scalar_inputs,
     constant_sizes_as_ints,  # after inlining: sizes the shape environment made constants
     scalar_operands_to_tensors,  # after inlining: inlined inputs can be such numbers
+    comparison_scalars_rounded,  # after inlining: as scalar_operands_to_tensors
     squeeze_dims_to_view,
     empty_slices_to_full,
     bool_constants_to_int8,
