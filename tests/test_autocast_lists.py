@@ -64,3 +64,37 @@ def test_binary_cross_entropy_is_refused_as_cuda_refuses_it():
         torch.nn.functional.binary_cross_entropy(x, y)
     with torch.autocast("neuron", dtype=torch.bfloat16):
         torch.nn.functional.binary_cross_entropy_with_logits(x, y)  # the safe form runs
+
+
+def test_dynamo_never_traces_the_runtimes_own_frames_under_autocast():
+    """A compiled module whose compile fell back to eager (an ``nn.LSTM``: Dynamo skips the wrapper
+    frame every compiled module shares) left Dynamo's frame hook active over eager code: Dynamo then
+    compiled the autocast kernels (and tried the allocator's frees) as the user's code, recompiled
+    them per op, and compiled modules under autocast failed ("sources must not be empty")."""
+    from torch._dynamo import convert_frame
+
+    torch._dynamo.reset()
+    lstm = torch.nn.LSTM(4, 8, batch_first=True).to("neuron")
+    torch.compile(lstm, backend="neuron")(torch.randn(2, 3, 4, device="neuron"))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)).to("neuron")
+    compiled = torch.compile(model, backend="neuron")
+    x = torch.randn(2, 8, device="neuron")
+    with torch.autocast("neuron", dtype=torch.bfloat16):
+        for _ in range(3):
+            out = compiled(x)
+        del out
+        out = compiled(x)
+    assert out.dtype == torch.bfloat16
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = model.cpu()(x.cpu())
+    torch.testing.assert_close(out.cpu().float(), want.float(), atol=2e-2, rtol=2e-2)
+    from torch._dynamo import trace_rules
+
+    def ours(codes):
+        return [c for c in (code() for code in list(codes.seen)) if c is not None and "torch_neuronx" in c.co_filename]
+
+    compiled = {f"{c.co_filename}:{c.co_name}" for c in ours(convert_frame.output_codes)}
+    assert not compiled, compiled
+    traced = {f"{c.co_filename}:{c.co_name}" for c in ours(convert_frame.input_codes) if not trace_rules.check(c)}
+    assert not traced, traced  # (frames Dynamo met, each skipped before any tracing)
+    torch._dynamo.reset()

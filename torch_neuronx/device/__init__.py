@@ -12,6 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from torch_neuronx import imports
+
 _log = logging.getLogger("torch_neuronx.device")
 _registered = False
 
@@ -55,6 +57,7 @@ def register() -> bool:
     tensor.register_dispatcher(eager.dispatch, on_error=backward_errors.note, host_read=copies.host_read)
 
     autocast.register()
+    imports.when_imported("torch._dynamo.trace_rules", _never_traced_by_dynamo)
     accelerator.install()
     if not native_hooks:  # (the native hooks pin memory themselves)
         pinned.install()
@@ -115,6 +118,17 @@ def _register_serialization() -> None:
 
 _library = None  # the torch.library registrations must stay alive for the process
 _libraries: list = []
+
+
+#: Runtime code that runs where the program never called it (a tensor's memory freed as the
+#: garbage collector drops it): Dynamo, whose frame hook stays active in a compiled module that
+#: fell back to eager, traced and compiled these frames as if they were the user's.
+_RUNTIME_INTERNALS = ("torch_neuronx.memory", "torch_neuronx.runtime.allocation")
+
+
+def _never_traced_by_dynamo(trace_rules: Any) -> None:
+    for name in _RUNTIME_INTERNALS:
+        trace_rules.add(name)
 
 
 def _register_kernels() -> None:

@@ -91,6 +91,14 @@ def _kernel(op: Any, policy: str) -> Callable[..., Any]:
     return kernel
 
 
+def _never_traced(kernel: Callable[..., Any]) -> Callable[..., Any]:
+    """``kernel`` run as it is where Dynamo's frame hook is active (a module whose compile fell back
+    to eager, such as one holding an ``nn.LSTM``): Dynamo traced these kernels as the user's code,
+    recompiled them per op, and compiled modules under autocast failed ("sources must not be
+    empty for symbol ...")."""
+    return torch._disable_dynamo(kernel)
+
+
 def _overloads(name: str) -> list[Any]:
     packet_name, _, overload = name.partition(".")
     packet = getattr(torch.ops.aten, packet_name, None)
@@ -112,10 +120,10 @@ def register() -> None:
         for name in names:
             for op in _overloads(name):
                 library.impl(op._schema.name.split("::")[1] + (f".{op._overloadname}"
-                             if op._overloadname != "default" else ""), _kernel(op, policy), _KEY)
+                             if op._overloadname != "default" else ""), _never_traced(_kernel(op, policy)), _KEY)
     for name, message in BANNED.items():
         for op in _overloads(name):
-            library.impl(op._schema.name.split("::")[1], _refusal(message), _KEY)
+            library.impl(op._schema.name.split("::")[1], _never_traced(_refusal(message)), _KEY)
     _library = (library, fallthrough)  # type: ignore[assignment]
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from torch_neuronx.distributed import after_import
+from torch_neuronx import imports as after_import
 
 _MODULE = "torch.distributed.fsdp._fully_shard._fsdp_init"
 

@@ -6,14 +6,14 @@ each attribute: a neuron tensor's holds its device memory (``_allocation``, with
 neuron tensor is staged as its host copy, with the attributes the program set on it.
 
 The stager's module costs 0.17 s to import, which ``import torch_neuronx`` must not pay: it is
-patched when a program imports it (:mod:`.after_import`).
+patched when a program imports it (:mod:`torch_neuronx.imports`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from torch_neuronx.distributed import after_import
+from torch_neuronx import imports as after_import
 
 _MODULE = "torch.distributed.checkpoint._state_dict_stager"
 
