@@ -311,7 +311,7 @@ def test_a_forked_child_reads_the_values_of_kernels_the_parent_had_queued():
         _inherited[:] = outputs  # the child reads them from its copy of memory (not pickled over a pipe)
         context = multiprocessing.get_context("fork")
         with context.Pool(1) as pool:
-            seen = pool.apply(_sums_in_child)
+            seen = pool.apply_async(_sums_in_child).get(timeout=WAIT)
         _inherited.clear()
         expected = [float(t.cpu().double().sum()) for t in outputs]
         assert seen == pytest.approx(expected, rel=1e-9), (seen, expected)
@@ -390,7 +390,7 @@ def test_a_dataloaders_workers_collate_neuron_tensors():
     worker, stacked into shared memory through ``elem.new(storage)`` (PyTorch's "INTERNAL ASSERT
     FAILED ... python_dispatch.cpp"); batches are stacked on the device and come back as values."""
     loader = torch.utils.data.DataLoader(_OnDevice(), batch_size=2, num_workers=2,
-                                         multiprocessing_context="fork")
+                                         multiprocessing_context="fork", timeout=WAIT)
     batches = list(loader)
     assert [b[1].tolist() for b in batches] == [[0, 1], [2, 3], [4, 5]]
     for i, (values, _) in enumerate(batches):
