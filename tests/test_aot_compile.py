@@ -349,6 +349,57 @@ def test_save_is_atomic(compiled, tmp_path, monkeypatch):
                                                         "kwargs": {}}
 
 
+class _TiedLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb, self.head = nn.Embedding(50, 16), nn.Linear(16, 50, bias=False)
+        self.head.weight = self.emb.weight  # tied, as GPT-2's
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.emb(ids)))
+
+
+def test_untying_weights_after_compiling_is_refused_not_computed_with_the_old_tie(tmp_path):
+    """An AOT callable of a model with tied weights, called after the head was given a parameter
+    of its own, computed with the tied one (15.6 off eager, no error); a package saved after
+    untying recorded the untied names and its load accepted an untied module."""
+    torch.manual_seed(0)
+    model, ids = _TiedLM().eval(), torch.randint(0, 50, (2, 12))
+    fn = torch_neuronx.aot_compile(model, (ids,))
+    with torch.no_grad():
+        torch.testing.assert_close(fn(ids), model(ids))
+    model.head.weight = nn.Parameter(torch.randn(50, 16))
+    with pytest.raises(aot.AOTInputError, match=r"head.weight and emb.weight were one tensor"):
+        fn(ids)
+    fn.save(tmp_path / "tied.tnxaot")  # saved after untying: the package still says tied
+    with pytest.raises(package.PackageError, match=r"head.weight: compiled None"):
+        torch_neuronx.aot_load(tmp_path / "tied.tnxaot", model)
+    loaded = torch_neuronx.aot_load(tmp_path / "tied.tnxaot", _TiedLM().eval())
+    assert loaded(ids).shape == (2, 12, 50)
+
+
+def test_save_writes_where_asked_or_says_why_not(compiled, tmp_path, monkeypatch):
+    """``fn.save("model.tnxaot")`` (a bare name, the docs' own example) raised FileNotFoundError
+    for ''; a symbolic link was replaced by a file (its target never written), a device node or
+    other non-regular file was replaced too, and errors named a hidden temporary file."""
+    _, x, fn, path, _ = compiled
+    monkeypatch.chdir(tmp_path)
+    fn.save("bare.tnxaot")
+    assert (tmp_path / "bare.tnxaot").read_bytes() == path.read_bytes()
+    (tmp_path / "real").mkdir()
+    os.symlink(tmp_path / "real" / "model.tnxaot", tmp_path / "link.tnxaot")
+    fn.save(tmp_path / "link.tnxaot")
+    assert os.path.islink(tmp_path / "link.tnxaot")
+    assert (tmp_path / "real" / "model.tnxaot").read_bytes() == path.read_bytes()
+    os.mkfifo(tmp_path / "pipe")
+    with pytest.raises(package.PackageSaveError, match=r"pipe: it exists and is not a regular file"):
+        fn.save(tmp_path / "pipe")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(package.PackageSaveError, match=r"cannot write AOT package .*file/under\.tnxaot: ") as caught:
+        fn.save(tmp_path / "file" / "under.tnxaot")  # a directory that is a file
+    assert isinstance(caught.value, OSError) and ".tmp" not in str(caught.value)
+
+
 def test_graphs_not_served_by_a_plan_are_refused():
     def mutating(x: torch.Tensor) -> torch.Tensor:
         x.add_(1)  # an input mutated in place needs aot_autograd's wrapper

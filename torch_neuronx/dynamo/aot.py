@@ -113,6 +113,8 @@ class AOTCompiled:
         specs = [*enumerate(self._inputs["args"]), *self._inputs["kwargs"].items()]
         self._checks = tuple((key, *_check(spec)) for key, spec in specs)  # key: position or name
         self._nargs, self._kwarg_names = len(self._inputs["args"]), frozenset(self._inputs["kwargs"])
+        self._parameter_specs = _parameters(model)  # as compiled (a package records these)
+        self._tied = _tied(model)
         forward = function.fn  # Dynamo's bytecode as a plain function: no guards, no frame hook
         self._forward = forward if bound is None else functools.partial(forward, bound)
         names = forward.__globals__  # this function's own globals: the bytecode calls the
@@ -131,7 +133,21 @@ class AOTCompiled:
             elif (not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype
                   or value.device != device):
                 raise self._mismatch(args, kwargs)
+        if self._tied:
+            self._check_tied()
         return self._forward(*args, **kwargs)
+
+    def _check_tied(self) -> None:
+        """Parameters that were one tensor when compiled (an embedding tied to the LM head) must
+        still be: the graph reads one of them for all (it computed with the old one, silently)."""
+        for paths in self._tied:
+            first = functools.reduce(getattr, paths[0], self._model)
+            for path in paths[1:]:
+                if functools.reduce(getattr, path, self._model) is not first:
+                    raise AOTInputError(
+                        f"AOT-compiled {self.name}: {'.'.join(path)} and {'.'.join(paths[0])} were one tensor "
+                        "(tied) when it was compiled and are two now; the compiled graph reads one for "
+                        "both. Compile it again for the untied module.")
 
     def _mismatch(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AOTInputError:
         """The error for a call whose inputs differ from the compiled ones, naming the first that does."""
@@ -193,7 +209,7 @@ class AOTCompiled:
         return {"dynamo": dynamo, **sections}, {
             "name": self.name, "inputs": self._inputs, "module": self._model is not None,
             "bound": self._bound is not None,
-            "parameters": _parameters(self._model),
+            "parameters": self._parameter_specs,
             "options": option_fields(options),
             "environment": package.environment(options.resolve()),
         }
@@ -211,6 +227,16 @@ def _parameters(model: torch.nn.Module | None) -> dict[str, list[Any]]:
         return {}
     tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     return {name: [list(t.shape), str(t.dtype).removeprefix("torch."), t.device.type] for name, t in tensors.items()}
+
+
+def _tied(model: torch.nn.Module | None) -> tuple[tuple[tuple[str, ...], ...], ...]:
+    """The attribute paths of each tensor the module holds under several names (tied weights)."""
+    if model is None:
+        return ()
+    names: dict[int, list[tuple[str, ...]]] = collections.defaultdict(list)
+    for name, t in [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]:
+        names[id(t)].append(tuple(name.split(".")))
+    return tuple(tuple(paths) for paths in names.values() if len(paths) > 1)
 
 
 @contextlib.contextmanager
