@@ -57,7 +57,7 @@ def write_atomic(path: str, data: bytes, *, durable: bool = True) -> None:
     where losing the latest update on a crash is fine but a torn file is not.
     Raises OSError (the temporary file is removed).
     """
-    directory = os.path.dirname(path)
+    directory = os.path.dirname(path) or "."  # (a bare file name: the working directory)
     os.makedirs(directory, exist_ok=True)
     tmp = temp_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)

@@ -44,6 +44,10 @@ class PackageError(RuntimeError):
     """A package that is not one, is truncated or corrupt, or was built for another version or target."""
 
 
+class PackageSaveError(OSError):
+    """A package that could not be written where asked (the message names that path)."""
+
+
 def environment(options: ResolvedOptions) -> dict[str, Any]:
     """What a package's NEFFs and Dynamo state depend on, for ``options`` in this process."""
     return {"torch_neuronx": __version__, "torch": torch.__version__,
@@ -66,8 +70,17 @@ def encode(sections: Mapping[str, bytes], header: dict[str, Any]) -> bytes:
 
 
 def write(path: str | os.PathLike[str], sections: Mapping[str, bytes], header: dict[str, Any]) -> None:
-    """Write a package of ``sections`` with ``header`` (JSON fields) to ``path`` atomically."""
-    atomic.write_atomic(os.fspath(path), encode(sections, header))
+    """Write a package of ``sections`` with ``header`` (JSON fields) to ``path`` atomically: to the
+    file a symbolic link names (the link stays), never over anything but a regular file;
+    :class:`PackageSaveError` (an ``OSError``) naming ``path`` when it cannot be written."""
+    path = os.fspath(path)
+    target = os.path.realpath(path)
+    if os.path.lexists(target) and not os.path.isfile(target):
+        raise PackageSaveError(f"cannot write AOT package {path}: it exists and is not a regular file")
+    try:
+        atomic.write_atomic(target, encode(sections, header))
+    except OSError as exc:
+        raise PackageSaveError(f"cannot write AOT package {path}: {exc.strerror or exc}") from exc
 
 
 def read(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, bytes]]:
