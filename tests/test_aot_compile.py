@@ -130,6 +130,16 @@ def test_scalars_and_keyword_inputs_are_checked():
         fn(x, bias=bias, scale=2.0)  # Dynamo baked 0.5 into the graph: running it would be wrong
     with pytest.raises(aot.AOTInputError, match=r"kwargs\['bias'\] is a cpu tensor of shape \(4,\)"):
         fn(x, bias=torch.randn(4), scale=0.5)
+    # an equal number of another type is named too (its message said only "inputs differ")
+    half = torch_neuronx.aot_compile(scaled, (x,), {"bias": bias, "scale": 2})
+    with pytest.raises(aot.AOTInputError, match=r"kwargs\['scale'\] is the float 2.0; it was compiled for the int 2"):
+        half(x, bias=bias, scale=2.0)
+
+    class Sub(torch.Tensor):
+        pass
+
+    with pytest.raises(aot.AOTInputError, match=r"args\[0\] is a Sub \(a tensor subclass\)"):
+        fn(x.as_subclass(Sub), bias=bias, scale=0.5)  # (it failed deep in the runtime)
 
 
 class _Head(nn.Module):

@@ -76,6 +76,9 @@ def _spec(value: Any, where: str) -> list[Any]:
                           "take tensors and Python scalars (bool, int, float, str, None)")
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # the tensor types an AOT callable takes
+
+
 def _check(spec: list[Any]) -> tuple[Any, ...]:
     """The per-call form of a spec: (torch.Size, dtype, device) or (None, value, type)."""
     if spec[0] == "tensor":
@@ -130,7 +133,7 @@ class AOTCompiled:
                 # (a NaN compiled for is the NaN given: ``!=`` alone refused it at every call)
                 if type(value) is not device or (value != dtype and (value == value or dtype == dtype)):
                     raise self._mismatch(args, kwargs)
-            elif (not isinstance(value, torch.Tensor) or value.shape != shape or value.dtype != dtype
+            elif (value.__class__ not in _PLAIN or value.shape != shape or value.dtype != dtype
                   or value.device != device):
                 raise self._mismatch(args, kwargs)
         if self._tied:
@@ -161,11 +164,14 @@ class AOTCompiled:
         given = [(f"args[{i}]", a, s) for i, (a, s) in enumerate(zip(args, expected["args"]))]
         given += [(f"kwargs[{k!r}]", kwargs[k], s) for k, s in expected["kwargs"].items()]
         for label, value, spec in given:
+            if isinstance(value, torch.Tensor) and type(value) not in _PLAIN and value.device.type == "cpu":
+                return AOTInputError(f"{where}: {label} is a {type(value).__name__} (a tensor subclass); "
+                                     f"it was compiled for {_describe(spec)}: pass a plain tensor")
             if isinstance(value, torch.Tensor):
                 actual = ["tensor", list(value.shape), str(value.dtype).removeprefix("torch."), str(value.device)]
             else:
                 actual = ["value", value] if value is None or type(value) in (bool, int, float, str) else []
-            if actual != spec:
+            if actual != spec or (actual[0] == "value" and type(actual[1]) is not type(spec[1])):
                 got = _describe(actual) if actual else f"a {type(value).__name__}"
                 return AOTInputError(f"{where}: {label} is {got}; it was compiled for {_describe(spec)}. "
                                      "Compile it again for these inputs (shapes are static).")
