@@ -388,6 +388,18 @@ def test_untying_weights_after_compiling_is_refused_not_computed_with_the_old_ti
     assert loaded(ids).shape == (2, 12, 50)
 
 
+def test_a_loaded_callable_serves_inside_a_compiled_function(compiled):
+    """A serving wrapper compiled around a loaded (or unpickled) AOT callable failed in Dynamo
+    ("InternalTorchDynamoError: KeyError: __builtins__"); it runs between the wrapper's graphs."""
+    model, x, _, path, expected = compiled
+    loaded = torch_neuronx.aot_load(path, model)
+    for backend in ("eager", "neuron"):
+        torch._dynamo.reset()
+        wrapper = torch.compile(lambda t: loaded(t * 1.0) * 2 + 1, backend=backend)
+        torch.testing.assert_close(wrapper(x), expected * 2 + 1)
+    torch._dynamo.reset()
+
+
 def test_save_writes_where_asked_or_says_why_not(compiled, tmp_path, monkeypatch):
     """``fn.save("model.tnxaot")`` (a bare name, the docs' own example) raised FileNotFoundError
     for ''; a symbolic link was replaced by a file (its target never written), a device node or

@@ -235,6 +235,19 @@ def _parameters(model: torch.nn.Module | None) -> dict[str, list[Any]]:
     return {name: [list(t.shape), str(t.dtype).removeprefix("torch."), t.device.type] for name, t in tensors.items()}
 
 
+def _run_as_is_under_dynamo() -> None:
+    """An AOT callable inside a compiled function runs as it is, between the graphs around it:
+    Dynamo neither inlines it (this module is in its skip list) nor traces the frames it calls
+    (its ``__call__`` skips them all). Dynamo tracing into a loaded callable's deserialized
+    function failed ("InternalTorchDynamoError: KeyError: __builtins__"), as torch's own loaded
+    AOT functions do."""
+    from torch._C._dynamo.eval_frame import set_code_exec_strategy
+    from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+    torch._dynamo.trace_rules.add(__name__)
+    set_code_exec_strategy(AOTCompiled.__call__.__code__, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+
+
 def _tied(model: torch.nn.Module | None) -> tuple[tuple[tuple[str, ...], ...], ...]:
     """The attribute paths of each tensor the module holds under several names (tied weights)."""
     if model is None:
@@ -392,3 +405,6 @@ def _check_model(path: str, header: Mapping[str, Any], model: torch.nn.Module | 
         raise package.PackageError(f"AOT package {path}: the given {type(model).__name__}'s parameters "
                                    "differ from the compiled module's (shape, dtype, device; keep the module "
                                    "where it was compiled):\n  " + "\n  ".join(differs[:10]))
+
+
+_run_as_is_under_dynamo()
