@@ -147,13 +147,13 @@ def _on_meta(func: Any) -> Callable[[Sequence[Any], dict[str, Any]], Any]:
     return run
 
 
-#: The handler of each op that is not a computation (copies, storage changes, host reads).
 def _pin_memory(args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
     """``pin_memory()`` of a neuron tensor: refused as CUDA refuses its own tensors' (it ran on the
     CPU with a fallback warning and returned the neuron tensor unpinned)."""
     raise RuntimeError(f"cannot pin '{args[0].type()}' only dense CPU tensors can be pinned")
 
 
+#: The handler of each op that is not a computation (copies, storage changes, host reads).
 HANDLERS: dict[Any, Callable[[Sequence[Any], dict[str, Any]], Any]] = {
     **{op: _on_meta(op) for op in (aten.result_type.Tensor, aten.result_type.Scalar, aten.result_type.Scalar_Tensor)},
     aten.equal.default: _equal,
